@@ -1,0 +1,240 @@
+"""Typed records shared by every layer: what crosses a module boundary is one of these.
+
+Invariants:
+- token ids are ``np.int32`` arrays and log-probs ``np.float32`` arrays (1-D, C-contiguous), whatever
+  was passed in (lists, other dtypes); they serialise to JSON as plain lists;
+- ids are strings (uuid4 hex) chosen by the writer, so records can be built before they are stored and
+  re-runs can use deterministic ids as idempotency keys;
+- records are frozen: a changed record is a new record (``model_copy(update=...)``).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _as_array(dtype: type) -> Any:
+    def convert(value: Any) -> np.ndarray:
+        arr = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        if arr.ndim != 1:
+            raise ValueError(f"expected a 1-D array, got shape {arr.shape}")
+        return arr
+
+    return convert
+
+
+IntArray = Annotated[
+    np.ndarray,
+    BeforeValidator(_as_array(np.int32)),
+    PlainSerializer(lambda a: a.tolist(), when_used="json"),
+]
+FloatArray = Annotated[
+    np.ndarray,
+    BeforeValidator(_as_array(np.float32)),
+    PlainSerializer(lambda a: a.tolist(), when_used="json"),
+]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class InvocationKind(str, enum.Enum):
+    memory_update = "memory_update"
+    answer = "answer"
+
+
+class EpisodeStatus(str, enum.Enum):
+    """running: not finished; answered: terminated normally; truncated: a budget was hit before the
+    answer (calls or tokens); failed: an error (stored in ``Episode.error``)."""
+
+    running = "running"
+    answered = "answered"
+    truncated = "truncated"
+    failed = "failed"
+
+
+class FinishReason(str, enum.Enum):
+    stop = "stop"  # an end-of-sequence / stop token was sampled
+    length = "length"  # max_new_tokens reached
+    error = "error"
+
+
+class TeacherContext(str, enum.Enum):
+    aligned = "aligned"
+    persistent = "persistent"
+    privileged = "privileged"
+
+
+class RunKind(str, enum.Enum):
+    rollout = "rollout"
+    score = "score"
+    distill = "distill"
+    eval = "eval"
+    train = "train"
+    bench = "bench"
+
+
+class Run(Record):
+    id: str = Field(default_factory=new_id)
+    kind: RunKind
+    config: dict[str, Any] = Field(default_factory=dict)
+    status: str = "running"  # running | finished | failed
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class Checkpoint(Record):
+    """One model version. ``path`` is a local model folder or a hub name; ``parent_id`` is the checkpoint
+    it was trained from (None for a base model)."""
+
+    id: str = Field(default_factory=new_id)
+    run_id: str | None = None
+    parent_id: str | None = None
+    step: int = 0
+    path: str
+    base_model: str
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Task(Record):
+    """One question over a long input, as an environment hands it to the agent.
+
+    ``chunks`` are the pieces the agent reads one per call, in order; ``evidence`` is the supporting
+    text (or ids) where the source has it; ``evidence_chunks`` the indices of chunks that contain it."""
+
+    task_id: str
+    env: str
+    question: str
+    chunks: list[str]
+    answers: list[str]
+    evidence: list[str] = Field(default_factory=list)
+    evidence_chunks: list[int] = Field(default_factory=list)
+    category: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Episode(Record):
+    """One agent trajectory on one task. ``sample_index`` numbers the G samples of a task in a group."""
+
+    id: str = Field(default_factory=new_id)
+    run_id: str
+    env: str
+    task_id: str
+    sample_index: int = 0
+    question: str
+    gold_answers: list[str] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+    category: str | None = None
+    prediction: str | None = None
+    reward: float | None = None
+    f1: float | None = None
+    em: float | None = None
+    sub_em: float | None = None
+    status: EpisodeStatus = EpisodeStatus.running
+    stop_reason: str | None = None
+    error: str | None = None
+    n_chunks: int = 0
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class Invocation(Record):
+    """One model call, stored exactly as the sampler saw it.
+
+    ``prompt_ids`` are the ids the backend consumed, ``output_ids`` the ids it sampled and
+    ``output_logprobs[i]`` the sampler's log-prob of ``output_ids[i]`` under the temperature-scaled
+    full-vocabulary distribution. Replay rebuilds from the ids, never from the text."""
+
+    id: str = Field(default_factory=new_id)
+    episode_id: str
+    step: int
+    kind: InvocationKind
+    policy_version: str | None = None
+    prompt_ids: IntArray
+    output_ids: IntArray
+    output_logprobs: FloatArray
+    prompt_text: str = ""
+    output_text: str = ""
+    memory_before: str = ""
+    memory_after: str = ""
+    chunk_text: str | None = None
+    chunk_index: int | None = None
+    finish_reason: FinishReason = FinishReason.stop
+    temperature: float = 1.0
+    latency_s: float = 0.0
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.output_ids.shape[0])
+
+
+class TeacherScore(Record):
+    """Teacher judgement of one invocation's sampled tokens under one teacher context.
+
+    Arrays have one entry per output token: the teacher's log-prob of the sampled token, the
+    full-vocabulary reverse KL(student || teacher) (empty when no student was given) and the teacher's
+    entropy. ``topk_path`` names a safetensors shard with the top-K log-probs, when written."""
+
+    id: str = Field(default_factory=new_id)
+    run_id: str | None = None
+    invocation_id: str
+    teacher: str
+    context: TeacherContext
+    token_logprobs: FloatArray
+    reverse_kl: FloatArray = Field(default_factory=lambda: np.zeros(0, np.float32))
+    entropy: FloatArray = Field(default_factory=lambda: np.zeros(0, np.float32))
+    topk_path: str | None = None
+    topk_key: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class TrainStep(Record):
+    id: str = Field(default_factory=new_id)
+    run_id: str
+    step: int
+    loss: float
+    kd_loss: float = 0.0
+    rl_loss: float = 0.0
+    tokens: int = 0
+    lr: float = 0.0
+    seconds: float = 0.0
+    metrics: dict[str, float] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class EvalResult(Record):
+    id: str = Field(default_factory=new_id)
+    run_id: str
+    checkpoint_id: str | None = None
+    model: str
+    env: str
+    step: int | None = None
+    n_episodes: int
+    f1: float
+    em: float
+    sub_em: float
+    f1_ci: tuple[float, float] = (0.0, 0.0)
+    em_ci: tuple[float, float] = (0.0, 0.0)
+    sub_em_ci: tuple[float, float] = (0.0, 0.0)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
