@@ -28,3 +28,75 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not available: {SHARED_DATA} is absent")
     return SHARED_DATA
+
+
+# ---- databases --------------------------------------------------------------------------------------
+# Store tests run on SQLite and on a real Postgres server named by AGENTMEM_TEST_PG_URL (a server URL;
+# each test gets a fresh database on it). Without the URL the Postgres cases skip, except under CI
+# (CI=true), where a missing server is a failure: CI must never pass by skipping Postgres.
+
+PG_URL_VAR = "AGENTMEM_TEST_PG_URL"
+
+
+def _pg_server_url() -> str | None:
+    url = os.environ.get(PG_URL_VAR)
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail(f"{PG_URL_VAR} is not set under CI: .ci/run must start Postgres")
+        pytest.skip(f"no Postgres server: set {PG_URL_VAR}=postgresql://USER@HOST:PORT/postgres")
+    return url
+
+
+def _fresh_pg_database(server_url: str):
+    import uuid
+
+    import sqlalchemy as sa
+
+    from store.engine import resolve_url
+
+    name = f"agentmem_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(resolve_url(server_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = sa.engine.make_url(resolve_url(server_url)).set(database=name).render_as_string(hide_password=False)
+    return admin, name, url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """An empty database (no schema) on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    admin, name, url = _fresh_pg_database(_pg_server_url())
+    yield url
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture
+def store(db_url):
+    """A migrated store on each backend."""
+    from store.engine import make_engine, open_store
+    from store.migrations import upgrade
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    engine.dispose()
+    s = open_store(db_url)
+    yield s
+    s.dispose()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    """A migrated SQLite store, for tests that are not about the backend."""
+    from store.engine import make_engine, open_store
+    from store.migrations import upgrade
+
+    url = f"sqlite:///{tmp_path / 'agentmem.db'}"
+    upgrade(make_engine(url))
+    s = open_store(url)
+    yield s
+    s.dispose()

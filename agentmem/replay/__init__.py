@@ -1,0 +1,24 @@
+"""Replay: rebuild stored invocations per teacher context and pack them into rows. Pure numpy, no torch."""
+
+from agentmem.replay.errors import ReplayError
+from agentmem.replay.pack import PackingStats, Row, pack, truncate_left
+from agentmem.replay.rebuild import (
+    Sequence,
+    rebuild,
+    rebuild_aligned,
+    rebuild_persistent,
+    rebuild_privileged,
+)
+
+__all__ = [
+    "PackingStats",
+    "ReplayError",
+    "Row",
+    "Sequence",
+    "pack",
+    "rebuild",
+    "rebuild_aligned",
+    "rebuild_persistent",
+    "rebuild_privileged",
+    "truncate_left",
+]

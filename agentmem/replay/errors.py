@@ -1,0 +1,7 @@
+"""Typed errors of the replay layer; ``cli/`` turns them into one-line messages."""
+
+from __future__ import annotations
+
+
+class ReplayError(ValueError):
+    """Stored records cannot be rebuilt or packed as asked (bad order, length over budget, missing input)."""

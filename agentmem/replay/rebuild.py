@@ -1,0 +1,141 @@
+"""Rebuild stored invocations into token sequences, one pure function per teacher context.
+
+Invariants (see DESIGN.md, "state alignment"):
+- action tokens are the stored ``output_ids``, never re-tokenised text, in the order they were sampled;
+- ``action_mask[i]`` is True iff ``input_ids[i + 1]`` was sampled by the policy, i.e. the prediction made at
+  position ``i`` is an action. So for a prompt of P tokens and O outputs the mask covers positions
+  ``P-1 .. P+O-2``; the last output token is input (it is part of the state) but predicts nothing we score.
+- positions are ``0..len-1`` per rebuilt sequence; a sequence never sees tokens of another invocation unless
+  the context says so (``persistent`` flattens the episode's earlier calls on purpose: it is the baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentmem.records import Invocation, TeacherContext
+from agentmem.replay.errors import ReplayError
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One rebuilt invocation: what the scoring model reads, and which of its predictions are actions.
+
+    ``action_ids`` (the sampled tokens, one per True in ``action_mask``, in order) and ``sampler_logprobs``
+    are the stored ``output_ids`` / ``output_logprobs``. ``truncated_tokens`` counts prompt tokens cut from
+    the left by packing (0 when the sequence is whole)."""
+
+    invocation_id: str
+    input_ids: np.ndarray  # int32 [L]
+    position_ids: np.ndarray  # int32 [L]
+    action_mask: np.ndarray  # bool [L]
+    action_ids: np.ndarray  # int32 [O]
+    sampler_logprobs: np.ndarray  # float32 [O]
+    truncated_tokens: int = 0
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_actions(self) -> int:
+        return int(self.action_ids.shape[0])
+
+
+def _checked(inv: Invocation) -> None:
+    if inv.prompt_tokens == 0:
+        raise ReplayError(f"invocation {inv.id}: empty prompt_ids, the first action has no state to predict from")
+    if inv.output_logprobs.shape[0] != inv.output_tokens:
+        raise ReplayError(
+            f"invocation {inv.id}: {inv.output_tokens} output_ids but {inv.output_logprobs.shape[0]} output_logprobs"
+        )
+
+
+def _sequence(inv: Invocation, context_ids: np.ndarray) -> Sequence:
+    """``context_ids`` (everything before the actions) + the stored outputs, positions from 0."""
+    input_ids = np.concatenate([context_ids, inv.output_ids]).astype(np.int32)
+    mask = np.zeros(input_ids.shape[0], dtype=bool)
+    mask[context_ids.shape[0] - 1 : input_ids.shape[0] - 1] = True
+    return Sequence(
+        invocation_id=inv.id,
+        input_ids=input_ids,
+        position_ids=np.arange(input_ids.shape[0], dtype=np.int32),
+        action_mask=mask,
+        action_ids=inv.output_ids.copy(),
+        sampler_logprobs=inv.output_logprobs.copy(),
+    )
+
+
+def rebuild_aligned(inv: Invocation) -> Sequence:
+    """Exactly the student's state: ``prompt_ids + output_ids`` at positions ``0..len-1``."""
+    _checked(inv)
+    return _sequence(inv, inv.prompt_ids)
+
+
+def rebuild_persistent(history: Seq[Invocation], inv: Invocation) -> Sequence:
+    """The baseline: the episode's earlier calls (prompt + output of each, in step order) flattened before
+    this call's prompt, positions continuing. Only this call's outputs are actions."""
+    _checked(inv)
+    steps = [h.step for h in history]
+    if any(h.episode_id != inv.episode_id for h in history):
+        raise ReplayError(f"invocation {inv.id}: history holds calls of another episode")
+    if steps != sorted(set(steps)) or (steps and steps[-1] >= inv.step):
+        raise ReplayError(f"invocation {inv.id} (step {inv.step}): history steps {steps} are not increasing before it")
+    parts = [p for h in history for p in (h.prompt_ids, h.output_ids)]
+    return _sequence(inv, np.concatenate([*parts, inv.prompt_ids]))
+
+
+def rebuild_privileged(inv: Invocation, privileged_ids: Seq[int], *, at: int = 0) -> Sequence:
+    """``aligned`` with privileged context spliced into the teacher's prompt at prompt offset ``at``.
+
+    The caller (the training layer, which owns the tokenizer) renders the privileged text as one complete
+    chat message, e.g. ``tok.apply_chat_template([{"role": "system", "content": "Gold answer: ..."}])``,
+    and passes its ids. ``at=0`` makes it the first message (ChatML: SmolLM2, Qwen2); ``at=1`` keeps a
+    leading BOS first (Llama 3 style). ``at`` must leave at least one stored prompt token before the
+    actions, so the first action is still predicted from the stored generation prompt. Positions are
+    ``0..len-1`` over the spliced sequence; action tokens are unchanged."""
+    _checked(inv)
+    if not 0 <= at < inv.prompt_tokens:
+        raise ReplayError(f"invocation {inv.id}: insertion offset {at} outside its {inv.prompt_tokens}-token prompt")
+    extra = np.asarray(privileged_ids, dtype=np.int32)
+    if extra.ndim != 1:
+        raise ReplayError(f"invocation {inv.id}: privileged ids must be a flat list of token ids")
+    prompt = inv.prompt_ids
+    return _sequence(inv, np.concatenate([prompt[:at], extra, prompt[at:]]))
+
+
+def rebuild(
+    invocations: Iterable[Invocation],
+    context: TeacherContext,
+    *,
+    privileged: Callable[[Invocation], Seq[int]] | None = None,
+    privileged_at: int = 0,
+) -> Iterator[Sequence]:
+    """Rebuild invocations, given in (episode, step) order, under one teacher context.
+
+    ``persistent`` takes each call's history from the calls seen before it in the same episode, so the
+    iterable must hold every earlier call of an episode (a whole-episode selection). ``privileged`` needs
+    ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see ``rebuild_privileged``)."""
+    context = TeacherContext(context)
+    if context is TeacherContext.privileged and privileged is None:
+        raise ReplayError("teacher context 'privileged' needs a privileged(inv) -> token ids function")
+    history: dict[str, list[Invocation]] = {}
+    last_step: dict[str, int] = {}
+    for inv in invocations:
+        if inv.episode_id in last_step and inv.step <= last_step[inv.episode_id]:
+            raise ReplayError(
+                f"invocation {inv.id}: step {inv.step} of episode {inv.episode_id} after step "
+                f"{last_step[inv.episode_id]}; invocations must come in (episode, step) order"
+            )
+        last_step[inv.episode_id] = inv.step
+        if context is TeacherContext.aligned:
+            yield rebuild_aligned(inv)
+        elif context is TeacherContext.persistent:
+            earlier = history.setdefault(inv.episode_id, [])
+            yield rebuild_persistent(earlier, inv)
+            earlier.append(inv)
+        else:
+            yield rebuild_privileged(inv, privileged(inv), at=privileged_at)

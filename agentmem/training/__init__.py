@@ -1,0 +1,1 @@
+"""Training: collate packed rows to tensors, packed forward passes, teacher scoring, losses."""

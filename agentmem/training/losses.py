@@ -1,0 +1,234 @@
+"""Training losses at action positions: distillation divergences, the clipped policy-gradient surrogate,
+and the token weighting that turns per-position losses into one scalar.
+
+Conventions (every function here):
+- inputs are already gathered at the N action positions (positions whose next token was sampled);
+  logits are ``[N, V]`` over the full vocabulary, per-position vectors are ``[N]``;
+- ``p_s = softmax(student_logits / T)``, ``p_t = softmax(teacher_logits / T)``; logits must be finite;
+- everything is computed in at least float32 (bf16 and fp16 inputs are upcast: a bf16 log-softmax over
+  a large vocabulary loses too much; float64 stays float64), and so are the results;
+- a loss is ``sum_i w_i * loss_i`` with explicit weights from :func:`token_weights`. The weights are not
+  renormalised, so weights computed over a whole batch and sliced into micro-batches make the
+  micro-batch losses add up to the full-batch loss (gradient accumulation gives the same step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+DivergenceKind = Literal["reverse_kl", "forward_kl", "jsd"]
+WeightMode = Literal["token", "call", "episode"]
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return F.log_softmax(_upcast(logits) / temperature, dim=-1)
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) per row: ``sum_v p_v (log p_v - log q_v)`` -> ``[N]``."""
+    # F.kl_div(input, target, log_target=True) is exp(target) * (target - input): KL(target || input).
+    return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1)
+
+
+def reverse_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Reverse KL(student || teacher) per action position.
+
+    ``[N, V], [N, V] -> [N]``: ``sum_v p_s(v) * (log p_s(v) - log p_t(v))``. Mode-seeking; the on-policy
+    distillation default (the student is penalised for mass the teacher does not support).
+    """
+    return _kl(_log_probs(student_logits, temperature), _log_probs(teacher_logits, temperature))
+
+
+def forward_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Forward KL(teacher || student) per action position.
+
+    ``[N, V], [N, V] -> [N]``: ``sum_v p_t(v) * (log p_t(v) - log p_s(v))``. Mass-covering.
+    """
+    return _kl(_log_probs(teacher_logits, temperature), _log_probs(student_logits, temperature))
+
+
+def generalized_jsd(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    beta: float,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Generalised Jensen-Shannon divergence per action position, with TRL's ``generalized_jsd_loss``
+    semantics (GKD, Agarwal et al. 2023, eq. 1), before TRL's reduction over positions.
+
+    ``[N, V], [N, V] -> [N]``, with ``beta`` in [0, 1]:
+
+    - ``beta == 0``: forward KL(teacher || student), exactly :func:`forward_kl`;
+    - ``beta == 1``: reverse KL(student || teacher), exactly :func:`reverse_kl`;
+    - otherwise, with the mixture ``m = beta * p_t + (1 - beta) * p_s`` (taken in log space as
+      ``logsumexp(log p_s + log(1 - beta), log p_t + log(beta))``)::
+
+          jsd = beta * KL(p_t || m) + (1 - beta) * KL(p_s || m)
+
+    Note that the endpoints are special cases, not limits: as ``beta -> 0`` the general formula tends to
+    0 (it behaves like ``beta * KL(p_t || p_s)``), and likewise as ``beta -> 1``. ``beta = 0.5`` is the
+    ordinary Jensen-Shannon divergence.
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    log_ps = _log_probs(student_logits, temperature)
+    log_pt = _log_probs(teacher_logits, temperature)
+    if beta == 0.0:
+        return _kl(log_pt, log_ps)
+    if beta == 1.0:
+        return _kl(log_ps, log_pt)
+    b = torch.tensor(beta, dtype=log_ps.dtype, device=log_ps.device)
+    log_m = torch.logsumexp(torch.stack([log_ps + torch.log1p(-b), log_pt + torch.log(b)]), dim=0)
+    return b * _kl(log_pt, log_m) + (1 - b) * _kl(log_ps, log_m)
+
+
+def distill_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    kind: DivergenceKind,
+    beta: float,
+    weights: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Weighted distillation loss over action positions -> scalar.
+
+    ``loss = sum_i weights[i] * D_i`` where ``D`` is :func:`reverse_kl`, :func:`forward_kl` or
+    :func:`generalized_jsd` (``beta`` is used only by ``"jsd"``), ``weights`` is ``[N]`` (see
+    :func:`token_weights`; not renormalised, so a micro-batch slice of batch weights gives its share).
+    """
+    if kind == "reverse_kl":
+        per_position = reverse_kl(student_logits, teacher_logits, temperature)
+    elif kind == "forward_kl":
+        per_position = forward_kl(student_logits, teacher_logits, temperature)
+    elif kind == "jsd":
+        per_position = generalized_jsd(student_logits, teacher_logits, beta, temperature)
+    else:
+        raise ValueError(f"unknown divergence kind {kind!r}")
+    return _weighted_sum(per_position, weights)
+
+
+@dataclass(frozen=True)
+class PolicyGradientMetrics:
+    """Diagnostics of one :func:`policy_gradient_loss` call, each a weighted mean over tokens
+    (``sum w_i x_i / sum w_i``, so a micro-batch reports its own average).
+
+    - ``clip_fraction``: share of tokens whose gradient the clip removes, i.e. ``r < 1 - eps`` with
+      ``A < 0`` or ``r > 1 + eps`` with ``A > 0`` (TRL GRPO's definition);
+    - ``approx_kl``: Schulman's k3 estimator of KL(old || new), ``(r - 1) - log r``, non-negative;
+    - ``ratio_mean``: mean importance ratio ``r``.
+    """
+
+    clip_fraction: float
+    approx_kl: float
+    ratio_mean: float
+
+
+def policy_gradient_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps: float = 0.2,
+    *,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, PolicyGradientMetrics]:
+    """PPO/GRPO clipped surrogate over action tokens -> (scalar loss, metrics).
+
+    All inputs are ``[N]``: ``new_logprobs`` from the policy being trained (with gradient; use
+    :func:`sampled_logprobs` at the sampler's temperature), ``old_logprobs`` the stored sampler log-probs
+    (``Invocation.output_logprobs``), ``advantages`` the token's advantage (its episode's group advantage
+    broadcast over its tokens), ``weights`` from :func:`token_weights`::
+
+        r_i    = exp(new_i - old_i)
+        loss   = sum_i w_i * -min(r_i * A_i, clip(r_i, 1 - eps, 1 + eps) * A_i)
+
+    With ``new == old`` the gradient is the plain REINFORCE gradient ``-sum_i w_i A_i grad(new_i)``.
+    """
+    if clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}")
+    old = _upcast(old_logprobs.detach())
+    adv = _upcast(advantages.detach())
+    log_ratio = _upcast(new_logprobs) - old
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    loss = _weighted_sum(-torch.minimum(unclipped, clipped), weights)
+
+    with torch.no_grad():
+        w = _upcast(weights.detach())
+        total = w.sum().clamp_min(torch.finfo(w.dtype).tiny)
+        is_clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + clip_eps) & (adv > 0))
+        metrics = PolicyGradientMetrics(
+            clip_fraction=float((w * is_clipped.float()).sum() / total),
+            approx_kl=float((w * (ratio - 1 - log_ratio)).sum() / total),
+            ratio_mean=float((w * ratio).sum() / total),
+        )
+    return loss, metrics
+
+
+def token_weights(segment_ids: torch.Tensor, episode_ids: torch.Tensor, mode: WeightMode) -> torch.Tensor:
+    """Per-token weights that sum to 1 over the batch -> ``[N]`` float32.
+
+    ``segment_ids[i]`` names the call (invocation) token ``i`` belongs to and ``episode_ids[i]`` its
+    episode; both are ``[N]`` integer tensors, and a call id must be unique over the whole batch (not
+    restart per packed row) and belong to one episode. With ``C`` calls, ``E`` episodes, ``n_c`` tokens
+    in call ``c`` and ``n_e`` tokens in episode ``e``:
+
+    - ``"token"``:   ``w_i = 1 / N`` (long calls and long episodes count more);
+    - ``"call"``:    ``w_i = 1 / (C * n_c(i))`` (every call counts the same);
+    - ``"episode"``: ``w_i = 1 / (E * n_e(i))`` (every episode counts the same, its tokens equally,
+      whichever call they are in).
+
+    Compute weights over the whole optimiser batch, then slice them for micro-batches.
+    """
+    if segment_ids.shape != episode_ids.shape or segment_ids.dim() != 1:
+        raise ValueError(f"need two 1-D tensors of equal shape, got {segment_ids.shape}, {episode_ids.shape}")
+    n = segment_ids.shape[0]
+    if n == 0:
+        return torch.zeros(0, dtype=torch.float32, device=segment_ids.device)
+    _, call = torch.unique(segment_ids, return_inverse=True)
+    _, episode = torch.unique(episode_ids, return_inverse=True)
+    n_calls = int(call.max()) + 1
+    if torch.unique(torch.stack([call, episode]), dim=1).shape[1] != n_calls:
+        raise ValueError("a segment id appears in more than one episode; segment ids must name one call")
+    if mode == "token":
+        return torch.full((n,), 1.0 / n, dtype=torch.float32, device=segment_ids.device)
+    if mode == "call":
+        group, n_groups = call, n_calls
+    elif mode == "episode":
+        group, n_groups = episode, int(episode.max()) + 1
+    else:
+        raise ValueError(f"unknown weighting mode {mode!r}")
+    sizes = torch.bincount(group, minlength=n_groups).to(torch.float32)
+    return 1.0 / (n_groups * sizes[group])
+
+
+def sampled_logprobs(
+    logits: torch.Tensor, action_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-prob of each sampled token under the temperature-scaled distribution.
+
+    ``[N, V], [N] -> [N]``: ``log_softmax(logits / T)[i, action_ids[i]]``, in at least float32. Use the sampler's
+    temperature so the result is comparable with ``Invocation.output_logprobs``.
+    """
+    log_p = _log_probs(logits, temperature)
+    return log_p.gather(-1, action_ids.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    if values.shape != weights.shape:
+        raise ValueError(f"weights shape {tuple(weights.shape)} != values shape {tuple(values.shape)}")
+    return (values * weights.to(values.dtype)).sum()

@@ -1,0 +1,140 @@
+"""Packed forward passes in which attention never crosses a segment boundary.
+
+Two paths give the logits each invocation would get alone (DESIGN.md, points 2-4):
+
+- ``reference``: the padded ``[B, T]`` batch with a 4-D block-diagonal causal *float* mask
+  (0 = attend, ``finfo(dtype).min`` = blocked; eager attention adds it, SDPA accepts it) and
+  ``use_cache=False``. It is exact on any attention implementation but computes every ``T x T`` pair.
+- ``fast``: the real tokens flattened into one ``[1, N]`` row (no padding at all) and the boundaries passed
+  as the flash-attention varlen kwargs ``cu_seq_lens_q/k`` and ``max_length_q/k``, which transformers
+  forwards untouched from ``model(...)`` to the attention function. The attention implementation is
+  swapped for the duration of the call: ``flash_attention_2`` (varlen kernel) on CUDA when ``flash_attn``
+  is installed, otherwise ``agentmem_segments``, registered here, which runs causal SDPA per segment, so
+  no compute is spent on cross-segment pairs. Custom names have no mask function, so transformers builds
+  no mask for them.
+
+Why not position ids alone: transformers infers packing from restarting ``position_ids`` only when no 2-D
+mask and no cache are given; ``use_cache`` defaults to True, and then segments silently attend to each
+other (``tests/test_packed_attention.py`` shows it).
+
+Logits are taken from the base model's hidden states through the output head at the rows needed only
+(``action_logits``): the full-vocabulary projection is never materialised at prompt positions. Models
+whose head does more than ``lm_head(hidden)`` (logit soft-capping, scaling) are not supported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+
+from agentmem.training.collate import PackedBatch
+
+SEGMENT_ATTENTION = "agentmem_segments"
+Path = Literal["fast", "reference"]
+
+
+def segment_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal SDPA on each segment of a packed ``[1, heads, N, dim]`` row; returns ``[1, N, heads, dim]``."""
+    if cu_seq_lens_q is None or query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError(f"{SEGMENT_ATTENTION} needs one packed row, no mask, and cu_seq_lens_q boundaries")
+    if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_q, cu_seq_lens_k):
+        raise ValueError(f"{SEGMENT_ATTENTION} needs the same boundaries for queries and keys (no cache)")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    bounds = cu_seq_lens_q.tolist()
+    outputs = [
+        F.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scaling
+        )
+        for s, e in zip(bounds[:-1], bounds[1:], strict=False)
+    ]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def fast_attention_implementation(device: torch.device) -> str:
+    """The varlen kernel on CUDA where flash-attn is installed (untested here), else per-segment SDPA."""
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return SEGMENT_ATTENTION
+
+
+@contextlib.contextmanager
+def attention_implementation(model: PreTrainedModel, name: str) -> Iterator[None]:
+    """Swap the model's attention implementation for the block; every submodule reads the shared config."""
+    if name == SEGMENT_ATTENTION:
+        AttentionInterface.register(SEGMENT_ATTENTION, segment_sdpa_attention)
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = name
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous
+
+
+def block_causal_mask(batch: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, 1, T, T]`` additive mask: 0 where query i may see key j (same segment, j <= i), else min."""
+    seg = batch.segment_ids
+    width = seg.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
+    allowed = (seg[:, :, None] == seg[:, None, :]) & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast") -> torch.Tensor:
+    """Final hidden states ``[N, hidden]`` of the real tokens, row-major (the ``cu_seqlens`` layout)."""
+    base = model.get_decoder()
+    if path == "reference":
+        dtype = next(model.parameters()).dtype
+        out = base(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            attention_mask=block_causal_mask(batch, dtype),
+            use_cache=False,
+        )
+        return out.last_hidden_state[batch.token_mask]
+    if path != "fast":
+        raise ValueError(f"unknown path {path!r}: use 'fast' or 'reference'")
+    cu = batch.cu_seqlens
+    with attention_implementation(model, fast_attention_implementation(cu.device)):
+        out = base(
+            input_ids=batch.input_ids[batch.token_mask][None],
+            position_ids=batch.position_ids[batch.token_mask][None],
+            use_cache=False,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=batch.max_seqlen,
+            max_length_k=batch.max_seqlen,
+        )
+    return out.last_hidden_state[0]
+
+
+def packed_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast") -> torch.Tensor:
+    """Logits ``[N, vocab]`` at every real token, row-major. For tests and small batches: prefer
+    ``action_logits``, which projects only the action positions."""
+    return model.get_output_embeddings()(packed_hidden(model, batch, path))
+
+
+def action_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast") -> torch.Tensor:
+    """Logits ``[A, vocab]`` at the action positions only, in the order of ``batch.action_ids``."""
+    hidden = packed_hidden(model, batch, path)
+    return model.get_output_embeddings()(hidden[batch.action_mask[batch.token_mask]])

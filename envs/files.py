@@ -1,0 +1,61 @@
+"""Reading the official benchmark JSON files and checking their fields.
+
+Invariant: a missing file, a file that is not JSON, or a record without a field (or with a field of the
+wrong type) raises one ``EnvError`` that names the file, the record (index and id) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from envs.errors import EnvError
+
+_TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer"}
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise EnvError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise EnvError(f"{path}: not valid JSON ({err})") from None
+
+
+def where(path: Path, index: int | str, record: Any, id_field: str) -> str:
+    """The prefix of an error about one record: file, index and (when readable) id."""
+    rid = record.get(id_field) if isinstance(record, dict) else None
+    return f"{path}: record {index}" + (f" ({id_field} {rid!r})" if rid is not None else "")
+
+
+def need_list(value: Any, place: str) -> list:
+    if not isinstance(value, list):
+        raise EnvError(f"{place}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def field(record: Any, key: str, kind: type | tuple[type, ...], place: str) -> Any:
+    """``record[key]``, checked to be of ``kind``; ``place`` says which file and record."""
+    if not isinstance(record, dict):
+        raise EnvError(f"{place}: expected an object, got {type(record).__name__}")
+    if key not in record:
+        raise EnvError(f"{place}: missing field {key!r}")
+    value = record[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        wanted = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise EnvError(f"{place}: field {key!r} must be {wanted}, got {type(value).__name__}")
+    return value
+
+
+def answer_text(value: Any, key: str, place: str) -> str:
+    """A gold answer as text: numbers (LongMemEval, LoCoMo store a few) become strings; blank is an error."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise EnvError(f"{place}: field {key!r} must be a string or number, got {type(value).__name__}")
+    text = str(value).strip()
+    if not text:
+        raise EnvError(f"{place}: field {key!r} is empty")
+    return text

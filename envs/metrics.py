@@ -1,0 +1,158 @@
+"""Answer metrics: pure functions, no I/O.
+
+Invariants:
+- ``normalize_answer``, ``f1_score`` and ``exact_match`` reproduce HotpotQA's ``hotpot_evaluate_v1.py``
+  (which shares SQuAD ``evaluate-v1.1.py``'s normalisation: lower-case, drop punctuation, drop the
+  articles a/an/the, collapse white space), including HotpotQA's rule that a yes/no/noanswer prediction
+  or gold that differs from the other side scores F1 0;
+- ``score_answer`` takes each metric's maximum over the gold answers (SQuAD's
+  ``metric_max_over_ground_truths``), each metric maximised on its own;
+- the LoCoMo functions reproduce ``task_eval/evaluation.py`` of snap-research/locomo: its own
+  normalisation (commas and the word "and" dropped too), category 1 split into comma-separated parts,
+  category 3 gold cut at the first ';', category 5 scored 1 when the prediction says "not mentioned" or
+  "no information available". The official script stems tokens with NLTK's Porter stemmer; pass
+  ``stem=nltk.stem.PorterStemmer().stem`` to agree with it exactly (the default does not stem);
+- every score is a float in [0, 1].
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_LOCOMO_ARTICLES = re.compile(r"\b(a|an|the|and)\b")
+_YES_NO = ("yes", "no", "noanswer")
+LOCOMO_NOT_MENTIONED = "Not mentioned in the conversation"
+
+
+@dataclass(frozen=True)
+class Scores:
+    f1: float
+    em: float
+    sub_em: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def _strip_punctuation(text: str) -> str:
+    return "".join(ch for ch in text if ch not in _PUNCTUATION)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, drop punctuation, drop a/an/the, collapse white space (SQuAD/HotpotQA order)."""
+    return " ".join(_ARTICLES.sub(" ", _strip_punctuation(text.lower())).split())
+
+
+def _token_f1(pred_tokens: Sequence[str], gold_tokens: Sequence[str]) -> float:
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, gold: str) -> float:
+    """HotpotQA token F1 of one prediction against one gold answer."""
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    if (pred in _YES_NO or ref in _YES_NO) and pred != ref:
+        return 0.0
+    return _token_f1(pred.split(), ref.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def substring_match(prediction: str, gold: str) -> float:
+    """1 when the normalised gold occurs (as characters) inside the normalised prediction."""
+    return float(normalize_answer(gold) in normalize_answer(prediction))
+
+
+def score_answer(prediction: str, answers: Sequence[str]) -> Scores:
+    """F1, EM and substring EM, each the maximum over ``answers`` (which must not be empty)."""
+    if not answers:
+        raise ValueError("score_answer needs at least one gold answer")
+    return Scores(
+        f1=max(f1_score(prediction, a) for a in answers),
+        em=max(exact_match(prediction, a) for a in answers),
+        sub_em=max(substring_match(prediction, a) for a in answers),
+    )
+
+
+def _identity(word: str) -> str:
+    return word
+
+
+def locomo_normalize(text: str) -> str:
+    """LoCoMo's normalisation: drop commas, lower-case, drop punctuation, drop a/an/the/and."""
+    text = text.replace(",", "")
+    return " ".join(_LOCOMO_ARTICLES.sub(" ", _strip_punctuation(text.lower())).split())
+
+
+def locomo_token_f1(prediction: str, gold: str, stem: Callable[[str], str] | None = None) -> float:
+    stem = stem or _identity
+    pred = [stem(w) for w in locomo_normalize(prediction).split()]
+    ref = [stem(w) for w in locomo_normalize(gold).split()]
+    return _token_f1(pred, ref)
+
+
+def locomo_says_not_mentioned(prediction: str) -> bool:
+    lowered = prediction.lower()
+    return "no information available" in lowered or "not mentioned" in lowered
+
+
+def locomo_gold(gold: str, category: str | int) -> str:
+    """The gold text LoCoMo scores against: category 3 keeps the part before the first ';'."""
+    return gold.split(";")[0].strip() if str(category) == "3" else gold
+
+
+def locomo_f1(prediction: str, gold: str, category: str | int, stem: Callable[[str], str] | None = None) -> float:
+    """One question's score under LoCoMo's rules for its category (1-5; anything else is an error)."""
+    category = str(category)
+    if category == "5":
+        return float(locomo_says_not_mentioned(prediction))
+    if category in ("2", "3", "4"):
+        return locomo_token_f1(prediction, locomo_gold(gold, category), stem)
+    if category == "1":
+        parts = [p.strip() for p in prediction.split(",")]
+        golds = [g.strip() for g in gold.split(",")]
+        return float(np.mean([max(locomo_token_f1(p, g, stem) for p in parts) for g in golds]))
+    raise ValueError(f"unknown LoCoMo category {category!r} (expected 1-5)")
+
+
+def locomo_f1_by_category(
+    records: Iterable[tuple[str | int, str, str]], stem: Callable[[str], str] | None = None
+) -> dict[str, float]:
+    """Mean LoCoMo F1 per category over ``(category, prediction, gold)`` records, keyed by str(category)."""
+    per_category: dict[str, list[float]] = defaultdict(list)
+    for category, prediction, gold in records:
+        per_category[str(category)].append(locomo_f1(prediction, gold, category, stem))
+    return {c: float(np.mean(v)) for c, v in sorted(per_category.items())}
+
+
+def bootstrap_ci(
+    values: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean: ``n`` resamples with replacement, seeded."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.ndim != 1 or data.size == 0:
+        raise ValueError("bootstrap_ci needs a non-empty 1-D sequence of values")
+    if n < 1 or not 0.0 < alpha < 1.0:
+        raise ValueError(f"bootstrap_ci needs n >= 1 and 0 < alpha < 1, got n={n}, alpha={alpha}")
+    rng = np.random.default_rng(seed)
+    means = np.empty(n, dtype=np.float64)
+    block = max(1, 2_000_000 // data.size)  # bound the index matrix to a few million entries
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        means[start:stop] = data[rng.integers(0, data.size, size=(stop - start, data.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)

@@ -1,0 +1,128 @@
+"""SQuAD v1.1 (official JSON: ``{data: [{title, paragraphs: [{context, qas: [{id, question, answers}]}]}]}``).
+
+A task's long context is its own paragraph plus other paragraphs of the corpus, to ``docs`` documents or
+``context_tokens`` tokens, in a seeded shuffle (see ``envs.documents``). Units are paragraphs, each
+prefixed with its article title.
+
+Invariants: the file is fully checked when the environment is built (a question without answers, as in
+SQuAD 2.0's unanswerable ones, is an error); ``answers`` are all gold texts, first occurrence order,
+without repeats; ``evidence`` is the question's paragraph and ``evidence_chunks`` the chunks of that
+paragraph that contain a gold answer (all its chunks if a split hides every answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentmem.records import Task
+from envs.chunking import Unit, pack
+from envs.documents import check_size_knobs, choose_documents
+from envs.errors import EnvError
+from envs.files import answer_text, field, need_list, read_json, where
+from envs.metrics import Scores, score_answer
+from envs.selection import take, task_rng
+from envs.types import CountTokens
+
+
+@dataclass(frozen=True)
+class _Question:
+    qid: str
+    question: str
+    answers: tuple[str, ...]
+    paragraph: int  # index into the corpus
+
+
+class SquadEnv:
+    name = "squad"
+
+    def __init__(
+        self,
+        *,
+        data_path: str | Path,
+        count_tokens: CountTokens,
+        chunk_tokens: int,
+        seed: int,
+        docs: int = 10,
+        context_tokens: int | None = None,
+    ) -> None:
+        check_size_knobs(self.name, docs, context_tokens)
+        self._count = count_tokens
+        self._chunk_tokens = chunk_tokens
+        self._seed = seed
+        self._docs = docs
+        self._context_tokens = context_tokens
+        self._paragraphs: list[tuple[str, str]] = []  # (title, context)
+        self._questions = self._read(Path(data_path))
+        self._tokens: dict[int, int] = {}
+
+    def tasks(self, n: int | None = None) -> list[Task]:
+        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
+
+    def score(self, prediction: str, task: Task) -> Scores:
+        return score_answer(prediction, task.answers)
+
+    def _read(self, path: Path) -> list[_Question]:
+        top = read_json(path)
+        articles = need_list(field(top, "data", list, f"{path}: top level"), f"{path}: field 'data'")
+        questions = []
+        for a, article in enumerate(articles):
+            place = where(path, f"data[{a}]", article, "title")
+            title = field(article, "title", str, place)
+            for p, paragraph in enumerate(field(article, "paragraphs", list, place)):
+                p_place = f"{place} paragraphs[{p}]"
+                context = field(paragraph, "context", str, p_place)
+                self._paragraphs.append((title.replace("_", " "), context))
+                for k, qa in enumerate(field(paragraph, "qas", list, p_place)):
+                    q_place = where(path, f"data[{a}] paragraphs[{p}] qas[{k}]", qa, "id")
+                    golds = [
+                        answer_text(field(ans, "text", str, f"{q_place} answers[{j}]"), "text", q_place)
+                        for j, ans in enumerate(field(qa, "answers", list, q_place))
+                    ]
+                    if not golds:
+                        raise EnvError(f"{q_place}: field 'answers' is empty")
+                    questions.append(
+                        _Question(
+                            qid=field(qa, "id", str, q_place),
+                            question=field(qa, "question", str, q_place),
+                            answers=tuple(dict.fromkeys(golds)),
+                            paragraph=len(self._paragraphs) - 1,
+                        )
+                    )
+        return questions
+
+    def _text(self, p: int) -> str:
+        title, context = self._paragraphs[p]
+        return f"{title}: {context}"
+
+    def _count_paragraph(self, p: int) -> int:
+        if p not in self._tokens:
+            self._tokens[p] = self._count(self._text(p))
+        return self._tokens[p]
+
+    def _build(self, index: int) -> Task:
+        q = self._questions[index]
+        order = choose_documents(
+            task_rng(self._seed, index),
+            required=[q.paragraph],
+            own_optional=[],
+            corpus_size=len(self._paragraphs),
+            key_of=lambda p: p,
+            tokens_of=self._count_paragraph,
+            docs=self._docs,
+            context_tokens=self._context_tokens,
+        )
+        chunks = pack([Unit(self._text(p), sep="\n") for p in order], self._count, self._chunk_tokens)
+        own = order.index(q.paragraph)
+        own_chunks = [i for i, c in enumerate(chunks) if own in c.units]
+        with_answer = [i for i in own_chunks if any(a in chunks[i].text for a in q.answers)]
+        return Task(
+            task_id=q.qid,
+            env=self.name,
+            question=q.question,
+            chunks=[c.text for c in chunks],
+            answers=list(q.answers),
+            evidence=[self._paragraphs[q.paragraph][1]],
+            evidence_chunks=with_answer or own_chunks,
+            metadata={"title": self._paragraphs[q.paragraph][0], "paragraphs": order},
+        )

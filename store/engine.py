@@ -1,0 +1,110 @@
+"""Open a store: URL resolution, engine set-up per dialect, and the schema check.
+
+SQLite (the default) runs in WAL mode with foreign keys on and a busy timeout, so a reader never blocks
+the writer and two writer processes wait for each other instead of failing. Postgres is reached through
+psycopg 3 (``postgresql://`` URLs are mapped to ``postgresql+psycopg://``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from store.errors import SchemaOutOfDate, StoreUnavailable
+
+DEFAULT_URL = "sqlite:///agentmem.db"
+ENV_VAR = "AGENTMEM_DB"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL given, else ``$AGENTMEM_DB``, else the default SQLite file; a bare path means SQLite."""
+    url = url or os.environ.get(ENV_VAR) or DEFAULT_URL
+    if "://" not in url:
+        url = f"sqlite:///{url}"
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str | None = None) -> sa.Engine:
+    """An engine for ``url``; raises StoreUnavailable for a malformed URL, a missing driver or a
+    directory that does not exist. Nothing is connected yet."""
+    resolved = resolve_url(url)
+    try:
+        parsed = make_url(resolved)
+    except ArgumentError as exc:
+        raise StoreUnavailable(f"bad database URL {resolved!r}: {exc}") from None
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not Path(db).expanduser().resolve().parent.is_dir():
+            raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder does not exist")
+        engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    try:
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    except (ArgumentError, ImportError) as exc:
+        raise StoreUnavailable(f"cannot use database URL {parsed.render_as_string()}: {exc}") from None
+
+
+def check_reachable(engine: sa.Engine) -> None:
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StoreUnavailable(f"cannot reach database {engine.url.render_as_string()}: {reason}") from None
+
+
+def check_schema(engine: sa.Engine) -> None:
+    """Raise SchemaOutOfDate unless the database is at the code's head revision."""
+    from store.migrations import current_revision, head_revision
+
+    check_reachable(engine)
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        where = "has no agentmem schema" if current is None else f"is at revision {current}, code expects {head}"
+        raise SchemaOutOfDate(
+            f"database {engine.url.render_as_string()} {where}: run `agentmem db upgrade --db URL`"
+        )
+
+
+class Store:
+    """An engine plus a session factory. Sessions are short: one per unit of completed work."""
+
+    def __init__(self, engine: sa.Engine):
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string()
+
+    def session(self) -> Session:
+        return self.sessions()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(url: str | None = None, *, check: bool = True) -> Store:
+    """Open the store at ``url`` and (by default) check its schema is current."""
+    engine = make_engine(url)
+    if check:
+        check_schema(engine)
+    return Store(engine)

@@ -1,0 +1,158 @@
+"""SQLAlchemy 2 ORM models: one declarative base, typed ``Mapped`` columns, a naming convention.
+
+These models describe the schema for the repository functions; the schema itself is created and
+changed only by the alembic migrations (which re-declare their tables instead of importing these).
+A test checks that the migrated database and these models agree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from store.types import Blob, JSONType, UTCDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType, bytes: Blob}
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(32))
+    config: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(sa.String(32))
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("runs.id"), index=True)
+    parent_id: Mapped[str | None] = mapped_column(sa.ForeignKey("checkpoints.id"))
+    step: Mapped[int]
+    path: Mapped[str] = mapped_column(sa.Text)
+    base_model: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime]
+
+
+class EpisodeRow(Base):
+    __tablename__ = "episodes"
+    __table_args__ = (sa.UniqueConstraint("run_id", "task_id", "sample_index"),)
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id"), index=True)
+    env: Mapped[str] = mapped_column(sa.String(64))
+    task_id: Mapped[str] = mapped_column(sa.String(255))
+    sample_index: Mapped[int]
+    question: Mapped[str] = mapped_column(sa.Text)
+    gold_answers: Mapped[list[Any]]
+    evidence: Mapped[list[Any]]
+    category: Mapped[str | None] = mapped_column(sa.String(64))
+    prediction: Mapped[str | None] = mapped_column(sa.Text)
+    reward: Mapped[float | None]
+    f1: Mapped[float | None]
+    em: Mapped[float | None]
+    sub_em: Mapped[float | None]
+    status: Mapped[str] = mapped_column(sa.String(32))
+    stop_reason: Mapped[str | None] = mapped_column(sa.Text)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    n_chunks: Mapped[int]
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class InvocationRow(Base):
+    __tablename__ = "invocations"
+    __table_args__ = (sa.UniqueConstraint("episode_id", "step"),)
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    episode_id: Mapped[str] = mapped_column(sa.ForeignKey("episodes.id"))
+    step: Mapped[int]
+    kind: Mapped[str] = mapped_column(sa.String(32))
+    policy_version: Mapped[str | None] = mapped_column(sa.ForeignKey("checkpoints.id"), index=True)
+    prompt_ids: Mapped[bytes]
+    output_ids: Mapped[bytes]
+    output_logprobs: Mapped[bytes]
+    prompt_text: Mapped[str] = mapped_column(sa.Text)
+    output_text: Mapped[str] = mapped_column(sa.Text)
+    memory_before: Mapped[str] = mapped_column(sa.Text)
+    memory_after: Mapped[str] = mapped_column(sa.Text)
+    chunk_text: Mapped[str | None] = mapped_column(sa.Text)
+    chunk_index: Mapped[int | None]
+    prompt_tokens: Mapped[int]
+    output_tokens: Mapped[int]
+    finish_reason: Mapped[str] = mapped_column(sa.String(16))
+    temperature: Mapped[float]
+    latency_s: Mapped[float]
+    created_at: Mapped[datetime]
+
+
+class TeacherScoreRow(Base):
+    __tablename__ = "teacher_scores"
+    __table_args__ = (sa.UniqueConstraint("invocation_id", "teacher", "context"),)
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("runs.id"), index=True)
+    invocation_id: Mapped[str] = mapped_column(sa.ForeignKey("invocations.id"))
+    teacher: Mapped[str] = mapped_column(sa.String(512))
+    context: Mapped[str] = mapped_column(sa.String(32))
+    n_tokens: Mapped[int]
+    token_logprobs: Mapped[bytes]
+    reverse_kl: Mapped[bytes]
+    entropy: Mapped[bytes]
+    mean_logprob: Mapped[float | None]
+    mean_reverse_kl: Mapped[float | None]
+    mean_entropy: Mapped[float | None]
+    topk_path: Mapped[str | None] = mapped_column(sa.Text)
+    topk_key: Mapped[str | None] = mapped_column(sa.String(255))
+    created_at: Mapped[datetime]
+
+
+class TrainStepRow(Base):
+    __tablename__ = "train_steps"
+    __table_args__ = (sa.UniqueConstraint("run_id", "step"),)
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id"))
+    step: Mapped[int]
+    loss: Mapped[float]
+    kd_loss: Mapped[float]
+    rl_loss: Mapped[float]
+    tokens: Mapped[int]
+    lr: Mapped[float]
+    seconds: Mapped[float]
+    metrics: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class EvalResultRow(Base):
+    __tablename__ = "eval_results"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id"), index=True)
+    checkpoint_id: Mapped[str | None] = mapped_column(sa.ForeignKey("checkpoints.id"))
+    model: Mapped[str] = mapped_column(sa.Text)
+    env: Mapped[str] = mapped_column(sa.String(64))
+    step: Mapped[int | None]
+    n_episodes: Mapped[int]
+    f1: Mapped[float]
+    em: Mapped[float]
+    sub_em: Mapped[float]
+    f1_lo: Mapped[float]
+    f1_hi: Mapped[float]
+    em_lo: Mapped[float]
+    em_hi: Mapped[float]
+    sub_em_lo: Mapped[float]
+    sub_em_hi: Mapped[float]
+    metrics: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]

@@ -1,0 +1,359 @@
+"""Repository functions: records in, records out. Every function takes the session; the caller owns the
+transaction (commit after each unit of completed work, so a killed job loses at most the work in flight).
+
+Inserts are idempotent: a row whose id or natural key (episode+step for invocations, run+task+sample for
+episodes, invocation+teacher+context for teacher scores, run+step for train steps) already exists is
+skipped, so a resumed job can re-offer what it is not sure was written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from agentmem.records import (
+    Checkpoint,
+    Episode,
+    EpisodeStatus,
+    EvalResult,
+    FinishReason,
+    Invocation,
+    InvocationKind,
+    Run,
+    RunKind,
+    TeacherContext,
+    TeacherScore,
+    TrainStep,
+    utcnow,
+)
+from store import arrays
+from store.errors import NotFound
+from store.models import (
+    CheckpointRow,
+    EpisodeRow,
+    EvalResultRow,
+    InvocationRow,
+    RunRow,
+    TeacherScoreRow,
+    TrainStepRow,
+)
+
+
+def _insert_ignore(session: Session, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(table).on_conflict_do_nothing(), rows)
+
+
+# ---- runs -------------------------------------------------------------------------------------------
+
+
+def insert_run(session: Session, run: Run) -> None:
+    _insert_ignore(session, RunRow.__table__, [run.model_dump(mode="python")])
+
+
+def _run(row: RunRow) -> Run:
+    return Run(id=row.id, kind=RunKind(row.kind), config=row.config, status=row.status,
+               created_at=row.created_at, finished_at=row.finished_at)
+
+
+def get_run(session: Session, run_id: str) -> Run:
+    row = session.get(RunRow, run_id)
+    if row is None:
+        raise NotFound(f"no run with id {run_id!r} (see `agentmem runs`)")
+    return _run(row)
+
+
+def finish_run(session: Session, run_id: str, status: str = "finished") -> None:
+    session.execute(sa.update(RunRow).where(RunRow.id == run_id).values(status=status, finished_at=utcnow()))
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run: Run
+    episodes: int
+    invocations: int
+    mean_f1: float | None
+
+
+def list_runs(session: Session, limit: int | None = None) -> list[RunSummary]:
+    inv_counts = (
+        sa.select(EpisodeRow.run_id, sa.func.count(InvocationRow.id).label("n"))
+        .join(InvocationRow, InvocationRow.episode_id == EpisodeRow.id)
+        .group_by(EpisodeRow.run_id)
+        .subquery()
+    )
+    ep_counts = (
+        sa.select(EpisodeRow.run_id, sa.func.count(EpisodeRow.id).label("n"), sa.func.avg(EpisodeRow.f1).label("f1"))
+        .group_by(EpisodeRow.run_id)
+        .subquery()
+    )
+    stmt = (
+        sa.select(RunRow, ep_counts.c.n, inv_counts.c.n, ep_counts.c.f1)
+        .outerjoin(ep_counts, ep_counts.c.run_id == RunRow.id)
+        .outerjoin(inv_counts, inv_counts.c.run_id == RunRow.id)
+        .order_by(RunRow.created_at.desc())
+        .limit(limit)
+    )
+    return [RunSummary(_run(r), n_ep or 0, n_inv or 0, f1) for r, n_ep, n_inv, f1 in session.execute(stmt)]
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+
+def insert_checkpoint(session: Session, ckpt: Checkpoint) -> None:
+    _insert_ignore(session, CheckpointRow.__table__, [ckpt.model_dump(mode="python")])
+
+
+def _checkpoint(row: CheckpointRow) -> Checkpoint:
+    return Checkpoint(id=row.id, run_id=row.run_id, parent_id=row.parent_id, step=row.step, path=row.path,
+                      base_model=row.base_model, created_at=row.created_at)
+
+
+def get_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
+    row = session.get(CheckpointRow, checkpoint_id)
+    if row is None:
+        raise NotFound(f"no checkpoint with id {checkpoint_id!r}")
+    return _checkpoint(row)
+
+
+def find_checkpoint_by_path(session: Session, path: str) -> Checkpoint | None:
+    row = session.scalars(
+        sa.select(CheckpointRow).where(CheckpointRow.path == path).order_by(CheckpointRow.created_at.desc())
+    ).first()
+    return _checkpoint(row) if row else None
+
+
+def list_checkpoints(session: Session, run_id: str) -> list[Checkpoint]:
+    rows = session.scalars(sa.select(CheckpointRow).where(CheckpointRow.run_id == run_id).order_by(CheckpointRow.step))
+    return [_checkpoint(r) for r in rows]
+
+
+# ---- episodes ---------------------------------------------------------------------------------------
+
+
+def insert_episodes(session: Session, episodes: Iterable[Episode]) -> None:
+    _insert_ignore(session, EpisodeRow.__table__, [e.model_dump(mode="python") for e in episodes])
+
+
+def update_episode(session: Session, episode: Episode) -> None:
+    """Write an episode's outcome fields (prediction, scores, status, stop reason, error, times)."""
+    values = episode.model_dump(
+        mode="python",
+        include={"prediction", "reward", "f1", "em", "sub_em", "status", "stop_reason", "error", "finished_at",
+                 "n_chunks"},
+    )
+    result = session.execute(sa.update(EpisodeRow).where(EpisodeRow.id == episode.id).values(**values))
+    if result.rowcount == 0:
+        raise NotFound(f"no episode with id {episode.id!r}")
+
+
+def _episode(row: EpisodeRow) -> Episode:
+    return Episode(
+        id=row.id, run_id=row.run_id, env=row.env, task_id=row.task_id, sample_index=row.sample_index,
+        question=row.question, gold_answers=row.gold_answers, evidence=row.evidence, category=row.category,
+        prediction=row.prediction, reward=row.reward, f1=row.f1, em=row.em, sub_em=row.sub_em,
+        status=EpisodeStatus(row.status), stop_reason=row.stop_reason, error=row.error, n_chunks=row.n_chunks,
+        created_at=row.created_at, finished_at=row.finished_at,
+    )
+
+
+def get_episode(session: Session, episode_id: str) -> Episode:
+    row = session.get(EpisodeRow, episode_id)
+    if row is None:
+        raise NotFound(f"no episode with id {episode_id!r}")
+    return _episode(row)
+
+
+def list_episodes(session: Session, run_ids: Sequence[str] | str) -> list[Episode]:
+    run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
+    rows = session.scalars(
+        sa.select(EpisodeRow)
+        .where(EpisodeRow.run_id.in_(run_ids))
+        .order_by(EpisodeRow.run_id, EpisodeRow.task_id, EpisodeRow.sample_index)
+    )
+    return [_episode(r) for r in rows]
+
+
+# ---- invocations ------------------------------------------------------------------------------------
+
+
+def _invocation_row(inv: Invocation) -> dict[str, Any]:
+    return {
+        "id": inv.id, "episode_id": inv.episode_id, "step": inv.step, "kind": inv.kind.value,
+        "policy_version": inv.policy_version,
+        "prompt_ids": arrays.encode(inv.prompt_ids, arrays.IDS),
+        "output_ids": arrays.encode(inv.output_ids, arrays.IDS),
+        "output_logprobs": arrays.encode(inv.output_logprobs, arrays.FLOATS),
+        "prompt_text": inv.prompt_text, "output_text": inv.output_text,
+        "memory_before": inv.memory_before, "memory_after": inv.memory_after,
+        "chunk_text": inv.chunk_text, "chunk_index": inv.chunk_index,
+        "prompt_tokens": inv.prompt_tokens, "output_tokens": inv.output_tokens,
+        "finish_reason": inv.finish_reason.value, "temperature": inv.temperature, "latency_s": inv.latency_s,
+        "created_at": inv.created_at,
+    }
+
+
+def insert_invocations(session: Session, invocations: Iterable[Invocation]) -> None:
+    _insert_ignore(session, InvocationRow.__table__, [_invocation_row(i) for i in invocations])
+
+
+_INV_COLUMNS = [c for c in InvocationRow.__table__.c if c.name not in ("prompt_tokens", "output_tokens")]
+
+
+def _invocation(row: sa.Row) -> Invocation:
+    # Values come from our own typed columns, so validation is skipped (this is the replay hot path).
+    m = row._mapping
+    return Invocation.model_construct(
+        id=m["id"], episode_id=m["episode_id"], step=m["step"], kind=InvocationKind(m["kind"]),
+        policy_version=m["policy_version"],
+        prompt_ids=arrays.decode(m["prompt_ids"], arrays.IDS),
+        output_ids=arrays.decode(m["output_ids"], arrays.IDS),
+        output_logprobs=arrays.decode(m["output_logprobs"], arrays.FLOATS),
+        prompt_text=m["prompt_text"], output_text=m["output_text"], memory_before=m["memory_before"],
+        memory_after=m["memory_after"], chunk_text=m["chunk_text"], chunk_index=m["chunk_index"],
+        finish_reason=FinishReason(m["finish_reason"]), temperature=m["temperature"], latency_s=m["latency_s"],
+        created_at=m["created_at"],
+    )
+
+
+def stream_invocations(
+    session: Session,
+    *,
+    run_ids: Sequence[str] | None = None,
+    episode_ids: Sequence[str] | None = None,
+    kinds: Sequence[InvocationKind] | None = None,
+    policy_versions: Sequence[str] | None = None,
+    batch_size: int = 500,
+) -> Iterator[Invocation]:
+    """Invocations matching every given filter, streamed in (episode id, step) order: a stable order in
+    which each episode's calls are contiguous and in step order."""
+    stmt = sa.select(*_INV_COLUMNS).order_by(InvocationRow.episode_id, InvocationRow.step)
+    if run_ids is not None:
+        stmt = stmt.join(EpisodeRow, EpisodeRow.id == InvocationRow.episode_id).where(EpisodeRow.run_id.in_(run_ids))
+    if episode_ids is not None:
+        stmt = stmt.where(InvocationRow.episode_id.in_(episode_ids))
+    if kinds is not None:
+        stmt = stmt.where(InvocationRow.kind.in_([InvocationKind(k).value for k in kinds]))
+    if policy_versions is not None:
+        stmt = stmt.where(InvocationRow.policy_version.in_(policy_versions))
+    result = session.execute(stmt.execution_options(yield_per=batch_size))
+    for row in result:
+        yield _invocation(row)
+
+
+def count_invocations(session: Session, run_ids: Sequence[str]) -> int:
+    return session.scalar(
+        sa.select(sa.func.count(InvocationRow.id))
+        .join(EpisodeRow, EpisodeRow.id == InvocationRow.episode_id)
+        .where(EpisodeRow.run_id.in_(run_ids))
+    ) or 0
+
+
+def episode_invocations(session: Session, episode_id: str) -> list[Invocation]:
+    return list(stream_invocations(session, episode_ids=[episode_id]))
+
+
+# ---- teacher scores ---------------------------------------------------------------------------------
+
+
+def _mean(a: np.ndarray) -> float | None:
+    return float(a.mean()) if a.size else None
+
+
+def insert_teacher_scores(session: Session, scores: Iterable[TeacherScore]) -> None:
+    rows = [
+        {
+            "id": s.id, "run_id": s.run_id, "invocation_id": s.invocation_id, "teacher": s.teacher,
+            "context": s.context.value, "n_tokens": int(s.token_logprobs.shape[0]),
+            "token_logprobs": arrays.encode(s.token_logprobs, arrays.FLOATS),
+            "reverse_kl": arrays.encode(s.reverse_kl, arrays.FLOATS),
+            "entropy": arrays.encode(s.entropy, arrays.FLOATS),
+            "mean_logprob": _mean(s.token_logprobs), "mean_reverse_kl": _mean(s.reverse_kl),
+            "mean_entropy": _mean(s.entropy), "topk_path": s.topk_path, "topk_key": s.topk_key,
+            "created_at": s.created_at,
+        }
+        for s in scores
+    ]
+    _insert_ignore(session, TeacherScoreRow.__table__, rows)
+
+
+def scored_invocation_ids(session: Session, teacher: str, context: TeacherContext) -> set[str]:
+    rows = session.scalars(
+        sa.select(TeacherScoreRow.invocation_id).where(
+            TeacherScoreRow.teacher == teacher, TeacherScoreRow.context == TeacherContext(context).value
+        )
+    )
+    return set(rows)
+
+
+def get_teacher_scores(
+    session: Session, invocation_ids: Sequence[str], teacher: str, context: TeacherContext
+) -> dict[str, TeacherScore]:
+    rows = session.scalars(
+        sa.select(TeacherScoreRow).where(
+            TeacherScoreRow.invocation_id.in_(invocation_ids),
+            TeacherScoreRow.teacher == teacher,
+            TeacherScoreRow.context == TeacherContext(context).value,
+        )
+    )
+    return {
+        r.invocation_id: TeacherScore(
+            id=r.id, run_id=r.run_id, invocation_id=r.invocation_id, teacher=r.teacher,
+            context=TeacherContext(r.context),
+            token_logprobs=arrays.decode(r.token_logprobs, arrays.FLOATS),
+            reverse_kl=arrays.decode(r.reverse_kl, arrays.FLOATS),
+            entropy=arrays.decode(r.entropy, arrays.FLOATS),
+            topk_path=r.topk_path, topk_key=r.topk_key, created_at=r.created_at,
+        )
+        for r in rows
+    }
+
+
+# ---- training and evaluation ------------------------------------------------------------------------
+
+
+def insert_train_step(session: Session, step: TrainStep) -> None:
+    _insert_ignore(session, TrainStepRow.__table__, [step.model_dump(mode="python")])
+
+
+def list_train_steps(session: Session, run_id: str) -> list[TrainStep]:
+    rows = session.scalars(sa.select(TrainStepRow).where(TrainStepRow.run_id == run_id).order_by(TrainStepRow.step))
+    return [
+        TrainStep(id=r.id, run_id=r.run_id, step=r.step, loss=r.loss, kd_loss=r.kd_loss, rl_loss=r.rl_loss,
+                  tokens=r.tokens, lr=r.lr, seconds=r.seconds, metrics=r.metrics, created_at=r.created_at)
+        for r in rows
+    ]
+
+
+def insert_eval_result(session: Session, result: EvalResult) -> None:
+    d = result.model_dump(mode="python")
+    for name in ("f1", "em", "sub_em"):
+        lo, hi = d.pop(f"{name}_ci")
+        d[f"{name}_lo"], d[f"{name}_hi"] = lo, hi
+    _insert_ignore(session, EvalResultRow.__table__, [d])
+
+
+def list_eval_results(session: Session, run_ids: Sequence[str] | None = None) -> list[EvalResult]:
+    stmt = sa.select(EvalResultRow).order_by(EvalResultRow.created_at)
+    if run_ids is not None:
+        stmt = stmt.where(EvalResultRow.run_id.in_(run_ids))
+    return [
+        EvalResult(
+            id=r.id, run_id=r.run_id, checkpoint_id=r.checkpoint_id, model=r.model, env=r.env, step=r.step,
+            n_episodes=r.n_episodes, f1=r.f1, em=r.em, sub_em=r.sub_em, f1_ci=(r.f1_lo, r.f1_hi),
+            em_ci=(r.em_lo, r.em_hi), sub_em_ci=(r.sub_em_lo, r.sub_em_hi), metrics=r.metrics,
+            created_at=r.created_at,
+        )
+        for r in session.scalars(stmt)
+    ]
+
+

@@ -1,0 +1,319 @@
+"""Losses at action positions: exact values on hand-computable logits, TRL-pinned generalized JSD,
+token weighting and the clipped policy-gradient surrogate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentmem.training.losses import (
+    distill_loss,
+    forward_kl,
+    generalized_jsd,
+    policy_gradient_loss,
+    reverse_kl,
+    sampled_logprobs,
+    token_weights,
+)
+
+torch.set_num_threads(1)
+
+LN2, LN3 = math.log(2.0), math.log(3.0)
+
+# Three action positions over a 4-token vocabulary; the last row has student == teacher.
+STUDENT = torch.tensor(
+    [[1.0, 2.0, 0.5, -1.0], [0.0, 0.0, 3.0, 1.0], [-2.0, 1.0, 1.0, 0.0]], dtype=torch.float64
+)
+TEACHER = torch.tensor(
+    [[0.5, 2.5, -0.5, 0.0], [1.0, -1.0, 2.0, 2.0], [-2.0, 1.0, 1.0, 0.0]], dtype=torch.float64
+)
+
+# Per-position values of TRL's GKDTrainer.generalized_jsd_loss (huggingface/trl, trl/trainer/gkd_trainer.py,
+# Apache-2.0) on STUDENT/TEACHER, taken before its reduction (reduction="none", summed over the vocabulary),
+# computed in float64 with the function body transcribed into a scratch script. Keyed by (temperature, beta).
+TRL_PINNED = {
+    (1.0, 0.0): [0.1250232319, 0.4597647964, 0.0],
+    (1.0, 0.1): [0.0113864679, 0.0396433933, 0.0],
+    (1.0, 0.5): [0.0337292709, 0.0986611971, 0.0],
+    (1.0, 0.9): [0.0134401890, 0.0337007919, 0.0],
+    (1.0, 1.0): [0.1546532218, 0.3719899278, 0.0],
+    (2.0, 0.0): [0.0548885664, 0.1232012656, 0.0],
+    (2.0, 0.1): [0.0049501399, 0.0110035168, 0.0],
+    (2.0, 0.5): [0.0139438689, 0.0299235712, 0.0],
+    (2.0, 0.9): [0.0051407966, 0.0106885406, 0.0],
+    (2.0, 1.0): [0.0575619387, 0.1187659267, 0.0],
+}
+# TRL's reduction="batchmean" over these three positions (sum / number of positions), for (1.0, beta).
+TRL_BATCHMEAN = {0.0: 0.1949293428, 0.5: 0.0441301560, 1.0: 0.1755477165}
+
+
+def _softmax(row: list[float], temperature: float = 1.0) -> list[float]:
+    z = sum(math.exp(x / temperature) for x in row)
+    return [math.exp(x / temperature) / z for x in row]
+
+
+def _kl(p: list[float], q: list[float]) -> float:
+    return sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True))
+
+
+def _gjsd(s_row: list[float], t_row: list[float], beta: float, temperature: float) -> float:
+    """Independent plain-Python reference: eq. (1) of the GKD paper in TRL's orientation."""
+    ps, pt = _softmax(s_row, temperature), _softmax(t_row, temperature)
+    if beta == 0.0:
+        return _kl(pt, ps)
+    if beta == 1.0:
+        return _kl(ps, pt)
+    m = [beta * t + (1 - beta) * s for s, t in zip(ps, pt, strict=True)]
+    return beta * _kl(pt, m) + (1 - beta) * _kl(ps, m)
+
+
+# -- reverse and forward KL ------------------------------------------------------------------------
+
+
+def test_kl_on_two_tokens_by_hand() -> None:
+    student = torch.tensor([[0.0, LN3]])  # p_s = (1/4, 3/4)
+    teacher = torch.tensor([[0.0, 0.0]])  # p_t = (1/2, 1/2)
+    expected_reverse = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    expected_forward = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert reverse_kl(student, teacher).item() == pytest.approx(expected_reverse, abs=1e-7)
+    assert forward_kl(student, teacher).item() == pytest.approx(expected_forward, abs=1e-7)
+    assert expected_reverse != pytest.approx(expected_forward)  # the direction matters
+
+
+def test_kl_with_temperature_on_three_tokens_by_hand() -> None:
+    student = torch.tensor([[0.0, 2 * LN2, 0.0]])  # at T=2: logits (0, ln 2, 0) -> p_s = (1/4, 1/2, 1/4)
+    teacher = torch.tensor([[5.0, 5.0, 5.0]])  # p_t = (1/3, 1/3, 1/3)
+    expected_reverse = 2 * 0.25 * math.log(0.75) + 0.5 * math.log(1.5)
+    expected_forward = (1 / 3) * (2 * math.log((1 / 3) / 0.25) + math.log((1 / 3) / 0.5))
+    assert reverse_kl(student, teacher, temperature=2.0).item() == pytest.approx(expected_reverse, abs=1e-7)
+    assert forward_kl(student, teacher, temperature=2.0).item() == pytest.approx(expected_forward, abs=1e-7)
+
+
+def test_kl_matches_plain_python_per_position() -> None:
+    rev = reverse_kl(STUDENT, TEACHER)
+    fwd = forward_kl(STUDENT, TEACHER)
+    assert rev.shape == fwd.shape == (3,)
+    for i in range(3):
+        ps, pt = _softmax(STUDENT[i].tolist()), _softmax(TEACHER[i].tolist())
+        assert rev[i].item() == pytest.approx(_kl(ps, pt), abs=1e-12)
+        assert fwd[i].item() == pytest.approx(_kl(pt, ps), abs=1e-12)
+
+
+@pytest.mark.parametrize("fn", [reverse_kl, forward_kl, lambda s, t: generalized_jsd(s, t, 0.5)])
+def test_divergences_zero_when_equal_and_nonnegative(fn) -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 11, generator=gen) * 3
+    assert torch.allclose(fn(logits, logits.clone()), torch.zeros(5), atol=1e-6)
+    other = torch.randn(5, 11, generator=gen) * 3
+    assert (fn(logits, other) >= 0).all()
+
+
+def test_a_constant_shift_of_the_logits_changes_nothing() -> None:
+    assert torch.allclose(reverse_kl(STUDENT + 7.0, TEACHER - 3.0), reverse_kl(STUDENT, TEACHER), atol=1e-12)
+
+
+# -- generalized JSD, TRL semantics ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("temperature", "beta"), sorted(TRL_PINNED))
+def test_generalized_jsd_matches_trl_pinned_values(temperature: float, beta: float) -> None:
+    got = generalized_jsd(STUDENT, TEACHER, beta, temperature=temperature)
+    assert got.dtype == torch.float64
+    assert got.tolist() == pytest.approx(TRL_PINNED[(temperature, beta)], abs=1e-9)
+    for i in range(3):
+        ref = _gjsd(STUDENT[i].tolist(), TEACHER[i].tolist(), beta, temperature)
+        assert got[i].item() == pytest.approx(ref, abs=1e-12)
+
+
+@pytest.mark.parametrize("beta", sorted(TRL_BATCHMEAN))
+def test_generalized_jsd_mean_is_trl_batchmean(beta: float) -> None:
+    weights = torch.full((3,), 1 / 3, dtype=torch.float64)  # token weights, exact in float64
+    loss = distill_loss(STUDENT, TEACHER, "jsd", beta, weights)
+    assert loss.item() == pytest.approx(TRL_BATCHMEAN[beta], abs=1e-9)
+
+
+def test_generalized_jsd_endpoints_are_the_two_kls() -> None:
+    """TRL's orientation: beta=0 is forward KL(teacher||student), beta=1 reverse KL(student||teacher)."""
+    assert torch.equal(generalized_jsd(STUDENT, TEACHER, 0.0), forward_kl(STUDENT, TEACHER))
+    assert torch.equal(generalized_jsd(STUDENT, TEACHER, 1.0), reverse_kl(STUDENT, TEACHER))
+
+
+def test_generalized_jsd_half_is_the_symmetric_jsd() -> None:
+    ps, pt = _softmax([0.0, LN3]), _softmax([0.0, 0.0])  # (1/4, 3/4) and (1/2, 1/2)
+    m = [(a + b) / 2 for a, b in zip(ps, pt, strict=True)]  # (3/8, 5/8)
+    expected = 0.5 * _kl(ps, m) + 0.5 * _kl(pt, m)
+    s, t = torch.tensor([[0.0, LN3]]), torch.tensor([[0.0, 0.0]])
+    assert generalized_jsd(s, t, 0.5).item() == pytest.approx(expected, abs=1e-7)
+    assert generalized_jsd(t, s, 0.5).item() == pytest.approx(expected, abs=1e-7)
+
+
+def test_generalized_jsd_swapping_roles_mirrors_beta() -> None:
+    for beta in (0.1, 0.3, 0.75):
+        assert torch.allclose(
+            generalized_jsd(STUDENT, TEACHER, beta), generalized_jsd(TEACHER, STUDENT, 1 - beta), atol=1e-12
+        )
+
+
+def test_generalized_jsd_rejects_beta_outside_unit_interval() -> None:
+    with pytest.raises(ValueError):
+        generalized_jsd(STUDENT, TEACHER, 1.5)
+    with pytest.raises(ValueError):
+        reverse_kl(STUDENT, TEACHER, temperature=0.0)
+
+
+# -- gradients and dtypes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["reverse_kl", "forward_kl", "jsd"])
+def test_distill_loss_is_differentiable_with_finite_gradients(kind: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    student = (torch.randn(6, 13, generator=gen) * 4).requires_grad_()
+    teacher = torch.randn(6, 13, generator=gen) * 4
+    weights = token_weights(torch.tensor([0, 0, 1, 1, 1, 2]), torch.tensor([0, 0, 0, 0, 0, 1]), "call")
+    loss = distill_loss(student, teacher, kind, 0.5, weights)
+    loss.backward()
+    assert torch.isfinite(loss) and loss.item() > 0
+    assert torch.isfinite(student.grad).all() and student.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_gradient_vanishes_at_the_teacher(beta: float) -> None:
+    student = TEACHER.clone().requires_grad_()
+    generalized_jsd(student, TEACHER, beta).sum().backward()
+    assert torch.allclose(student.grad, torch.zeros_like(student.grad), atol=1e-12)
+
+
+def test_bf16_logits_are_upcast() -> None:
+    s, t = STUDENT.bfloat16(), TEACHER.bfloat16()
+    for out in (reverse_kl(s, t), forward_kl(s, t), generalized_jsd(s, t, 0.5)):
+        assert out.dtype == torch.float32
+    assert reverse_kl(s, t).tolist() == pytest.approx(reverse_kl(s.float(), t.float()).tolist(), abs=1e-7)
+
+
+# -- distill_loss weighting ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["reverse_kl", "forward_kl", "jsd"])
+def test_distill_loss_is_the_weighted_sum(kind: str) -> None:
+    weights = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    per = {"reverse_kl": reverse_kl, "forward_kl": forward_kl}.get(
+        kind, lambda s, t: generalized_jsd(s, t, 0.3)
+    )
+    expected = (per(STUDENT, TEACHER) * weights).sum()
+    assert distill_loss(STUDENT, TEACHER, kind, 0.3, weights).item() == pytest.approx(
+        expected.item(), abs=1e-12
+    )
+
+
+def test_distill_loss_micro_batches_add_up_to_the_batch() -> None:
+    segments, episodes = torch.tensor([0, 0, 1]), torch.tensor([0, 0, 1])
+    weights = token_weights(segments, episodes, "episode").double()
+    full = distill_loss(STUDENT, TEACHER, "reverse_kl", 0.0, weights)
+    parts = distill_loss(STUDENT[:2], TEACHER[:2], "reverse_kl", 0.0, weights[:2]) + distill_loss(
+        STUDENT[2:], TEACHER[2:], "reverse_kl", 0.0, weights[2:]
+    )
+    assert parts.item() == pytest.approx(full.item(), abs=1e-12)
+
+
+def test_distill_loss_rejects_unknown_kind_and_bad_weights() -> None:
+    with pytest.raises(ValueError):
+        distill_loss(STUDENT, TEACHER, "tvd", 0.5, torch.ones(3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        distill_loss(STUDENT, TEACHER, "reverse_kl", 0.5, torch.ones(2))
+
+
+# -- token weights ---------------------------------------------------------------------------------
+
+# Episode 7: call 10 (3 tokens) and call 11 (1 token); episode 8: call 12 (2 tokens); interleaved as packing
+# would leave them.
+SEGMENTS = torch.tensor([10, 12, 10, 11, 12, 10])
+EPISODES = torch.tensor([7, 8, 7, 7, 8, 7])
+
+
+def test_token_weights_by_hand() -> None:
+    expected = {
+        "token": [1 / 6] * 6,
+        "call": [1 / 9, 1 / 6, 1 / 9, 1 / 3, 1 / 6, 1 / 9],  # 3 calls, each 1/3 split over its tokens
+        "episode": [1 / 8, 1 / 4, 1 / 8, 1 / 8, 1 / 4, 1 / 8],  # 2 episodes, each 1/2 over its tokens
+    }
+    for mode, values in expected.items():
+        w = token_weights(SEGMENTS, EPISODES, mode)  # type: ignore[arg-type]
+        assert w.dtype == torch.float32
+        assert w.tolist() == pytest.approx(values, abs=1e-7), mode
+        assert w.sum().item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_token_weights_edge_cases() -> None:
+    assert token_weights(
+        torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), "call"
+    ).shape == (0,)
+    with pytest.raises(ValueError):  # call 10 claimed by two episodes
+        token_weights(torch.tensor([10, 10]), torch.tensor([7, 8]), "call")
+    with pytest.raises(ValueError):
+        token_weights(SEGMENTS, EPISODES, "sequence")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        token_weights(SEGMENTS, EPISODES[:3], "token")
+
+
+# -- policy gradient -------------------------------------------------------------------------------
+
+
+def test_policy_gradient_on_policy_is_reinforce() -> None:
+    old = torch.log(torch.tensor([0.5, 0.25, 0.8]))
+    new = old.clone().requires_grad_()
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    w = torch.tensor([0.5, 0.25, 0.25])
+    loss, metrics = policy_gradient_loss(new, old, adv, weights=w)
+    assert loss.item() == pytest.approx(-(0.5 * 1.0 - 0.25 * 2.0 + 0.25 * 0.5), abs=1e-7)
+    loss.backward()
+    assert new.grad.tolist() == pytest.approx((-w * adv).tolist(), abs=1e-7)
+    assert metrics.clip_fraction == 0.0
+    assert metrics.approx_kl == pytest.approx(0.0, abs=1e-7)
+    assert metrics.ratio_mean == pytest.approx(1.0, abs=1e-7)
+
+
+def test_policy_gradient_clipping_by_hand() -> None:
+    # ratios 1.5, 0.5, 0.5, 1.5 against advantages +1, -1, +1, -1 with eps 0.2:
+    #   1.5, A=+1: min(1.5, 1.2) = 1.2 (clipped, no gradient)
+    #   0.5, A=-1: min(-0.5, -0.8) = -0.8 (clipped, no gradient)
+    #   0.5, A=+1: min(0.5, 0.8) = 0.5 (not clipped: the surrogate pushes the ratio back up)
+    #   1.5, A=-1: min(-1.5, -1.2) = -1.5 (not clipped)
+    ratios = torch.tensor([1.5, 0.5, 0.5, 1.5])
+    old = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    new = (old + torch.log(ratios)).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    loss, metrics = policy_gradient_loss(new, old, adv, clip_eps=0.2, weights=w)
+    assert loss.item() == pytest.approx(-(0.1 * 1.2 + 0.2 * -0.8 + 0.3 * 0.5 + 0.4 * -1.5), abs=1e-6)
+    loss.backward()
+    # d/d new of -w * r * A is -w * A * r
+    assert new.grad.tolist() == pytest.approx([0.0, 0.0, -0.3 * 0.5, 0.4 * 1.5], abs=1e-6)
+    assert metrics.clip_fraction == pytest.approx(0.1 + 0.2, abs=1e-6)
+    k3 = [r - 1 - math.log(r) for r in (1.5, 0.5, 0.5, 1.5)]
+    assert metrics.approx_kl == pytest.approx(
+        sum(wi * k for wi, k in zip(w.tolist(), k3, strict=True)), abs=1e-6
+    )
+    assert metrics.ratio_mean == pytest.approx(0.1 * 1.5 + 0.2 * 0.5 + 0.3 * 0.5 + 0.4 * 1.5, abs=1e-6)
+
+
+def test_policy_gradient_metrics_are_micro_batch_means() -> None:
+    old = torch.zeros(2)
+    new = torch.log(torch.tensor([1.5, 1.0]))
+    _, metrics = policy_gradient_loss(new, old, torch.ones(2), weights=torch.tensor([0.05, 0.05]))
+    assert metrics.clip_fraction == pytest.approx(0.5, abs=1e-6)
+
+
+# -- sampled log-probs -----------------------------------------------------------------------------
+
+
+def test_sampled_logprobs_by_hand() -> None:
+    logits = torch.tensor([[0.0, LN3], [0.0, 2 * LN3], [LN2, 0.0]])
+    actions = torch.tensor([1, 1, 0], dtype=torch.int32)
+    assert sampled_logprobs(logits[:2], actions[:2]).tolist() == pytest.approx(
+        [math.log(0.75), math.log(0.9)], abs=1e-6
+    )
+    at_two = sampled_logprobs(logits, actions, temperature=2.0)  # logits / 2: (0, ln 3) -> 3/4
+    assert at_two[1].item() == pytest.approx(math.log(0.75), abs=1e-6)
+    assert at_two[2].item() == pytest.approx(math.log(math.sqrt(2) / (math.sqrt(2) + 1)), abs=1e-6)

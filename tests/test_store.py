@@ -1,0 +1,203 @@
+"""The store on SQLite and Postgres: migrations, exact round-trips, idempotency, order, views,
+concurrent writers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from store_records import make_episode, make_invocation, make_run
+
+from agentmem.records import (
+    Checkpoint,
+    EpisodeStatus,
+    EvalResult,
+    InvocationKind,
+    TeacherContext,
+    TeacherScore,
+    TrainStep,
+)
+from store import repository as repo
+from store.engine import make_engine, open_store
+from store.errors import NotFound, SchemaOutOfDate
+from store.migrations import current_revision, downgrade, head_revision, upgrade
+from store.models import Base
+
+TABLES = {"runs", "checkpoints", "episodes", "invocations", "teacher_scores", "train_steps", "eval_results"}
+VIEWS = {"invocation_history", "episode_summary"}
+
+
+def test_migrations_up_down_and_models_agree(db_url):
+    engine = make_engine(db_url)
+    assert current_revision(engine) is None
+    upgrade(engine)
+    assert current_revision(engine) == head_revision()
+    insp = sa.inspect(engine)
+    assert TABLES <= set(insp.get_table_names())
+    assert VIEWS <= set(insp.get_view_names())
+    for table in Base.metadata.sorted_tables:
+        assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}, table.name
+    downgrade(engine, "base")
+    insp = sa.inspect(engine)
+    assert not (TABLES | VIEWS) & (set(insp.get_table_names()) | set(insp.get_view_names()))
+    upgrade(engine)  # and up again
+    assert current_revision(engine) == head_revision()
+    engine.dispose()
+
+
+def test_schema_check_says_to_upgrade(db_url):
+    with pytest.raises(SchemaOutOfDate, match=r"run `agentmem db upgrade"):
+        open_store(db_url)
+
+
+@pytest.mark.parametrize("prompt_len,output_len", [(0, 0), (1, 1), (600, 200), (32768, 32768)])
+def test_invocation_round_trip_is_exact(store, prompt_len, output_len):
+    rng = np.random.default_rng(prompt_len)
+    run = make_run()
+    ep = make_episode(run)
+    inv = make_invocation(ep, 0, rng, prompt_len, output_len)
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, [inv])
+        s.commit()
+    with store.session() as s:
+        (back,) = list(repo.stream_invocations(s, run_ids=[run.id]))
+    assert back.prompt_ids.dtype == np.int32 and back.output_logprobs.dtype == np.float32
+    np.testing.assert_array_equal(back.prompt_ids, inv.prompt_ids)
+    np.testing.assert_array_equal(back.output_ids, inv.output_ids)
+    assert back.output_logprobs.tobytes() == inv.output_logprobs.tobytes()  # bit-exact
+    assert back.model_dump(exclude={"prompt_ids", "output_ids", "output_logprobs"}) == inv.model_dump(
+        exclude={"prompt_ids", "output_ids", "output_logprobs"}
+    )
+
+
+def test_all_records_round_trip(store):
+    run = make_run()
+    base = Checkpoint(path="/models/base", base_model="SmolLM2-135M-Instruct")
+    child = Checkpoint(run_id=run.id, parent_id=base.id, step=10, path="/out/step10", base_model=base.base_model)
+    ep = make_episode(run)
+    inv = make_invocation(ep, 0, np.random.default_rng(0), 5, 3)
+    score = TeacherScore(run_id=run.id, invocation_id=inv.id, teacher="t", context=TeacherContext.privileged,
+                         token_logprobs=[-0.5, -1.0, -2.0], reverse_kl=[0.1, 0.2, 0.3], entropy=[1.0, 2.0, 3.0])
+    step = TrainStep(run_id=run.id, step=3, loss=1.5, kd_loss=1.0, rl_loss=0.5, tokens=100, lr=1e-5,
+                     metrics={"clip_frac": 0.25})
+    result = EvalResult(run_id=run.id, checkpoint_id=child.id, model="/out/step10", env="synthetic",
+                        n_episodes=8, f1=0.5, em=0.25, sub_em=0.375, f1_ci=(0.2, 0.8), em_ci=(0.0, 0.5),
+                        sub_em_ci=(0.1, 0.6), metrics={"context_tokens": 1024})
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_checkpoint(s, base)
+        repo.insert_checkpoint(s, child)
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, [inv])
+        repo.insert_teacher_scores(s, [score])
+        repo.insert_train_step(s, step)
+        repo.insert_eval_result(s, result)
+        finished = ep.model_copy(update={"prediction": "Oslo", "f1": 1.0, "em": 1.0, "sub_em": 1.0, "reward": 1.0,
+                                         "status": EpisodeStatus.answered, "stop_reason": "answered",
+                                         "finished_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)})
+        repo.update_episode(s, finished)
+        repo.finish_run(s, run.id)
+        s.commit()
+    with store.session() as s:
+        assert repo.get_run(s, run.id).model_dump(exclude={"status", "finished_at"}) == run.model_dump(
+            exclude={"status", "finished_at"})
+        assert repo.get_run(s, run.id).status == "finished"
+        assert repo.get_checkpoint(s, child.id) == child
+        assert repo.list_checkpoints(s, run.id) == [child]
+        assert repo.get_episode(s, ep.id) == finished
+        got = repo.get_teacher_scores(s, [inv.id], "t", TeacherContext.privileged)[inv.id]
+        assert got.model_dump(exclude={"token_logprobs", "reverse_kl", "entropy"}) == score.model_dump(
+            exclude={"token_logprobs", "reverse_kl", "entropy"})
+        np.testing.assert_array_equal(got.reverse_kl, score.reverse_kl)
+        assert repo.scored_invocation_ids(s, "t", TeacherContext.privileged) == {inv.id}
+        assert repo.scored_invocation_ids(s, "t", TeacherContext.aligned) == set()
+        assert repo.list_train_steps(s, run.id) == [step]
+        assert repo.list_eval_results(s, [run.id]) == [result]
+        with pytest.raises(NotFound, match="no run with id 'nope'"):
+            repo.get_run(s, "nope")
+
+
+def test_inserts_are_idempotent_and_streams_ordered(store):
+    rng = np.random.default_rng(1)
+    run = make_run()
+    eps = [make_episode(run, task=t) for t in range(3)]
+    invs = [make_invocation(e, step, rng, 7, 2) for e in eps for step in (2, 0, 1)]
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, eps)
+        repo.insert_invocations(s, invs)
+        s.commit()
+    # a resumed job re-offers everything, and the same (episode, step) under a new id
+    dup = make_invocation(eps[0], 0, rng, 7, 2)
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, [make_episode(run, task=0)] + eps)
+        repo.insert_invocations(s, invs + [dup])
+        s.commit()
+    with store.session() as s:
+        got = list(repo.stream_invocations(s, run_ids=[run.id], batch_size=2))
+        assert len(repo.list_episodes(s, run.id)) == 3
+        answers = list(repo.stream_invocations(s, run_ids=[run.id], kinds=[InvocationKind.answer]))
+    assert len(got) == 9 and answers == []
+    keys = [(i.episode_id, i.step) for i in got]
+    assert keys == sorted(keys)
+    assert {i.id for i in got} == {i.id for i in invs}
+
+
+def test_views(store):
+    rng = np.random.default_rng(2)
+    run = make_run()
+    ep = make_episode(run)
+    invs = [make_invocation(ep, 0, rng, 10, 4),
+            make_invocation(ep, 1, rng, 12, 3, kind=InvocationKind.answer)]
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, invs)
+        s.commit()
+        summary = s.execute(sa.text("select n_calls, prompt_tokens, output_tokens, status, question "
+                                    "from episode_summary")).one()
+        history = s.execute(sa.text("select step, kind, prompt_tokens, output_tokens from invocation_history "
+                                    "order by step")).all()
+    assert tuple(summary) == (2, 22, 7, "running", ep.question)
+    assert [tuple(r) for r in history] == [(0, "memory_update", 10, 4), (1, "answer", 12, 3)]
+
+
+def _writer(url: str, run_id: str, worker: int, n_episodes: int, n_calls: int) -> None:
+    from agentmem.records import Run, RunKind
+
+    st = open_store(url)
+    rng = np.random.default_rng(worker)
+    run = Run(id=run_id, kind=RunKind.rollout)
+    for t in range(n_episodes):
+        ep = make_episode(run, task=t, sample=worker)
+        with st.session() as s:
+            repo.insert_episodes(s, [ep])
+            s.commit()
+        for step in range(n_calls):
+            with st.session() as s:
+                repo.insert_invocations(s, [make_invocation(ep, step, rng, 50, 10)])
+                s.commit()
+    st.dispose()
+
+
+def test_two_processes_write_at_once(store, db_url):
+    run = make_run()
+    with store.session() as s:
+        repo.insert_run(s, run)
+        s.commit()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(db_url, run.id, w, 10, 10)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    with store.session() as s:
+        assert repo.count_invocations(s, [run.id]) == 200
+        assert len(repo.list_episodes(s, run.id)) == 20
