@@ -9,6 +9,8 @@ import typer
 
 from cli import db as db_commands
 from cli import inspect as inspect_commands
+from cli import models as models_commands
+from cli import rollout as rollout_commands
 
 app = typer.Typer(
     name="agentmem",
@@ -20,6 +22,8 @@ app = typer.Typer(
 )
 app.add_typer(db_commands.app, name="db")
 inspect_commands.register(app)
+models_commands.register(app)
+rollout_commands.register(app)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -101,7 +101,7 @@ class _Packer:
                 pieces.extend(self._split_chars(words[start]))
                 start += 1
                 continue
-            take = self._longest_fitting(len(words) - start, lambda k: " ".join(words[start : start + k]))
+            take = self._longest_fitting(len(words) - start, lambda k, s=start: " ".join(words[s : s + k]))
             pieces.append(" ".join(words[start : start + take]))
             start += take
         return pieces
@@ -115,7 +115,7 @@ class _Packer:
                     f"chunk_tokens={self._budget} leaves no room for {word[start]!r} "
                     f"after the header {self._header!r}"
                 )
-            take = self._longest_fitting(len(word) - start, lambda k: word[start : start + k])
+            take = self._longest_fitting(len(word) - start, lambda k, s=start: word[s : s + k])
             pieces.append(word[start : start + take])
             start += take
         return pieces

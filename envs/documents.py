@@ -6,8 +6,10 @@ RULER-HotpotQA) builds its inputs.
 Invariants:
 - the required documents are always present; optional ones come next in the given preference order
   (the task's own optional documents first, then a seeded draw from the corpus), never repeating a key;
-- the context stops at ``docs`` documents, or, when ``context_tokens`` is set, before the first document
-  that would take the total past it (a required document is kept even then);
+- the context stops at ``docs`` documents, or, when ``context_tokens`` is set, when the total is as
+  near that target as the draw allows: a document that would take the total past it is skipped, and the
+  search stops after ``MAX_MISSES`` such documents in a row (required documents are kept even when
+  they alone pass the target);
 - the chosen documents are then put in a seeded random order.
 """
 
@@ -18,6 +20,8 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 import numpy as np
 
 from envs.errors import EnvError
+
+MAX_MISSES = 32
 
 
 def check_size_knobs(env: str, docs: int, context_tokens: int | None) -> None:
@@ -44,15 +48,17 @@ def choose_documents(
     chosen = list(required)
     keys = {key_of(i) for i in chosen}
     total = sum(tokens_of(i) for i in chosen) if context_tokens is not None else 0
+    misses = 0
     for i in _candidates(rng, own_optional, corpus_size):
-        if context_tokens is None and len(chosen) >= docs:
+        if (context_tokens is None and len(chosen) >= docs) or misses >= MAX_MISSES:
             break
         if key_of(i) in keys:
             continue
         if context_tokens is not None:
             if total + tokens_of(i) > context_tokens:
-                break
-            total += tokens_of(i)
+                misses += 1
+                continue
+            total, misses = total + tokens_of(i), 0
         chosen.append(i)
         keys.add(key_of(i))
     return [chosen[j] for j in rng.permutation(len(chosen))]

@@ -45,7 +45,7 @@ def field(record: Any, key: str, kind: type | tuple[type, ...], place: str) -> A
         raise EnvError(f"{place}: missing field {key!r}")
     value = record[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+    if not isinstance(value, kinds) or (isinstance(value, bool) and int in kinds and bool not in kinds):
         wanted = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
         raise EnvError(f"{place}: field {key!r} must be {wanted}, got {type(value).__name__}")
     return value

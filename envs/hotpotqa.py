@@ -92,8 +92,12 @@ class HotpotQAEnv:
                 doc_ids.append(known[doc])
             support = []
             for j, fact in enumerate(field(record, "supporting_facts", list, place)):
-                if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[0], str)
-                        and isinstance(fact[1], int)):
+                if not (
+                    isinstance(fact, list)
+                    and len(fact) == 2
+                    and isinstance(fact[0], str)
+                    and isinstance(fact[1], int)
+                ):
                     raise EnvError(f"{place}: field 'supporting_facts'[{j}] must be [title, sentence index]")
                 support.append((fact[0], fact[1]))
             questions.append(
@@ -146,13 +150,22 @@ class HotpotQAEnv:
             evidence=[by_title[t].sentences[k].strip() for t, k in found],
             evidence_chunks=chunk_indices(chunks, {where_sentence[f] for f in found}),
             category=q.qtype,
-            metadata={"level": q.level, "supporting_facts": [list(f) for f in q.support],
-                      "titles": [self._corpus[d].title for d in order]},
+            metadata={
+                "level": q.level,
+                "supporting_facts": [list(f) for f in q.support],
+                "titles": [self._corpus[d].title for d in order],
+            },
         )
 
 
 def _parse_doc(entry: object, place: str) -> _Doc:
-    if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
-            and isinstance(entry[1], list) and entry[1] and all(isinstance(s, str) for s in entry[1])):
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], list)
+        and entry[1]
+        and all(isinstance(s, str) for s in entry[1])
+    ):
         raise EnvError(f"{place} must be [title, [sentences]] with at least one sentence")
     return _Doc(entry[0], tuple(entry[1]))

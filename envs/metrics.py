@@ -115,7 +115,9 @@ def locomo_gold(gold: str, category: str | int) -> str:
     return gold.split(";")[0].strip() if str(category) == "3" else gold
 
 
-def locomo_f1(prediction: str, gold: str, category: str | int, stem: Callable[[str], str] | None = None) -> float:
+def locomo_f1(
+    prediction: str, gold: str, category: str | int, stem: Callable[[str], str] | None = None
+) -> float:
     """One question's score under LoCoMo's rules for its category (1-5; anything else is an error)."""
     category = str(category)
     if category == "5":

@@ -1,28 +1,32 @@
 """SQuAD v1.1 (official JSON: ``{data: [{title, paragraphs: [{context, qas: [{id, question, answers}]}]}]}``).
 
 A task's long context is its own paragraph plus other paragraphs of the corpus, to ``docs`` documents or
-``context_tokens`` tokens, in a seeded shuffle (see ``envs.documents``). Units are paragraphs, each
-prefixed with its article title.
+``context_tokens`` tokens, in a seeded shuffle (see ``envs.documents``). Paragraphs are prefixed with
+their article title and cut into sentences (at ., ! or ? before white space), so a chunk breaks inside a
+paragraph only between sentences unless one sentence is over the budget.
 
 Invariants: the file is fully checked when the environment is built (a question without answers, as in
 SQuAD 2.0's unanswerable ones, is an error); ``answers`` are all gold texts, first occurrence order,
 without repeats; ``evidence`` is the question's paragraph and ``evidence_chunks`` the chunks of that
-paragraph that contain a gold answer (all its chunks if a split hides every answer).
+paragraph that contain a gold answer (all its chunks if a split cuts through every answer).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentmem.records import Task
-from envs.chunking import Unit, pack
+from envs.chunking import Unit, chunk_indices, pack
 from envs.documents import check_size_knobs, choose_documents
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
 from envs.metrics import Scores, score_answer
 from envs.selection import take, task_rng
 from envs.types import CountTokens
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 @dataclass(frozen=True)
@@ -112,9 +116,15 @@ class SquadEnv:
             docs=self._docs,
             context_tokens=self._context_tokens,
         )
-        chunks = pack([Unit(self._text(p), sep="\n") for p in order], self._count, self._chunk_tokens)
-        own = order.index(q.paragraph)
-        own_chunks = [i for i, c in enumerate(chunks) if own in c.units]
+        units: list[Unit] = []
+        own: set[int] = set()
+        for p in order:
+            sentences = _SENTENCE_END.split(self._text(p))
+            if p == q.paragraph:
+                own = set(range(len(units), len(units) + len(sentences)))
+            units += [Unit(sentences[0], sep="\n"), *(Unit(s) for s in sentences[1:])]
+        chunks = pack(units, self._count, self._chunk_tokens)
+        own_chunks = chunk_indices(chunks, own)
         with_answer = [i for i in own_chunks if any(a in chunks[i].text for a in q.answers)]
         return Task(
             task_id=q.qid,

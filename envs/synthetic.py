@@ -136,16 +136,16 @@ class SyntheticEnv:
 
     def _scatter(self, rng: np.random.Generator, facts: list[str]) -> tuple[list[str], list[int]]:
         """Filler up to the token target with ``facts`` at random positions; returns each fact's position."""
-        budget = self._context_tokens - sum(self._count(f) + 1 for f in facts)
+        budget = self._context_tokens - sum(self._count(f) for f in facts)
         filler: list[str] = []
         while budget > 0:
             sentence = " ".join(str(rng.choice(words)) for words in _FILLER) + "."
             filler.append(sentence)
-            budget -= self._count(sentence) + 1
+            budget -= self._count(sentence)
         total = len(filler) + len(facts)
         slots = rng.choice(total, size=len(facts), replace=False)
         sentences: list[str | None] = [None] * total
-        for fact, slot in zip(facts, slots):
+        for fact, slot in zip(facts, slots, strict=True):
             sentences[int(slot)] = fact
         rest = iter(filler)
         filled = [s if s is not None else next(rest) for s in sentences]

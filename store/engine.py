@@ -102,8 +102,21 @@ class Store:
         self.engine.dispose()
 
 
-def open_store(url: str | None = None, *, check: bool = True) -> Store:
-    """Open the store at ``url`` and (by default) check its schema is current."""
+def is_new_sqlite_file(url: str | None) -> bool:
+    parsed = make_url(resolve_url(url))
+    return parsed.get_backend_name() == "sqlite" and bool(parsed.database) and parsed.database != ":memory:" \
+        and not Path(parsed.database).expanduser().exists()
+
+
+def open_store(url: str | None = None, *, check: bool = True, create: bool = False) -> Store:
+    """Open the store at ``url`` and (by default) check its schema is current. With ``create``, a SQLite
+    file that does not exist yet is created and migrated to the head revision (never an existing one)."""
+    if create and is_new_sqlite_file(url):
+        from store.migrations import upgrade
+
+        engine = make_engine(url)
+        upgrade(engine)
+        return Store(engine)
     engine = make_engine(url)
     if check:
         check_schema(engine)

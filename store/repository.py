@@ -207,6 +207,7 @@ def insert_invocations(session: Session, invocations: Iterable[Invocation]) -> N
 
 
 _INV_COLUMNS = [c for c in InvocationRow.__table__.c if c.name not in ("prompt_tokens", "output_tokens")]
+_INV_FIELDS = frozenset(Invocation.model_fields)
 
 
 def _invocation(row: sa.Row) -> Invocation:
@@ -221,7 +222,7 @@ def _invocation(row: sa.Row) -> Invocation:
         prompt_text=m["prompt_text"], output_text=m["output_text"], memory_before=m["memory_before"],
         memory_after=m["memory_after"], chunk_text=m["chunk_text"], chunk_index=m["chunk_index"],
         finish_reason=FinishReason(m["finish_reason"]), temperature=m["temperature"], latency_s=m["latency_s"],
-        created_at=m["created_at"],
+        created_at=m["created_at"], _fields_set=_INV_FIELDS,
     )
 
 

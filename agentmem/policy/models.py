@@ -92,9 +92,11 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
             # then forget the quantizer so the folder saves as a plain model.
             quantization_config=GgufConfig(gguf_file=GGUF_FILE, dequantize=True),
         )
-        model.hf_quantizer.remove_quantization_config(model)
+        if model.is_quantized:
+            model.hf_quantizer.remove_quantization_config(model)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        _publishable(tmp)
         if force and target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -121,6 +123,15 @@ def load_model(
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load model {source!r}: {first}") from e
     return model.to(device).eval(), tokenizer
+
+
+def _publishable(folder: Path) -> None:
+    """Give the folder and its files the permissions the umask allows (mkdtemp makes them private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)
 
 
 def _check_model_folder(path: Path) -> None:

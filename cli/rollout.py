@@ -1,0 +1,131 @@
+"""``agentmem rollout``: collect agent trajectories into the store."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from cli.options import DbOption
+
+
+def _knobs(values: list[str]) -> dict:
+    out = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def rollout(
+    env: Annotated[str, typer.Option(help="Environment: synthetic | hotpotqa | squad | locomo | longmemeval.")]
+    = "synthetic",
+    data: Annotated[str | None, typer.Option(help="Data file in the benchmark's official JSON format.")] = None,
+    knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. hops=3, "
+                                                 "context_tokens=4096, docs=20.")] = [],  # noqa: B006
+    model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
+                                            "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
+    backend: Annotated[str, typer.Option(help="Generation backend: transformers | vllm.")] = "transformers",
+    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend.")] = "bfloat16",
+    episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
+    group_size: Annotated[int, typer.Option(help="Episodes sampled per task (for group-normalised RL).")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed for task order and sampling.")] = 0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 1.0,
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk the agent reads per call.")] = 512,
+    memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens (max new tokens of an update).")]
+    = 128,
+    answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
+    max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
+    = None,
+    batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    resume: Annotated[str | None, typer.Option(help="Finish run RUN_ID (its stored config is used).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Run the memory agent over an environment and stream every call to the store.
+
+    With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (a few minutes on a
+    laptop CPU). Kill it at any time; `--resume RUN_ID` finishes the run without duplicating rows.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentmem.agent.loop import AgentConfig
+    from agentmem.agent.rollout import RolloutConfig, load_run_config, register_policy, run_rollout
+    from cli.common import make_backend, resolve_model_ref, set_threads, setup_logging
+    from cli.console import console
+    from store.engine import open_store
+
+    setup_logging()
+    set_threads(threads)
+    store = open_store(db, create=True)
+    if resume:
+        config = load_run_config(store, resume)
+    else:
+        config = RolloutConfig(
+            env=env, data=data, env_knobs=_knobs(knob), model=model, backend=backend, dtype=dtype,
+            episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
+            agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
+                              max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,
+                              seed=seed),
+        )
+    out = console(stderr=True)
+    with out.status(f"loading model {config.model} ({config.backend})"):
+        path, base = resolve_model_ref(store, config.model)
+        gen_backend = make_backend(config.backend, path, config.dtype)
+        policy = register_policy(store, path, base)
+
+    totals = {"calls": 0, "tokens": 0, "t0": time.perf_counter()}
+    progress = Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+                        TextColumn("{task.fields[calls]} calls · {task.fields[tps]:.0f} tok/s"),
+                        TimeElapsedColumn(), console=out)
+    task_id = None
+
+    def on_start(total: int, done: int) -> None:
+        nonlocal task_id
+        task_id = progress.add_task("rollout", total=total, completed=done, calls=0, tps=0.0)
+
+    def on_round(stats) -> None:
+        totals["calls"] += stats.calls
+        totals["tokens"] += stats.output_tokens
+        tps = totals["tokens"] / max(time.perf_counter() - totals["t0"], 1e-9)
+        progress.update(task_id, advance=stats.finished, calls=totals["calls"], tps=tps)
+
+    with progress:
+        result = run_rollout(store, config, gen_backend, policy, run_id=resume, on_start=on_start,
+                             on_round=on_round)
+    _summary(result)
+
+
+def _summary(result) -> None:
+    from rich.table import Table
+
+    from cli.console import console
+
+    eps = result.episodes
+    done = [e for e in eps if e.f1 is not None]
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    table = Table(title=f"run {result.run_id}")
+    for col in ("episodes", "answered", "truncated", "failed", "F1", "EM", "substring EM"):
+        table.add_column(col, justify="right")
+    by = {s: sum(1 for e in eps if e.status.value == s) for s in ("answered", "truncated", "failed")}
+    table.add_row(str(len(eps)), str(by["answered"]), str(by["truncated"]), str(by["failed"]),
+                  f"{mean([e.f1 for e in done]):.3f}", f"{mean([e.em for e in done]):.3f}",
+                  f"{mean([e.sub_em for e in done]):.3f}")
+    console().print(table)
+    typer.echo(f"run_id={result.run_id}  (inspect: agentmem sql \"select * from episode_summary where run_id = "
+               f"'{result.run_id}'\")")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(rollout)

@@ -1,0 +1,186 @@
+"""LoCoMo (the official ``locomo10.json`` layout: a list of ``{sample_id, conversation, qa, ...}``).
+
+A conversation's sessions, in session-number order (which is date order), become the chunks: one session
+per chunk, split on turns when it is over the budget, each chunk starting with the session's number and
+date. A turn reads ``speaker: text`` plus ``[shares <caption>]`` when it shared an image. Every question
+of a conversation reads the same chunks.
+
+Invariants: the file is fully checked when the environment is built; ``category`` is ``str(category)``;
+category 5 (adversarial) has the gold answer "Not mentioned in the conversation" whatever the file
+stores (its ``answer`` or ``adversarial_answer`` is kept in ``metadata``); ``evidence`` holds the dia ids
+as the file has them and ``evidence_chunks`` the chunks holding the turns they name (ids that name no
+turn are kept in ``evidence`` but map to no chunk). ``score`` uses LoCoMo's rules for the question's
+category for F1 (no stemming; see ``envs.metrics``), and for category 5 all three scores are 1 exactly
+when the prediction says the answer is not mentioned.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentmem.records import Task
+from envs.chunking import Chunk, Unit, pack
+from envs.errors import EnvError
+from envs.files import answer_text, field, need_list, read_json, where
+from envs.metrics import (
+    LOCOMO_NOT_MENTIONED,
+    Scores,
+    exact_match,
+    locomo_f1,
+    locomo_gold,
+    locomo_says_not_mentioned,
+    substring_match,
+)
+from envs.selection import take
+from envs.types import CountTokens
+
+_SESSION = re.compile(r"session_(\d+)")
+_DIA_ID = re.compile(r"D(\d+):(\d+)")
+
+
+@dataclass(frozen=True)
+class _Session:
+    number: int
+    date: str
+    turns: tuple[tuple[str, str], ...]  # (dia_id, rendered text)
+
+
+@dataclass(frozen=True)
+class _Question:
+    conversation: int
+    index: int
+    question: str
+    answer: str
+    category: str
+    evidence: tuple[str, ...]
+    raw: dict[str, Any]
+
+
+class LocomoEnv:
+    name = "locomo"
+
+    def __init__(
+        self,
+        *,
+        data_path: str | Path,
+        count_tokens: CountTokens,
+        chunk_tokens: int,
+        seed: int,
+        categories: Iterable[int | str] | None = None,
+    ) -> None:
+        self._count = count_tokens
+        self._chunk_tokens = chunk_tokens
+        self._seed = seed
+        self._sample_ids: list[str] = []
+        self._sessions: list[list[_Session]] = []
+        questions = self._read(Path(data_path))
+        if categories is not None:
+            if isinstance(categories, (str, int)):
+                categories = [categories]
+            wanted = {str(c) for c in categories}
+            questions = [q for q in questions if q.category in wanted]
+        self._questions = questions
+        self._chunks: dict[int, tuple[list[Chunk], dict[str, list[int]]]] = {}
+
+    def tasks(self, n: int | None = None) -> list[Task]:
+        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
+
+    def score(self, prediction: str, task: Task) -> Scores:
+        category = task.category or ""
+        if category == "5":
+            hit = float(locomo_says_not_mentioned(prediction))
+            return Scores(f1=hit, em=hit, sub_em=hit)
+        gold = locomo_gold(task.answers[0], category)
+        return Scores(
+            f1=locomo_f1(prediction, gold, category),
+            em=exact_match(prediction, gold),
+            sub_em=substring_match(prediction, gold),
+        )
+
+    def _read(self, path: Path) -> list[_Question]:
+        questions = []
+        for c, record in enumerate(need_list(read_json(path), f"{path}: top level")):
+            place = where(path, c, record, "sample_id")
+            self._sample_ids.append(field(record, "sample_id", str, place))
+            self._sessions.append(_read_sessions(field(record, "conversation", dict, place), place))
+            for k, qa in enumerate(field(record, "qa", list, place)):
+                questions.append(_read_question(qa, c, k, f"{place} qa[{k}]"))
+        return questions
+
+    def _conversation(self, c: int) -> tuple[list[Chunk], dict[str, list[int]]]:
+        if c not in self._chunks:
+            chunks: list[Chunk] = []
+            by_dia: dict[str, list[int]] = {}
+            for session in self._sessions[c]:
+                header = f"Session {session.number}, {session.date}:"
+                units = [Unit(text, sep="\n") for _, text in session.turns]
+                for chunk in pack(units, self._count, self._chunk_tokens, header=header):
+                    for u in chunk.units:
+                        by_dia.setdefault(session.turns[u][0], []).append(len(chunks))
+                    chunks.append(chunk)
+            self._chunks[c] = (chunks, by_dia)
+        return self._chunks[c]
+
+    def _build(self, index: int) -> Task:
+        q = self._questions[index]
+        chunks, by_dia = self._conversation(q.conversation)
+        hits = {i for ev in q.evidence for a, b in _DIA_ID.findall(ev) for i in by_dia.get(f"D{a}:{b}", [])}
+        return Task(
+            task_id=f"{self._sample_ids[q.conversation]}/qa{q.index}",
+            env=self.name,
+            question=q.question,
+            chunks=[chunk.text for chunk in chunks],
+            answers=[q.answer],
+            evidence=list(q.evidence),
+            evidence_chunks=sorted(hits),
+            category=q.category,
+            metadata={"sample_id": self._sample_ids[q.conversation], **q.raw},
+        )
+
+
+def _read_sessions(conversation: dict[str, Any], place: str) -> list[_Session]:
+    sessions = []
+    for key, turns in conversation.items():
+        match = _SESSION.fullmatch(key)
+        if not match:
+            continue
+        s_place = f"{place} conversation.{key}"
+        date = field(conversation, f"{key}_date_time", str, f"{place} conversation")
+        rendered = []
+        for t, turn in enumerate(need_list(turns, s_place)):
+            t_place = f"{s_place}[{t}]"
+            text = f"{field(turn, 'speaker', str, t_place)}: {field(turn, 'text', str, t_place)}"
+            if isinstance(turn.get("blip_caption"), str):
+                text += f" [shares {turn['blip_caption']}]"
+            rendered.append((field(turn, "dia_id", str, t_place), text))
+        sessions.append(_Session(int(match.group(1)), date, tuple(rendered)))
+    if not sessions:
+        raise EnvError(f"{place}: field 'conversation' has no session_N lists")
+    return sorted(sessions, key=lambda s: s.number)
+
+
+def _read_question(qa: Any, conversation: int, index: int, place: str) -> _Question:
+    category = field(qa, "category", (int, str), place)
+    evidence = field(qa, "evidence", list, place)
+    if not all(isinstance(e, str) for e in evidence):
+        raise EnvError(f"{place}: field 'evidence' must be a list of dia id strings")
+    raw = {k: qa[k] for k in ("answer", "adversarial_answer") if k in qa}
+    if str(category) == "5":
+        answer = LOCOMO_NOT_MENTIONED
+    else:
+        if "answer" not in qa:
+            raise EnvError(f"{place}: missing field 'answer'")
+        answer = answer_text(qa["answer"], "answer", place)
+    return _Question(
+        conversation=conversation,
+        index=index,
+        question=field(qa, "question", str, place),
+        answer=answer,
+        category=str(category),
+        evidence=tuple(evidence),
+        raw=raw,
+    )

@@ -1,0 +1,66 @@
+"""Building an environment by name: the one place that knows every environment.
+
+Invariants: ``load_env`` checks the name, ``chunk_tokens``, ``seed``, ``data_path`` and knob names before
+building anything, and every failure is an ``EnvError``; knobs are each environment's keyword arguments
+(a misspelt knob is an error, never ignored); ``synthetic`` takes no data file, every other env needs one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from envs.errors import EnvError
+from envs.hotpotqa import HotpotQAEnv
+from envs.locomo import LocomoEnv
+from envs.longmemeval import LongMemEvalEnv
+from envs.squad import SquadEnv
+from envs.synthetic import SyntheticEnv
+from envs.types import CountTokens, Env
+
+_ENVS: dict[str, Any] = {
+    "synthetic": SyntheticEnv,
+    "hotpotqa": HotpotQAEnv,
+    "squad": SquadEnv,
+    "locomo": LocomoEnv,
+    "longmemeval": LongMemEvalEnv,
+}
+ENV_NAMES: tuple[str, ...] = tuple(_ENVS)
+_COMMON = ("data_path", "count_tokens", "chunk_tokens", "seed")
+
+
+def knobs_of(name: str) -> dict[str, Any]:
+    """The knobs ``name`` accepts, with their defaults."""
+    if name not in _ENVS:
+        raise EnvError(f"unknown environment {name!r}; known: {', '.join(ENV_NAMES)}")
+    params = inspect.signature(_ENVS[name]).parameters
+    return {k: p.default for k, p in params.items() if k not in _COMMON}
+
+
+def load_env(
+    name: str,
+    *,
+    data_path: str | Path | None = None,
+    count_tokens: CountTokens,
+    chunk_tokens: int,
+    seed: int,
+    **knobs: Any,
+) -> Env:
+    allowed = knobs_of(name)
+    unknown = sorted(set(knobs) - set(allowed))
+    if unknown:
+        raise EnvError(f"{name}: unknown knob(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise EnvError(f"{name}: chunk_tokens must be an integer >= 1, got {chunk_tokens!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise EnvError(f"{name}: seed must be an integer >= 0, got {seed!r}")
+    cls = _ENVS[name]
+    common: dict[str, Any] = {"count_tokens": count_tokens, "chunk_tokens": chunk_tokens, "seed": seed}
+    if "data_path" in inspect.signature(cls).parameters:
+        if data_path is None:
+            raise EnvError(f"{name}: needs a data file (data_path), e.g. the official JSON release")
+        common["data_path"] = Path(data_path)
+    elif data_path is not None:
+        raise EnvError(f"{name}: takes no data file, got data_path={str(data_path)!r}")
+    return cls(**common, **knobs)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install, lint, check the import layering and run the test suite on SQLite and Postgres.
+#   bash scripts/test.sh [PYTEST ARGS...]
+# Postgres: uses $AGENTMEM_TEST_PG_URL when set; otherwise starts a throwaway server on 127.0.0.1
+# (scripts/pg_throwaway.sh) for the run and stops it on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+if [ -n "${VIRTUAL_ENV:-}" ]; then venv=$VIRTUAL_ENV; else venv=.venv; fi
+if [ -z "${AGENTMEM_TEST_PG_URL:-}" ]; then
+  pgroot=$(mktemp -d /tmp/agentmem-pg.XXXXXX); chmod 755 "$pgroot"
+  port=$(( 50000 + RANDOM % 10000 ))
+  AGENTMEM_TEST_PG_URL=$(bash scripts/pg_throwaway.sh start "$pgroot/data" "$port")
+  export AGENTMEM_TEST_PG_URL
+  trap 'bash scripts/pg_throwaway.sh stop "$pgroot/data"; rm -rf "$pgroot"' EXIT
+fi
+echo "postgres for tests: $AGENTMEM_TEST_PG_URL"
+"$venv/bin/ruff" check .
+"$venv/bin/lint-imports"
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+set +e
+"$venv/bin/pytest" -q "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi
+exit "$rc"

