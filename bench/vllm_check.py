@@ -50,7 +50,9 @@ def main() -> None:
     print(f"engine up in {time.perf_counter() - t0:.1f}s")
     tok = backend.tokenizer
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False
+        )
         for q in QUESTIONS
     ]
     reference = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -62,7 +64,7 @@ def main() -> None:
         gens = backend.generate(prompts, params)
         elapsed = time.perf_counter() - t0
         worst, worst_t1, n = 0.0, 0.0, 0
-        for prompt, gen in zip(prompts, gens):
+        for prompt, gen in zip(prompts, gens, strict=True):
             assert len(gen.output_ids) == len(gen.logprobs)
             if gen.finish_reason.value == "stop":
                 assert gen.output_ids[-1] == eos, "eos must be the last output token"
@@ -73,7 +75,7 @@ def main() -> None:
             worst_t1 = max(worst_t1, (got - ref_t1).abs().max().item())
             n += len(gen.output_ids)
         again = backend.generate(prompts, params)
-        same = all(a.output_ids == b.output_ids for a, b in zip(gens, again))
+        same = all(a.output_ids == b.output_ids for a, b in zip(gens, again, strict=True))
         print(
             f"T={temperature}: {n} tokens in {elapsed:.2f}s, finish={[g.finish_reason.value for g in gens]}, "
             f"max |vllm - hf(T)| = {worst:.2e}, max |vllm - hf(T=1)| = {worst_t1:.2e}, seeded repeat same: {same}"

@@ -61,6 +61,7 @@ def _fake_gguf_loaders(monkeypatch, fail_on_save: bool) -> None:
     """Stand-ins for the GGUF loaders, so the folder logic is tested in milliseconds."""
     model = tiny_llama()
     if fail_on_save:
+
         def save_pretrained(path, **kwargs):
             (Path(path) / "model.safetensors").write_bytes(b"half a file")
             raise _Interrupted  # like a KeyboardInterrupt mid-write
@@ -100,7 +101,7 @@ def test_default_cache_dir_honours_env(tmp_path, monkeypatch):
 def test_prepare_real_default_model(tmp_path):
     """About 25 s on 2 CPU cores: de-quantise the GGUF, save, reload, render the chat template."""
     folder = prepare_default_model(tmp_path)
-    assert sorted(p.name for p in folder.iterdir()) >= ["config.json", "model.safetensors", "tokenizer.json"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
     assert "quantization_config" not in (folder / "config.json").read_text()
     model, tok = load_model(folder, dtype="float32")
     assert model.config.vocab_size == len(tok) == 49152

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -122,7 +124,7 @@ def changed_first_segment(batch):
     ids = batch.input_ids.clone()
     first = int(batch.seq_lens[0])
     ids[0, :first] = (ids[0, :first] + 7) % 250 + 3
-    return type(batch)(**{**batch.__dict__, "input_ids": ids}), first
+    return dataclasses.replace(batch, input_ids=ids), first
 
 
 @pytest.mark.parametrize("name", MODELS)

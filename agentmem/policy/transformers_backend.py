@@ -89,7 +89,9 @@ class TransformersBackend:
             tokens, logprobs = sample(logits, params, generator)
             stopped = torch.isin(tokens, stop)
             now = time.perf_counter() - start
-            for row, tok, lp, st in zip(rows.tolist(), tokens.tolist(), logprobs.tolist(), stopped.tolist()):
+            for row, tok, lp, st in zip(
+                rows.tolist(), tokens.tolist(), logprobs.tolist(), stopped.tolist(), strict=True
+            ):
                 ids[row].append(tok)
                 lps[row].append(lp)
                 if st or step == params.max_new_tokens - 1:

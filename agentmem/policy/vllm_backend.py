@@ -76,7 +76,7 @@ class VLLMBackend:
 
 def _to_generation(completion: Any, latency: float) -> Generation:
     ids = list(completion.token_ids)
-    logprobs = [float(step[tok].logprob) for tok, step in zip(ids, completion.logprobs)]
+    logprobs = [float(step[tok].logprob) for tok, step in zip(ids, completion.logprobs, strict=True)]
     reason = {"stop": FinishReason.stop, "length": FinishReason.length}.get(
         completion.finish_reason, FinishReason.error
     )

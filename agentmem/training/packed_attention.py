@@ -104,11 +104,10 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
     """Final hidden states ``[N, hidden]`` of the real tokens, row-major (the ``cu_seqlens`` layout)."""
     base = model.get_decoder()
     if path == "reference":
-        dtype = next(model.parameters()).dtype
         out = base(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
-            attention_mask=block_causal_mask(batch, dtype),
+            attention_mask=block_causal_mask(batch, model.dtype),
             use_cache=False,
         )
         return out.last_hidden_state[batch.token_mask]
