@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+
 from alembic import context
 
 config = context.config

@@ -3,6 +3,8 @@
 Workload: the teacher-scoring forward (no grad) of memory-agent invocations, logits at action positions
 only for every method, so the methods differ only in how tokens are batched:
   padded      batches of 8 in arrival order, right-padded, 2-D padding mask (the usual HF batch)
+  padded-full the same, but the usual ``model(...).logits`` at every position (the naive scorer; shown
+              to price the action-only head, not part of the headline ratio)
   packed-fast packed rows, flattened, per-segment attention (agentmem_segments)
   packed-ref  packed rows, 4-D block-diagonal float mask over each padded row
   one-by-one  one invocation per forward, no padding, no mask
@@ -12,8 +14,8 @@ consecutive invocations in arrival order from a seeded start, about as many toke
 own invocations would flatter padding: best-fit decreasing groups similar lengths.)
 The CPU is shared, so methods run in interleaved rounds (order rotated) and each reports its best round.
 
-  .venv/bin/python bench/packing.py --quick            # 10 layers: 2-4 minutes on 2 shared cores
-  .venv/bin/python bench/packing.py                    # 30 layers: 6-10 minutes
+  .venv/bin/python bench/packing.py --quick            # 10 layers: 3-5 minutes on 2 shared cores
+  .venv/bin/python bench/packing.py                    # 30 layers: 8-12 minutes
   .venv/bin/python bench/packing.py --lengths rollout_lengths.json   # [[prompt, output], ...]
 
 The last line is ``packed_vs_padded=<tokens/s ratio> fill=<packing fill>``.
@@ -75,7 +77,7 @@ def smollm2_135m_shape(layers: int, dtype: torch.dtype) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
-def score_padded(model, seqs: list[Sequence], batch_size: int) -> None:
+def score_padded(model, seqs: list[Sequence], batch_size: int, full_logits: bool = False) -> None:
     for start in range(0, len(seqs), batch_size):
         batch = seqs[start : start + batch_size]
         width = max(len(s) for s in batch)
@@ -86,6 +88,9 @@ def score_padded(model, seqs: list[Sequence], batch_size: int) -> None:
             ids[b, : len(s)] = torch.from_numpy(s.input_ids)
             keep[b, : len(s)] = 1
             acts[b, : len(s)] = torch.from_numpy(s.action_mask)
+        if full_logits:
+            model(input_ids=ids, attention_mask=keep, use_cache=False).logits[acts]
+            continue
         hidden = model.get_decoder()(input_ids=ids, attention_mask=keep, use_cache=False).last_hidden_state
         model.get_output_embeddings()(hidden[acts])
 
@@ -123,7 +128,7 @@ def main() -> None:
                     help="float32: faster than bfloat16 on this CPU (109 vs 87 tokens/s, 1024-token forward)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--quick", action="store_true",
-                    help="10 layers instead of 30 (per-token ratios barely depend on depth): 2-4 minutes")
+                    help="10 layers instead of 30 (per-token ratios barely depend on depth): 3-5 minutes")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
@@ -161,6 +166,8 @@ def main() -> None:
     methods = {  # name: (run, fill, real tokens)
         "padded": (lambda: score_padded(model, arrival, args.batch_size), tokens["arrival"] / padded_slots,
                    tokens["arrival"]),
+        "padded-full": (lambda: score_padded(model, arrival, args.batch_size, full_logits=True),
+                        tokens["arrival"] / padded_slots, tokens["arrival"]),
         "packed-fast": (lambda: score_packed(model, batches, "fast"), row_fill, tokens["packed"]),
         "packed-ref": (lambda: score_packed(model, batches, "reference"), row_fill, tokens["packed"]),
         "one-by-one": (lambda: score_single(model, first), 1.0, sum(len(s) for s in first)),

@@ -2,7 +2,9 @@
 
 Each prompt is ~300 tokens (a chat-templated memory-update style request); each row decodes exactly
 ``--new-tokens`` tokens (eos is ignored for the measurement, so every configuration does the same
-work). Reports generated tokens per second of wall time, prefill included.
+work). Reports generated tokens per second of wall time, prefill included, and the
+process CPU seconds per generated token (robust to other processes sharing the cores: with one thread,
+CPU time is what wall time would be on an idle core).
 
     OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_backends.py
 """
@@ -43,7 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     model = resolve_model(args.model)
     print(f"model {model}, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens per row")
-    print(f"{'dtype':>9} {'threads':>7} {'batch':>5} {'seconds':>8} {'tok/s':>7} {'ms/step':>8}")
+    print(
+        f"{'dtype':>9} {'threads':>7} {'batch':>5} {'seconds':>8} {'tok/s':>7} {'ms/step':>8} {'cpu ms/tok':>10}"
+    )
     for dtype in args.dtypes.split(","):
         backend = TransformersBackend(str(model), dtype=dtype)
         backend.stop_ids = set()  # decode the full budget in every row
@@ -53,13 +57,13 @@ def main() -> None:
             for batch in map(int, args.batches.split(",")):
                 prompts = [make_prompt(backend.tokenizer, args.prompt_tokens, i) for i in range(batch)]
                 backend.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 gens = backend.generate(prompts, params)
-                elapsed = time.perf_counter() - start
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
                 tokens = sum(len(g.output_ids) for g in gens)
                 print(
                     f"{dtype:>9} {threads:>7} {batch:>5} {elapsed:>8.2f} {tokens / elapsed:>7.1f} "
-                    f"{1000 * elapsed / args.new_tokens:>8.1f}"
+                    f"{1000 * elapsed / args.new_tokens:>8.1f} {1000 * cpu / tokens:>10.1f}"
                 )
 
 

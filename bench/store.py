@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import numpy as np  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-
 from store_records import make_episode, make_invocation, make_run  # noqa: E402
 
 from store import repository as repo  # noqa: E402

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
 from rich.logging import RichHandler
+
+
+def parse_knobs(values: list[str]) -> dict:
+    """Environment knobs from repeated KEY=VALUE flags; values are JSON when they parse as JSON."""
+    out = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
 
 
 def setup_logging(verbose: bool = False) -> None:

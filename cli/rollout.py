@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated
 
 import typer
 
 from cli.options import DbOption
-
-
-def _knobs(values: list[str]) -> dict:
-    out = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def rollout(
@@ -59,7 +45,7 @@ def rollout(
 
     from agentmem.agent.loop import AgentConfig
     from agentmem.agent.rollout import RolloutConfig, load_run_config, register_policy, run_rollout
-    from cli.common import make_backend, resolve_model_ref, set_threads, setup_logging
+    from cli.common import make_backend, parse_knobs, resolve_model_ref, set_threads, setup_logging
     from cli.console import console
     from store.engine import open_store
 
@@ -70,7 +56,7 @@ def rollout(
         config = load_run_config(store, resume)
     else:
         config = RolloutConfig(
-            env=env, data=data, env_knobs=_knobs(knob), model=model, backend=backend, dtype=dtype,
+            env=env, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,

@@ -112,16 +112,18 @@ def run_rollout(
     policy: Checkpoint,
     *,
     run_id: str | None = None,
+    kind: RunKind = RunKind.rollout,
     on_start: Callable[[int, int], None] | None = None,
     on_round: Callable[[RoundStats], None] | None = None,
 ) -> RolloutResult:
     """Run (or, with ``run_id``, resume) a rollout. ``on_start(episodes_total, episodes_done)`` is called
-    once the work is known; ``on_round`` after every batched round of calls."""
+    once the work is known; ``on_round`` after every batched round of calls. ``kind`` is the kind of a
+    new run (evaluation runs the same machinery as ``RunKind.eval``)."""
     env = build_env(config, backend)
     tasks = env.tasks(config.episodes)
     if not tasks:
         raise ValueError(f"environment {config.env!r} produced no tasks")
-    run = start_run(store, config) if run_id is None else None
+    run = start_run(store, config, kind) if run_id is None else None
     rid = run.id if run else run_id
     assert rid is not None
     episodes = [

@@ -1,0 +1,125 @@
+"""``agentmem eval``: greedy evaluation of a model or checkpoint, written to ``eval_results``."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from cli.common import parse_knobs
+from cli.options import DbOption
+
+PLOT_BY = ("step", "context_tokens")
+
+
+def evaluate(
+    model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
+                                            "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
+    env: Annotated[str, typer.Option(help="Environment: synthetic | hotpotqa | squad | locomo | longmemeval.")]
+    = "synthetic",
+    data: Annotated[str | None, typer.Option(help="Data file in the benchmark's official JSON format "
+                                                  "(use a held-out split).")] = None,
+    knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. "
+                                                 "context_tokens=4096.")] = [],  # noqa: B006
+    episodes: Annotated[int, typer.Option(help="Number of tasks (one greedy episode each).")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed for task selection. The default differs from rollout's (0) so "
+                                           "that synthetic tasks are ones training never saw; data files are "
+                                           "only reordered by it.")] = 1000,
+    backend: Annotated[str, typer.Option(help="Generation backend: transformers | vllm.")] = "transformers",
+    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend.")] = "bfloat16",
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk the agent reads per call.")] = 512,
+    memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens (max new tokens of an update).")]
+    = 128,
+    answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
+    max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
+    = None,
+    batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG of F1 (95% intervals) over every stored eval "
+                                                  "of this environment to PATH.")] = None,
+    plot_by: Annotated[str, typer.Option(help="Plot F1 against: step (training step) | context_tokens.")]
+    = "step",
+    db: DbOption = None,
+) -> None:
+    """Evaluate a model or checkpoint greedily: F1, EM and substring EM with bootstrap 95% intervals.
+
+    The episodes are stored as a run of kind `eval` (inspect them with `agentmem sql`) and the summary as
+    one `eval_results` row; `--plot PATH` draws every stored eval of the environment.
+    """
+    if plot_by not in PLOT_BY:
+        raise ValueError(f"--plot-by must be one of {', '.join(PLOT_BY)}, got {plot_by!r}")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentmem.agent.evaluate import EvalConfig, run_eval
+    from agentmem.agent.rollout import register_policy
+    from cli.common import make_backend, resolve_model_ref, set_threads, setup_logging
+    from cli.console import console
+    from store.engine import open_store
+
+    setup_logging()
+    set_threads(threads)
+    config = EvalConfig(env=env, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,
+                        episodes=episodes, seed=seed, chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
+                        answer_max_new_tokens=answer_tokens, max_chunks=max_chunks, max_batch=batch)
+    store = open_store(db, create=True)
+    out = console(stderr=True)
+    with out.status(f"loading model {config.model} ({config.backend})"):
+        path, base = resolve_model_ref(store, config.model)
+        gen_backend = make_backend(config.backend, path, config.dtype)
+        policy = register_policy(store, path, base)
+
+    totals = {"calls": 0, "tokens": 0, "t0": time.perf_counter()}
+    progress = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+                        TextColumn("{task.fields[calls]} calls · {task.fields[tps]:.0f} tok/s"),
+                        TimeElapsedColumn(), console=out)
+    task_id = None
+
+    def on_start(total: int, done: int) -> None:
+        nonlocal task_id
+        task_id = progress.add_task("eval", total=total, completed=done, calls=0, tps=0.0)
+
+    def on_round(stats) -> None:
+        totals["calls"] += stats.calls
+        totals["tokens"] += stats.output_tokens
+        tps = totals["tokens"] / max(time.perf_counter() - totals["t0"], 1e-9)
+        progress.update(task_id, advance=stats.finished, calls=totals["calls"], tps=tps)
+
+    with progress:
+        result = run_eval(store, config, gen_backend, policy, on_start=on_start, on_round=on_round)
+    _summary(result)
+    if plot:
+        _plot(store, config.env, plot, plot_by)
+
+
+def _summary(result) -> None:
+    from rich.table import Table
+
+    from cli.console import console
+
+    table = Table(title=f"eval · {result.env} · {result.n_episodes} episodes · step {result.step}")
+    for col, justify in (("metric", "left"), ("mean", "right"), ("95% interval", "right")):
+        table.add_column(col, justify=justify)
+    for label, name in (("F1", "f1"), ("EM", "em"), ("substring EM", "sub_em")):
+        lo, hi = getattr(result, f"{name}_ci")
+        table.add_row(label, f"{getattr(result, name):.3f}", f"[{lo:.3f}, {hi:.3f}]")
+    for category, f1 in result.metrics.get("f1_by_category", {}).items():
+        table.add_row(f"F1 category {category}", f"{f1:.3f}", "")
+    table.add_row("context tokens", f"{result.metrics['context_tokens']:.0f}", "")
+    console().print(table)
+    typer.echo(f"run_id={result.run_id} eval_id={result.id}  (inspect: agentmem sql \"select * from "
+               f"episode_summary where run_id = '{result.run_id}'\")")
+
+
+def _plot(store, env: str, path: str, by: str) -> None:
+    from agentmem.agent.plots import plot_eval_results
+    from store import repository as repo
+
+    with store.session() as s:
+        results = [r for r in repo.list_eval_results(s) if r.env == env]
+    typer.echo(f"plot: {plot_eval_results(results, path, by=by)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="eval")(evaluate)

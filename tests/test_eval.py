@@ -1,0 +1,171 @@
+"""Evaluation: a greedy rollout stored as an `eval` run, summarised exactly into one eval_results row,
+plotted to a PNG, and driven end to end through `agentmem eval`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
+
+from agentmem.agent.evaluate import EvalConfig, run_eval
+from agentmem.agent.plots import plot_eval_results, series
+from agentmem.agent.rollout import build_env, register_policy
+from agentmem.policy.scripted import ScriptedBackend
+from agentmem.policy.transformers_backend import TransformersBackend
+from agentmem.records import EpisodeStatus, EvalResult, RunKind
+from store import repository as repo
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
+
+
+def tiny_config(**kw) -> EvalConfig:
+    fields = {"model": "tiny", "episodes": 4, "chunk_tokens": 48, "memory_tokens": 8, "answer_max_new_tokens": 32,
+              "max_batch": 4, "env_knobs": SYNTH}
+    return EvalConfig(**{**fields, **kw})
+
+
+def test_run_eval_exact_means_failures_count_zero(sqlite_store):
+    tok = tiny_tokenizer()
+    config = tiny_config()
+    probe = ScriptedBackend(tok, lambda p: "")
+    tasks = build_env(config.rollout_config(), probe).tasks(config.episodes)
+    right, wrong, broken = tasks[:2], tasks[2], tasks[3]
+
+    def respond(prompt):
+        text = tok.decode(prompt)
+        if broken.question in text:
+            raise RuntimeError("backend exploded")
+        if "Reply with the short answer" not in text:
+            return "note"
+        return next((t.answers[0] for t in right if t.question in text), "qqqq")
+
+    backend = ScriptedBackend(tok, respond)
+    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
+    row = run_eval(sqlite_store, config, backend, policy)
+
+    with sqlite_store.session() as s:
+        episodes = {e.task_id: e for e in repo.list_episodes(s, row.run_id)}
+        run = repo.get_run(s, row.run_id)
+        (stored,) = repo.list_eval_results(s, [row.run_id])
+    assert run.kind is RunKind.eval and run.status == "finished"
+    assert run.config["agent"]["temperature"] == 0.0 and run.config["group_size"] == 1
+    assert episodes[broken.task_id].status is EpisodeStatus.failed and episodes[broken.task_id].f1 is None
+    assert episodes[wrong.task_id].f1 == 0.0
+    assert all(episodes[t.task_id].f1 == 1.0 for t in right)
+    # by hand: two of four episodes right, the failed one counts 0
+    by_hand = sum(e.f1 or 0.0 for e in episodes.values()) / 4
+    assert by_hand == row.f1 == row.em == row.sub_em == 0.5
+    assert stored == row
+    assert (row.checkpoint_id, row.model, row.env, row.step, row.n_episodes) == (policy.id, "/models/tiny",
+                                                                                 "synthetic", 0, 4)
+    for name in ("f1", "em", "sub_em"):
+        lo, hi = getattr(row, f"{name}_ci")
+        assert 0.0 <= lo <= getattr(row, name) <= hi <= 1.0
+    assert row.f1_ci[0] < row.f1_ci[1]
+    # context tokens: every chunk of the three finished episodes, nothing of the one that failed at once
+    count = [sum(len(tok(c, add_special_tokens=False)["input_ids"]) for c in t.chunks) for t in tasks[:3]]
+    assert row.metrics["context_tokens"] == pytest.approx(sum(count) / 4)
+    assert row.metrics["base_model"] == "tiny"
+    assert row.metrics["episodes_by_status"] == {"answered": 3, "failed": 1}
+
+
+def test_greedy_eval_is_reproducible(sqlite_store):
+    tok = tiny_tokenizer()
+    model = tiny_llama()
+    config = tiny_config(episodes=3, answer_max_new_tokens=6)
+    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
+    rows = [run_eval(sqlite_store, config, TransformersBackend.from_model(model, tok), policy, step=7)
+            for _ in range(2)]
+    outputs = []
+    with sqlite_store.session() as s:
+        for row in rows:
+            invs = list(repo.stream_invocations(s, run_ids=[row.run_id]))
+            assert {i.temperature for i in invs} == {0.0}
+            eps = sorted(repo.list_episodes(s, row.run_id), key=lambda e: e.task_id)
+            outputs.append(([(e.task_id, e.prediction) for e in eps],
+                            sorted((i.step, i.output_ids.tolist()) for i in invs)))
+    assert rows[0].run_id != rows[1].run_id
+    assert outputs[0] == outputs[1]
+    assert (rows[0].f1, rows[0].f1_ci, rows[0].step) == (rows[1].f1, rows[1].f1_ci, 7)
+
+
+def result(step, f1, base="base-a", context=120, created=0, model="/ckpt") -> EvalResult:
+    return EvalResult(run_id="r", model=model, env="synthetic", step=step, n_episodes=4, f1=f1, em=f1, sub_em=f1,
+                      f1_ci=(max(0.0, f1 - 0.1), min(1.0, f1 + 0.1)),
+                      metrics={"base_model": base, "context_tokens": float(context),
+                               "env_knobs": {"context_tokens": context}},
+                      created_at=datetime(2025, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=created))
+
+
+def test_series_groups_lines_and_keeps_latest():
+    results = [result(10, 0.3), result(0, 0.1), result(10, 0.4, created=5), result(0, 0.2, base="base-b"),
+               result(None, 0.9)]
+    lines = series(results, "step")
+    assert list(lines) == ["base-a · context 120", "base-b · context 120"]
+    assert [(x, r.f1) for x, r in lines["base-a · context 120"]] == [(0.0, 0.1), (10.0, 0.4)]
+    by_context = series([result(5, 0.5, context=100), result(5, 0.4, context=400)], "context_tokens")
+    assert [(x, r.f1) for x, r in by_context["ckpt · step 5"]] == [(100.0, 0.5), (400.0, 0.4)]
+
+
+def test_plot_writes_png(tmp_path):
+    results = [result(s, f, base=b, context=c) for s, f, b, c in
+               [(0, 0.1, "a", 120), (10, 0.3, "a", 120), (20, 0.5, "a", 120), (0, 0.2, "b", 400)]]
+    for by in ("step", "context_tokens"):
+        path = plot_eval_results(results, tmp_path / "plots" / f"{by}.png", by=by)
+        assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="no eval results"):
+        plot_eval_results([result(None, 0.5)], tmp_path / "none.png", by="step")
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli.app", *args]
+
+
+def test_cli_eval_prints_table_writes_row_and_plot(tmp_path):
+    model = save_tiny(tmp_path / "tiny")
+    url = f"sqlite:///{tmp_path / 'eval.db'}"
+    png = tmp_path / "f1.png"
+    proc = subprocess.run(
+        cli("eval", "--model", model, "--dtype", "float32", "--episodes", "2", "--chunk-tokens", "48",
+            "--memory-tokens", "8", "--answer-tokens", "4", "--knob", "context_tokens=100", "--knob",
+            "distractors=1", "--threads", "1", "--plot", str(png), "--db", url),
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("F1", "substring EM", "95% interval", "run_id=", f"plot: {png}"):
+        assert needle in proc.stdout, (needle, proc.stdout)
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    engine = sa.create_engine(url)
+    with engine.connect() as c:
+        kinds = c.execute(sa.text("select kind from runs")).scalars().all()
+        n_rows, run_id = c.execute(sa.text("select count(*), max(run_id) from eval_results")).one()
+    engine.dispose()
+    assert kinds == ["eval"] and n_rows == 1 and f"run_id={run_id}" in proc.stdout
+
+
+def test_cli_eval_bad_inputs_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, needle in [(["--model", str(empty)], str(empty)), (["--plot-by", "colour"], "--plot-by")]:
+        proc = subprocess.run(cli("eval", *args, "--db", url), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (args, proc.stderr)
+
+
+def test_eval_config_is_greedy_and_strict():
+    rollout = tiny_config().rollout_config()
+    assert (rollout.agent.temperature, rollout.group_size, rollout.seed) == (0.0, 1, 1000)
+    with pytest.raises(ValueError):
+        EvalConfig(temperature=1.0)
+    assert tiny_config(seed=3).rollout_config().agent.seed == 3
