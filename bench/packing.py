@@ -12,7 +12,10 @@ All lengths are packed (that packing's fill is the reported fill). The packed pa
 seeded sample of whole rows (the partially filled last row excluded); padded and one-by-one on
 consecutive invocations in arrival order from a seeded start, about as many tokens. (Padding the rows'
 own invocations would flatter padding: best-fit decreasing groups similar lengths.)
-The CPU is shared, so methods run in interleaved rounds (order rotated) and each reports its best round.
+The CPU is shared, so methods run in interleaved rounds (order rotated), each keeps its best round, and
+throughput is counted in process CPU time, which other processes barely move (wall time does, 2x and
+more): tokens/s = real tokens / (CPU seconds / threads), the wall time of a dedicated machine. The best
+round's wall time is printed beside it.
 
   .venv/bin/python bench/packing.py --quick            # 10 layers: 3-5 minutes on 2 shared cores
   .venv/bin/python bench/packing.py                    # 30 layers: 8-12 minutes
@@ -107,11 +110,12 @@ def score_packed(model, batches, path: str) -> None:
         action_logits(model, batch, path)
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(CPU seconds of this process, wall seconds)."""
+    cpu, wall = time.process_time(), time.perf_counter()
     with torch.inference_mode():
         fn()
-    return time.perf_counter() - start
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
 def main() -> None:
@@ -172,16 +176,18 @@ def main() -> None:
         "packed-ref": (lambda: score_packed(model, batches, "reference"), row_fill, tokens["packed"]),
         "one-by-one": (lambda: score_single(model, first), 1.0, sum(len(s) for s in first)),
     }
-    best = dict.fromkeys(methods, float("inf"))
+    best = dict.fromkeys(methods, (float("inf"), float("inf")))
     for r in range(args.rounds):
         names = list(methods)[r % len(methods) :] + list(methods)[: r % len(methods)]
         for name in names:
             best[name] = min(best[name], timed(methods[name][0]))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v:.1f}s" for k, v in best.items()), flush=True)
-    rate = {name: methods[name][2] / seconds for name, seconds in best.items()}
-    print(f"{'method':<12} {'seconds':>8} {'tokens/s':>9} {'fill':>6} {'vs padded':>9}")
+        print(f"round {r + 1}/{args.rounds} (cpu s): " + ", ".join(f"{k} {v[0]:.1f}" for k, v in best.items()),
+              flush=True)
+    rate = {name: methods[name][2] / (cpu / args.threads) for name, (cpu, _) in best.items()}
+    print(f"{'method':<12} {'cpu s':>7} {'wall s':>7} {'tokens/s':>9} {'fill':>6} {'vs padded':>9}")
     for name, (_, fill, _) in methods.items():
-        print(f"{name:<12} {best[name]:8.2f} {rate[name]:9.1f} {fill:6.3f} {rate[name] / rate['padded']:8.2f}x")
+        cpu, wall = best[name]
+        print(f"{name:<12} {cpu:7.2f} {wall:7.2f} {rate[name]:9.1f} {fill:6.3f} {rate[name] / rate['padded']:8.2f}x")
     print(f"packed_vs_padded={rate['packed-fast'] / rate['padded']:.3f} fill={stats.fill:.4f}")
 
 

@@ -12,6 +12,7 @@ from cli import evaluate as evaluate_commands
 from cli import inspect as inspect_commands
 from cli import models as models_commands
 from cli import rollout as rollout_commands
+from cli import score as score_commands
 
 app = typer.Typer(
     name="agentmem",
@@ -26,6 +27,7 @@ evaluate_commands.register(app)
 inspect_commands.register(app)
 models_commands.register(app)
 rollout_commands.register(app)
+score_commands.register(app)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -1,0 +1,98 @@
+"""Select stored invocations and rebuild them for a student and a teacher.
+
+The student always reads its own state (``aligned``); the teacher reads the state its context names.
+Both rebuilds of one invocation have the same action tokens in the same order, so per-invocation action
+slices of the two forward passes line up one to one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from agentmem.records import Episode, Invocation, InvocationKind, TeacherContext
+from agentmem.replay import Sequence, rebuild
+from store import repository as repo
+from store.engine import Store
+
+PRIVILEGED_TEMPLATE = (
+    "Privileged information for grading, not visible to the reader. Gold answer: {answers}."
+    "{evidence}"
+)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Invocations in (episode, step) order and the episodes they belong to."""
+
+    invocations: list[Invocation]
+    episodes: dict[str, Episode]
+
+    @property
+    def ids(self) -> list[str]:
+        return [i.id for i in self.invocations]
+
+
+def select(
+    store: Store,
+    run_ids: Seq[str],
+    *,
+    kinds: Seq[InvocationKind] | None = None,
+    policy_versions: Seq[str] | None = None,
+) -> Selection:
+    """Every stored invocation of ``run_ids`` matching the filters; raises ValueError when empty or when a
+    run does not exist."""
+    with store.session() as s:
+        for rid in run_ids:
+            repo.get_run(s, rid)
+        episodes = {e.id: e for e in repo.list_episodes(s, run_ids)}
+        invocations = list(repo.stream_invocations(s, run_ids=run_ids, kinds=kinds, policy_versions=policy_versions))
+    if not invocations:
+        raise ValueError(f"no stored invocations match run(s) {', '.join(run_ids)}"
+                         + (f" and kinds {[k.value for k in kinds]}" if kinds else ""))
+    return Selection(invocations, episodes)
+
+
+def privileged_ids(tokenizer: PreTrainedTokenizerBase, episode: Episode) -> list[int]:
+    """The privileged context as one complete system message rendered by the chat template."""
+    evidence = f" Supporting evidence: {' '.join(episode.evidence)}" if episode.evidence else ""
+    text = PRIVILEGED_TEMPLATE.format(answers=" | ".join(episode.gold_answers), evidence=evidence)
+    rendered = tokenizer.apply_chat_template([{"role": "system", "content": text}], tokenize=False)
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def teacher_sequences(
+    selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None
+) -> list[Sequence]:
+    """Rebuild the selection under ``context`` (``privileged`` needs the teacher's tokenizer)."""
+    context = TeacherContext(context)
+    if context is TeacherContext.persistent:
+        _check_whole_episodes(selection)
+    privileged = None
+    if context is TeacherContext.privileged:
+        if tokenizer is None:
+            raise ValueError("the privileged context needs the teacher's tokenizer")
+        cache: dict[str, list[int]] = {}
+
+        def privileged(inv: Invocation) -> list[int]:
+            if inv.episode_id not in cache:
+                cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
+            return cache[inv.episode_id]
+
+    return list(rebuild(selection.invocations, context, privileged=privileged))
+
+
+def student_sequences(selection: Selection) -> list[Sequence]:
+    return list(rebuild(selection.invocations, TeacherContext.aligned))
+
+
+def _check_whole_episodes(selection: Selection) -> None:
+    seen: dict[str, int] = {}
+    for inv in selection.invocations:
+        expected = seen.get(inv.episode_id, -1) + 1
+        if inv.step != expected:
+            raise ValueError(f"the persistent context needs whole episodes: episode {inv.episode_id} has step "
+                             f"{inv.step} without step {expected} in the selection (select all kinds)")
+        seen[inv.episode_id] = inv.step
