@@ -8,6 +8,7 @@ import sys
 import typer
 
 from cli import db as db_commands
+from cli import distill as distill_commands
 from cli import evaluate as evaluate_commands
 from cli import inspect as inspect_commands
 from cli import models as models_commands
@@ -23,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(db_commands.app, name="db")
+distill_commands.register(app)
 evaluate_commands.register(app)
 inspect_commands.register(app)
 models_commands.register(app)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 
 from rich.logging import RichHandler
 
@@ -40,32 +39,3 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
-
-
-def resolve_model_ref(store, model: str | None) -> tuple[str, str]:
-    """(model path, base model name) for a model flag: a checkpoint id in the store, a local folder,
-    "default" (the prepared SmolLM2-135M-Instruct) or a hub name."""
-    from agentmem.policy.models import DEFAULT_MODEL, resolve_model
-    from store import repository as repo
-    from store.errors import NotFound
-
-    if model and store is not None and "/" not in model and not Path(model).exists():
-        with store.session() as s:
-            try:
-                ckpt = repo.get_checkpoint(s, model)
-                return ckpt.path, ckpt.base_model
-            except NotFound:
-                pass
-    path = resolve_model(model)
-    base = DEFAULT_MODEL if model in (None, "default", DEFAULT_MODEL) else str(model)
-    return str(path), base
-
-
-def make_backend(kind: str, path: str, dtype: str):
-    if kind == "vllm":
-        from agentmem.policy.vllm_backend import VLLMBackend
-
-        return VLLMBackend(path)
-    from agentmem.policy.transformers_backend import TransformersBackend
-
-    return TransformersBackend(path, dtype=dtype)

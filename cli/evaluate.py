@@ -53,8 +53,10 @@ def evaluate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentmem.agent.evaluate import EvalConfig, run_eval
+    from agentmem.agent.models import resolve_model_ref
     from agentmem.agent.rollout import register_policy
-    from cli.common import make_backend, resolve_model_ref, set_threads, setup_logging
+    from agentmem.policy.backends import make_backend
+    from cli.common import set_threads, setup_logging
     from cli.console import console
     from store.engine import open_store
 

@@ -44,8 +44,10 @@ def rollout(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentmem.agent.loop import AgentConfig
+    from agentmem.agent.models import resolve_model_ref
     from agentmem.agent.rollout import RolloutConfig, load_run_config, register_policy, run_rollout
-    from cli.common import make_backend, parse_knobs, resolve_model_ref, set_threads, setup_logging
+    from agentmem.policy.backends import make_backend
+    from cli.common import parse_knobs, set_threads, setup_logging
     from cli.console import console
     from store.engine import open_store
 

@@ -11,9 +11,9 @@ from cli.options import DbOption
 
 
 def load(store, ref: str, dtype: str):
+    from agentmem.agent.models import resolve_model_ref
     from agentmem.policy.models import load_model
     from agentmem.training.scoring import LoadedModel
-    from cli.common import resolve_model_ref
 
     path, _base = resolve_model_ref(store, ref)
     model, tokenizer = load_model(path, dtype=dtype)

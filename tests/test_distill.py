@@ -1,0 +1,171 @@
+"""Distillation on tiny models: it trains every parameter with a finite loss, packing does not change
+the step, resume continues exactly, checkpoints are model folders, bad input is one clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_agent import SYNTH
+from tiny_models import tiny_llama, tiny_tokenizer
+from transformers import AutoModelForCausalLM
+
+from agentmem.agent.loop import AgentConfig
+from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
+from agentmem.policy.transformers_backend import TransformersBackend
+from agentmem.records import EpisodeStatus, TeacherContext
+from agentmem.replay import pack
+from agentmem.training.distill import (
+    DistillConfig,
+    Models,
+    advantages,
+    load_distill_run,
+    run_distill,
+    step_indices,
+)
+from agentmem.training.objective import Objective, StepInputs, accumulate_step, teacher_action_logits
+from agentmem.training.selection import select, student_sequences, teacher_sequences
+from store import repository as repo
+
+
+@pytest.fixture
+def rolled(sqlite_store):
+    tok = tiny_tokenizer()
+    config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
+                           agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, temperature=1.0, seed=7))
+    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
+    result = run_rollout(sqlite_store, config, TransformersBackend.from_model(tiny_llama(seed=3), tok), policy)
+    # give the group different rewards so the RL term has a signal
+    with sqlite_store.session() as s:
+        for i, ep in enumerate(repo.list_episodes(s, result.run_id)):
+            repo.update_episode(s, ep.model_copy(update={"reward": float(i % 2), "f1": float(i % 2)}))
+        s.commit()
+    return sqlite_store, result.run_id, policy
+
+
+def models(policy, student_seed=0) -> Models:
+    tok = tiny_tokenizer()
+    student = tiny_llama(seed=student_seed).train()
+    return Models(student, tok, policy, tiny_llama(seed=1).requires_grad_(False), tok)
+
+
+def config(run_id, tmp_path, **kw) -> DistillConfig:
+    base = dict(run_ids=[run_id], steps=2, invocations_per_step=4, row_tokens=4096, lr=1e-3, out=str(tmp_path),
+                context=TeacherContext.privileged)
+    return DistillConfig(**(base | kw))
+
+
+def test_trains_every_parameter_and_registers_checkpoint(rolled, tmp_path):
+    store, run_id, policy = rolled
+    m = models(policy)
+    before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
+    result = run_distill(store, config(run_id, tmp_path), m)
+    assert len(result.history) == 2
+    for step in result.history:
+        assert np.isfinite(step.loss) and step.kd_loss > 0 and step.tokens > 0
+    unchanged = [n for n, p in m.student.named_parameters() if torch.equal(p, before[n])]
+    assert unchanged == []
+    ckpt = result.last_checkpoint
+    assert ckpt.step == 2 and ckpt.parent_id == policy.id and ckpt.run_id == result.run_id
+    loaded = AutoModelForCausalLM.from_pretrained(ckpt.path)
+    for (n, p), (_, q) in zip(m.student.named_parameters(), loaded.named_parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=n)
+    with store.session() as s:
+        assert [t.step for t in repo.list_train_steps(s, result.run_id)] == [1, 2]
+        assert repo.list_checkpoints(s, result.run_id) == [ckpt]
+
+
+@pytest.mark.parametrize("kind,weighting", [("reverse_kl", "token"), ("jsd", "call"), ("forward_kl", "episode")])
+def test_packed_and_unpacked_step_agree(rolled, kind, weighting):
+    store, run_id, policy = rolled
+    m = models(policy)
+    selection = select(store, [run_id])
+    seqs = student_sequences(selection)[:6]
+    tseqs = teacher_sequences(selection, TeacherContext.privileged, m.tokenizer)[:6]
+    vocab = len(m.tokenizer)
+    t_rows, _ = pack(tseqs, 4096)
+    teacher_logits = teacher_action_logits(m.teacher, t_rows, vocab, 0)
+    inputs = StepInputs({i.id: i.episode_id for i in selection.invocations}, advantages(selection, False),
+                        {i.id: 1.0 for i in selection.invocations}, teacher_logits)
+    objective = Objective(kind=kind, beta=0.3, weighting=weighting)
+    results, grads = [], []
+    for row_tokens in (4096, max(len(s) for s in seqs)):  # all in one row, then (almost) one per row
+        rows, _ = pack(seqs, row_tokens)
+        m.student.zero_grad()
+        results.append(accumulate_step(m.student, rows, inputs, objective, vocab, 0))
+        grads.append({n: p.grad.clone() for n, p in m.student.named_parameters()})
+    assert len(pack(seqs, 4096)[0]) == 1 and len(pack(seqs, max(len(s) for s in seqs))[0]) > 1
+    assert results[0].loss == pytest.approx(results[1].loss, abs=1e-6)
+    assert results[0].kd_loss == pytest.approx(results[1].kd_loss, abs=1e-6)
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_grpo_advantages_per_invocation(rolled):
+    store, run_id, _ = rolled
+    selection = select(store, [run_id])
+    adv = advantages(selection, normalize_std=False)
+    for inv in selection.invocations:
+        ep = selection.episodes[inv.episode_id]
+        group = [e.reward for e in selection.episodes.values() if e.task_id == ep.task_id]
+        assert adv[inv.id] == pytest.approx(ep.reward - sum(group) / len(group))
+    assert {round(a, 6) for a in adv.values()} == {-0.5, 0.5}
+
+
+def test_step_order_depends_only_on_seed_and_step():
+    a = [step_indices(10, 4, 3, s).tolist() for s in range(6)]
+    assert a == [step_indices(10, 4, 3, s).tolist() for s in range(6)]
+    assert sorted(sum(a[:3], [])) == list(range(10))  # one epoch covers everything once
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_gives_the_same_next_steps(rolled, tmp_path):
+    store, run_id, policy = rolled
+    cfg = config(run_id, tmp_path, steps=4, save_every=2, invocations_per_step=3)
+    straight = run_distill(store, cfg, m_straight := models(policy))
+
+    def die_after_3(step):
+        if step.step == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_distill(store, cfg, models(policy), on_step=die_after_3)
+    with store.session() as s:
+        killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "running"][0]
+    stored_cfg, last = load_distill_run(store, killed_id)
+    assert stored_cfg == cfg and last.step == 2
+    resumed_models = models(policy)
+    resumed_models.student.load_state_dict(AutoModelForCausalLM.from_pretrained(last.path).state_dict())
+    resumed = run_distill(store, cfg, resumed_models, run_id=killed_id, resume_from=last)
+    assert [h.step for h in resumed.history] == [3, 4]
+    for a, b in zip(straight.history[2:], resumed.history, strict=True):
+        assert a.loss == pytest.approx(b.loss, abs=1e-6, rel=1e-6)
+    for (n, p), (_, q) in zip(m_straight.student.named_parameters(), resumed_models.student.named_parameters(),
+                              strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
+    with store.session() as s:
+        assert [t.step for t in repo.list_train_steps(s, killed_id)] == [1, 2, 3, 4]
+
+
+def test_bad_inputs(rolled, tmp_path, sqlite_store):
+    store, run_id, policy = rolled
+    with pytest.raises(Exception, match="no run with id 'nope'"):
+        run_distill(store, config("nope", tmp_path), models(policy))
+    from agentmem.agent.rollout import RolloutConfig as RC
+    from agentmem.agent.rollout import start_run
+
+    empty = start_run(store, RC())
+    with pytest.raises(ValueError, match="no stored invocations"):
+        run_distill(store, config(empty.id, tmp_path), models(policy))
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tiny_tokenizer()
+    other = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token="<|im_end|>")
+    other.add_tokens(["<new>"])
+    m = models(policy)
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        run_distill(store, config(run_id, tmp_path), Models(m.student, tok, policy, m.teacher, other))
+    assert all(e.status is not EpisodeStatus.running for e in select(store, [run_id]).episodes.values())
