@@ -14,6 +14,7 @@ from cli import inspect as inspect_commands
 from cli import models as models_commands
 from cli import rollout as rollout_commands
 from cli import score as score_commands
+from cli import train as train_commands
 
 app = typer.Typer(
     name="agentmem",
@@ -30,6 +31,7 @@ inspect_commands.register(app)
 models_commands.register(app)
 rollout_commands.register(app)
 score_commands.register(app)
+train_commands.register(app)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -27,7 +27,8 @@ def evaluate(
                                            "that synthetic tasks are ones training never saw; data files are "
                                            "only reordered by it.")] = 1000,
     backend: Annotated[str, typer.Option(help="Generation backend: transformers | vllm.")] = "transformers",
-    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend: float32 | bfloat16.")]
+    = "float32",
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk the agent reads per call.")] = 512,
     memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens (max new tokens of an update).")]
     = 128,

@@ -19,7 +19,8 @@ def rollout(
     model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
                                             "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
     backend: Annotated[str, typer.Option(help="Generation backend: transformers | vllm.")] = "transformers",
-    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend: float32 | bfloat16.")]
+    = "float32",
     episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
     group_size: Annotated[int, typer.Option(help="Episodes sampled per task (for group-normalised RL).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for task order and sampling.")] = 0,

@@ -1,0 +1,76 @@
+"""``agentmem train``: the on-policy loop (rollout -> distill -> new checkpoint, repeated)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli.options import DbOption
+
+
+def train(
+    student: Annotated[str, typer.Option(help="Starting student: folder, checkpoint id or 'default'.")]
+    = "default",
+    teacher: Annotated[str, typer.Option(help="Teacher model (same tokenizer).")] = "default",
+    context: Annotated[str, typer.Option(help="Teacher context: privileged (default: the same base model "
+                                              "sees gold answer and evidence) | aligned | persistent.")]
+    = "privileged",
+    rounds: Annotated[int, typer.Option(help="Rollout + distill rounds.")] = 2,
+    steps_per_round: Annotated[int, typer.Option(help="Distill steps per round.")] = 2,
+    invocations_per_step: Annotated[int, typer.Option(help="Stored calls per optimizer step.")] = 8,
+    episodes: Annotated[int, typer.Option(help="Tasks per rollout.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Samples per task (GRPO groups).")] = 2,
+    env: Annotated[str, typer.Option(help="Environment.")] = "synthetic",
+    data: Annotated[str | None, typer.Option(help="Data file for file-backed environments.")] = None,
+    knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable).")] = [],  # noqa: B006
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk.")] = 192,
+    memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens.")] = 48,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
+    out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
+    seed: Annotated[int, typer.Option(help="Seed (rollout tasks, sampling, data order).")] = 0,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Run the whole on-policy loop on the embedded default: a few minutes per round on a laptop CPU."""
+    from agentmem.agent.loop import AgentConfig
+    from agentmem.agent.rollout import RolloutConfig
+    from agentmem.training.loop import TrainConfig, run_train
+    from cli.common import parse_knobs, set_threads, setup_logging
+    from cli.console import console
+    from cli.training_progress import train_progress
+    from store.engine import open_store
+
+    setup_logging()
+    set_threads(threads)
+    knobs = parse_knobs(knob) or ({"context_tokens": 384, "distractors": 2, "hops": 1} if env == "synthetic" else {})
+    config = TrainConfig(
+        student=student, teacher=teacher, context=context, rounds=rounds, steps_per_round=steps_per_round,
+        invocations_per_step=invocations_per_step, lr=lr, out=out, seed=seed,
+        rollout=RolloutConfig(env=env, data=data, env_knobs=knobs, episodes=episodes, group_size=group_size,
+                              chunk_tokens=chunk_tokens,
+                              agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=12)),
+    )
+    store = open_store(db, create=True)
+    err = console(stderr=True)
+    total = rounds * steps_per_round
+    with train_progress(total, label="train") as on_step:
+        done = {"n": 0}
+
+        def step(record) -> None:
+            done["n"] += 1
+            on_step(record.model_copy(update={"step": done["n"]}))
+
+        run_id, results = run_train(store, config, on_phase=lambda msg: err.log(msg), on_step=step)
+    from rich.table import Table
+
+    table = Table("round", "policy", "rollout run", "rollout F1", "distill run", "new checkpoint", title=f"train {run_id}")
+    for r in results:
+        table.add_row(str(r.round + 1), r.policy.id[:12], r.rollout_run_id[:12], f"{r.mean_f1:.3f}",
+                      r.distill_run_id[:12], r.checkpoint.id)
+    console().print(table)
+    typer.echo(f"train_run_id={run_id} final_checkpoint={results[-1].checkpoint.id} path={results[-1].checkpoint.path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)
