@@ -61,7 +61,12 @@ def train(
             done["n"] += 1
             on_step(record.model_copy(update={"step": done["n"]}))
 
-        run_id, results = run_train(store, config, on_phase=lambda msg: err.log(msg), on_step=step)
+        def rollout_round(stats) -> None:
+            err.log(f"  rollout: {stats.calls} calls, {stats.output_tokens} tokens generated in {stats.seconds:.1f}s, "
+                    f"{stats.finished} episodes finished")
+
+        run_id, results = run_train(store, config, on_phase=lambda msg: err.log(msg), on_step=step,
+                                    on_round=rollout_round)
     from rich.table import Table
 
     table = Table("round", "policy", "rollout run", "rollout F1", "distill run", "new checkpoint", title=f"train {run_id}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentmem.agent.loop import AgentConfig
+from agentmem.agent.loop import AgentConfig, RoundStats
 from agentmem.agent.models import resolve_model_ref
 from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
 from agentmem.policy.backends import make_backend
@@ -66,6 +66,7 @@ def run_train(
     *,
     on_phase: Callable[[str], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
+    on_round: Callable[[RoundStats], None] | None = None,
 ) -> tuple[str, list[RoundResult]]:
     run = Run(kind=RunKind.train, config=config.model_dump(mode="json"))
     with store.session() as s:
@@ -79,7 +80,7 @@ def run_train(
             on_phase(f"round {r + 1}/{config.rounds}: rollout with {policy.id} ({policy.path})")
         rollout_cfg = config.rollout.model_copy(update={"model": policy.id, "seed": config.seed + r})
         backend = make_backend(rollout_cfg.backend, policy.path, rollout_cfg.dtype)
-        rolled = run_rollout(store, rollout_cfg, backend, policy)
+        rolled = run_rollout(store, rollout_cfg, backend, policy, on_round=on_round)
         del backend
         mean_f1 = sum(e.f1 or 0.0 for e in rolled.episodes) / len(rolled.episodes)
         if on_phase:

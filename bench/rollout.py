@@ -1,0 +1,111 @@
+"""Rollout throughput: the transformers backend at batch 1 and batch 8 on the default model, side by
+side in one run, through the real agent loop and store; plus the share of wall time spent writing to the
+store. vLLM is measured too when it is importable (``--vllm``).
+
+    python bench/rollout.py --quick            # < 5 minutes on 2 cores
+    python bench/rollout.py --episodes 16
+
+Tokens/s counts generated tokens over the wall time of the whole rollout (prefill included). The last
+line is exactly ``batch8_vs_batch1=<ratio> store_share=<fraction>`` (store share of the batch-8 run).
+Goals: batch 8 >= 3x batch 1; store time < 2% of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import tempfile
+import time
+
+import torch
+
+from agentmem.agent.loop import AgentConfig
+from agentmem.agent.rollout import RolloutConfig, StoreSink, register_policy, run_rollout
+from agentmem.policy.backends import make_backend
+from agentmem.policy.models import prepare_default_model
+from store.engine import open_store
+
+
+class TimedSink(StoreSink):
+    """The rollout's store writer, timing every write."""
+
+    seconds = 0.0
+
+    def invocations(self, invocations):
+        t0 = time.perf_counter()
+        super().invocations(invocations)
+        TimedSink.seconds += time.perf_counter() - t0
+
+    def episodes_finished(self, episodes):
+        t0 = time.perf_counter()
+        super().episodes_finished(episodes)
+        TimedSink.seconds += time.perf_counter() - t0
+
+
+def measure(backend_kind: str, model: str, batch: int, args, tmp: str) -> dict:
+    import agentmem.agent.rollout as rollout_module
+
+    store = open_store(f"sqlite:///{tmp}/bench-{backend_kind}-{batch}.db", create=True)
+    config = RolloutConfig(
+        env="synthetic", env_knobs={"context_tokens": args.context_tokens, "distractors": 2}, model=model,
+        episodes=args.episodes, chunk_tokens=args.chunk_tokens, seed=args.seed,
+        agent=AgentConfig(memory_tokens=args.memory_tokens, answer_max_new_tokens=16, temperature=1.0,
+                          max_batch=batch, seed=args.seed),
+    )
+    backend = make_backend(backend_kind, model, args.dtype)
+    policy = register_policy(store, model, "SmolLM2-135M-Instruct")
+    TimedSink.seconds = 0.0
+    original, rollout_module.StoreSink = rollout_module.StoreSink, TimedSink
+    try:
+        t0 = time.perf_counter()
+        result = run_rollout(store, config, backend, policy)
+        wall = time.perf_counter() - t0
+    finally:
+        rollout_module.StoreSink = original
+    with store.session() as s:
+        from store import repository as repo
+
+        invs = list(repo.stream_invocations(s, run_ids=[result.run_id]))
+    out_tokens = sum(i.output_tokens for i in invs)
+    prompt_tokens = sum(i.prompt_tokens for i in invs)
+    return {"backend": backend_kind, "batch": batch, "calls": len(invs), "prompt_tokens": prompt_tokens,
+            "output_tokens": out_tokens, "wall": wall, "tps": out_tokens / wall, "store": TimedSink.seconds / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 episodes, short contexts")
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--context-tokens", type=int, default=512)
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--memory-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vllm", action="store_true", help="also measure the vLLM backend (if importable)")
+    args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.context_tokens = 8, 384
+    torch.set_num_threads(args.threads)
+    model = str(prepare_default_model())
+    kinds = ["transformers"] + (["vllm"] if args.vllm and importlib.util.find_spec("vllm") else [])
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in kinds:
+            for batch in (1, 8):
+                rows.append(measure(kind, model, batch, args, tmp))
+                r = rows[-1]
+                print(f"  done {kind} batch {batch}: {r['wall']:.1f}s", flush=True)
+    print(f"default model, {args.dtype}, {args.threads} thread(s), {args.episodes} synthetic episodes, "
+          f"context {args.context_tokens} tokens, chunks {args.chunk_tokens}, memory {args.memory_tokens}")
+    print(f"{'backend':<13}{'batch':>6}{'calls':>7}{'prompt tok':>11}{'output tok':>11}{'wall s':>8}"
+          f"{'out tok/s':>10}{'store %':>9}")
+    for r in rows:
+        print(f"{r['backend']:<13}{r['batch']:>6}{r['calls']:>7}{r['prompt_tokens']:>11}{r['output_tokens']:>11}"
+              f"{r['wall']:>8.1f}{r['tps']:>10.1f}{100 * r['store']:>9.3f}")
+    b1, b8 = rows[0], rows[1]
+    print(f"batch8_vs_batch1={b8['tps'] / b1['tps']:.2f} store_share={b8['store']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
