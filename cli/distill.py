@@ -50,7 +50,7 @@ def distill(
     store = open_store(db)
     resume_from = None
     if resume:
-        config, resume_from = load_distill_run(store, resume)
+        resume, config, resume_from = load_distill_run(store, resume)
         if steps is not None:
             config = config.model_copy(update={"steps": steps})
     else:

@@ -123,7 +123,7 @@ def show_episode(
     store = open_store(db)
     with store.session() as session:
         episode = repo.get_episode(session, episode_id)
-        calls = repo.episode_invocations(session, episode_id)
+        calls = repo.episode_invocations(session, episode.id)
     console = make_console()
     console.print(
         f"[bold]episode[/bold] {episode.id}  run {episode.run_id}  env {episode.env}  task {episode.task_id}"

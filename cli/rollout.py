@@ -56,7 +56,7 @@ def rollout(
     set_threads(threads)
     store = open_store(db, create=True)
     if resume:
-        config = load_run_config(store, resume)
+        resume, config = load_run_config(store, resume)
     else:
         config = RolloutConfig(
             env=env, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,

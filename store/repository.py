@@ -53,6 +53,20 @@ def _insert_ignore(session: Session, table: sa.Table, rows: list[dict[str, Any]]
     session.execute(insert(table).on_conflict_do_nothing(), rows)
 
 
+def _get(session: Session, model: type, ident: str, what: str, hint: str = ""):
+    """The row with id ``ident``, or the only row whose id starts with it (ids may be abbreviated, as in
+    git, to 6 or more characters)."""
+    row = session.get(model, ident)
+    if row is None and len(ident) >= 6:
+        rows = session.scalars(sa.select(model).where(model.id.startswith(ident, autoescape=True)).limit(2)).all()
+        if len(rows) == 2:
+            raise NotFound(f"{what} id {ident!r} is ambiguous: give more characters")
+        row = rows[0] if rows else None
+    if row is None:
+        raise NotFound(f"no {what} with id {ident!r}{hint}")
+    return row
+
+
 # ---- runs -------------------------------------------------------------------------------------------
 
 
@@ -66,10 +80,7 @@ def _run(row: RunRow) -> Run:
 
 
 def get_run(session: Session, run_id: str) -> Run:
-    row = session.get(RunRow, run_id)
-    if row is None:
-        raise NotFound(f"no run with id {run_id!r} (see `agentmem runs`)")
-    return _run(row)
+    return _run(_get(session, RunRow, run_id, "run", " (see `agentmem runs`)"))
 
 
 def finish_run(session: Session, run_id: str, status: str = "finished") -> None:
@@ -119,10 +130,7 @@ def _checkpoint(row: CheckpointRow) -> Checkpoint:
 
 
 def get_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
-    row = session.get(CheckpointRow, checkpoint_id)
-    if row is None:
-        raise NotFound(f"no checkpoint with id {checkpoint_id!r}")
-    return _checkpoint(row)
+    return _checkpoint(_get(session, CheckpointRow, checkpoint_id, "checkpoint"))
 
 
 def find_checkpoint_by_path(session: Session, path: str) -> Checkpoint | None:
@@ -167,10 +175,7 @@ def _episode(row: EpisodeRow) -> Episode:
 
 
 def get_episode(session: Session, episode_id: str) -> Episode:
-    row = session.get(EpisodeRow, episode_id)
-    if row is None:
-        raise NotFound(f"no episode with id {episode_id!r}")
-    return _episode(row)
+    return _episode(_get(session, EpisodeRow, episode_id, "episode"))
 
 
 def list_episodes(session: Session, run_ids: Sequence[str] | str) -> list[Episode]:

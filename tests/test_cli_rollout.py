@@ -52,7 +52,7 @@ def test_rollout_sigkill_then_resume(tmp_path):
     assert count(url, "select count(*) from episodes where status = 'running'") > 0
     run_id = sa.create_engine(url).connect().execute(sa.text("select id from runs")).scalar()
 
-    done = subprocess.run(cli("rollout", "--resume", run_id, "--db", url), cwd=ROOT, env=ENV,
+    done = subprocess.run(cli("rollout", "--resume", run_id[:8], "--db", url), cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"run_id={run_id}" in done.stdout

@@ -135,7 +135,8 @@ def test_resume_gives_the_same_next_steps(rolled, tmp_path):
         run_distill(store, cfg, models(policy), on_step=die_after_3)
     with store.session() as s:
         killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "running"][0]
-    stored_cfg, last = load_distill_run(store, killed_id)
+    full_id, stored_cfg, last = load_distill_run(store, killed_id[:8])
+    assert full_id == killed_id
     assert stored_cfg == cfg and last.step == 2
     resumed_models = models(policy)
     resumed_models.student.load_state_dict(AutoModelForCausalLM.from_pretrained(last.path).state_dict())

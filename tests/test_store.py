@@ -120,6 +120,12 @@ def test_all_records_round_trip(store):
         assert repo.list_eval_results(s, [run.id]) == [result]
         with pytest.raises(NotFound, match="no run with id 'nope'"):
             repo.get_run(s, "nope")
+        assert repo.get_run(s, run.id[:6]).id == run.id  # abbreviated ids, as in git
+        assert repo.get_episode(s, ep.id[:10]) == finished
+        other = make_run(id=run.id[:6] + "0" * 26)
+        repo.insert_run(s, other)
+        with pytest.raises(NotFound, match="ambiguous"):
+            repo.get_run(s, run.id[:6])
 
 
 def test_inserts_are_idempotent_and_streams_ordered(store):

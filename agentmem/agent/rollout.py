@@ -99,12 +99,13 @@ def start_run(store: Store, config: RolloutConfig, kind: RunKind = RunKind.rollo
     return run
 
 
-def load_run_config(store: Store, run_id: str) -> RolloutConfig:
+def load_run_config(store: Store, run_id: str) -> tuple[str, RolloutConfig]:
+    """(full run id, stored config) of a rollout run named by its id or an abbreviation of it."""
     with store.session() as s:
         run = repo.get_run(s, run_id)
     if run.kind is not RunKind.rollout:
-        raise ValueError(f"run {run_id} is a {run.kind.value} run, not a rollout")
-    return RolloutConfig.model_validate(run.config)
+        raise ValueError(f"run {run.id} is a {run.kind.value} run, not a rollout")
+    return run.id, RolloutConfig.model_validate(run.config)
 
 
 def run_rollout(

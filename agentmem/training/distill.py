@@ -174,14 +174,14 @@ def start_distill_run(store: Store, config: DistillConfig) -> Run:
     return run
 
 
-def load_distill_run(store: Store, run_id: str) -> tuple[DistillConfig, Checkpoint | None]:
-    """A distill run's stored config and its latest checkpoint (None when it saved none yet)."""
+def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Checkpoint | None]:
+    """(full run id, stored config, latest checkpoint or None) of a distill run."""
     with store.session() as s:
         run = repo.get_run(s, run_id)
         if run.kind is not RunKind.distill:
-            raise ValueError(f"run {run_id} is a {run.kind.value} run, not a distill run")
-        ckpts = repo.list_checkpoints(s, run_id)
-    return DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
+            raise ValueError(f"run {run.id} is a {run.kind.value} run, not a distill run")
+        ckpts = repo.list_checkpoints(s, run.id)
+    return run.id, DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
 
 
 def run_distill(

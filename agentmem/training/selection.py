@@ -45,8 +45,7 @@ def select(
     """Every stored invocation of ``run_ids`` matching the filters; raises ValueError when empty or when a
     run does not exist."""
     with store.session() as s:
-        for rid in run_ids:
-            repo.get_run(s, rid)
+        run_ids = [repo.get_run(s, rid).id for rid in run_ids]  # full ids (abbreviations allowed)
         episodes = {e.id: e for e in repo.list_episodes(s, run_ids)}
         invocations = list(repo.stream_invocations(s, run_ids=run_ids, kinds=kinds, policy_versions=policy_versions))
     if not invocations:
