@@ -15,13 +15,13 @@ mkdir -p "$work"
 db="sqlite:///$work/experiment.db"
 am=".venv/bin/agentmem"
 EPISODES=${EPISODES:-8}; GROUP=${GROUP:-4}; STEPS=${STEPS:-8}; EVAL=${EVAL:-32}; LR=${LR:-2e-5}
-KNOBS=(--knob context_tokens=384 --knob distractors=2 --knob hops=1)
-SHAPE=(--chunk-tokens 192 --memory-tokens 48 --answer-tokens 12 --threads "${THREADS:-1}")
+KNOBS=(--knob context_tokens=160 --knob distractors=1 --knob hops=1)
+SHAPE=(--chunk-tokens 96 --memory-tokens 48 --answer-tokens 12 --threads "${THREADS:-1}")
 export OMP_NUM_THREADS=${THREADS:-1}
 
 $am eval --model default --env synthetic "${KNOBS[@]}" "${SHAPE[@]}" --episodes "$EVAL" --db "$db"
 run=$($am rollout --env synthetic "${KNOBS[@]}" "${SHAPE[@]}" --episodes "$EPISODES" --group-size "$GROUP" \
-      --temperature 1.0 --seed 0 --db "$db" | sed -n 's/^run_id=\([0-9a-f]*\).*/\1/p')
+      --temperature "${TEMPERATURE:-0.7}" --seed 0 --db "$db" | sed -n 's/^run_id=\([0-9a-f]*\).*/\1/p')
 echo "rollout run $run"
 for ctx in aligned persistent privileged; do
   ckpt=$($am distill --run "$run" --context "$ctx" --steps "$STEPS" --invocations-per-step 8 --lr "$LR" \
