@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import typer
@@ -51,14 +50,9 @@ def evaluate(
     if plot_by not in PLOT_BY:
         raise ValueError(f"--plot-by must be one of {', '.join(PLOT_BY)}, got {plot_by!r}")
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentmem.agent.evaluate import EvalConfig, run_eval
-    from agentmem.agent.models import resolve_model_ref
-    from agentmem.agent.rollout import register_policy
-    from agentmem.policy.backends import make_backend
+    from cli.agent_progress import episode_progress, load_policy
     from cli.common import set_threads, setup_logging
-    from cli.console import console
     from store.engine import open_store
 
     setup_logging()
@@ -67,30 +61,9 @@ def evaluate(
                         episodes=episodes, seed=seed, chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
                         answer_max_new_tokens=answer_tokens, max_chunks=max_chunks, max_batch=batch)
     store = open_store(db, create=True)
-    out = console(stderr=True)
-    with out.status(f"loading model {config.model} ({config.backend})"):
-        path, base = resolve_model_ref(store, config.model)
-        gen_backend = make_backend(config.backend, path, config.dtype)
-        policy = register_policy(store, path, base)
-
-    totals = {"calls": 0, "tokens": 0, "t0": time.perf_counter()}
-    progress = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
-                        TextColumn("{task.fields[calls]} calls · {task.fields[tps]:.0f} tok/s"),
-                        TimeElapsedColumn(), console=out)
-    task_id = None
-
-    def on_start(total: int, done: int) -> None:
-        nonlocal task_id
-        task_id = progress.add_task("eval", total=total, completed=done, calls=0, tps=0.0)
-
-    def on_round(stats) -> None:
-        totals["calls"] += stats.calls
-        totals["tokens"] += stats.output_tokens
-        tps = totals["tokens"] / max(time.perf_counter() - totals["t0"], 1e-9)
-        progress.update(task_id, advance=stats.finished, calls=totals["calls"], tps=tps)
-
-    with progress:
-        result = run_eval(store, config, gen_backend, policy, on_start=on_start, on_round=on_round)
+    gen_backend, policy = load_policy(store, config.model, config.backend, config.dtype)
+    with episode_progress("eval") as bar:
+        result = run_eval(store, config, gen_backend, policy, on_start=bar.on_start, on_round=bar.on_round)
     _summary(result)
     if plot:
         _plot(store, config.env, plot, plot_by)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import typer
@@ -42,14 +41,10 @@ def rollout(
     With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (a few minutes on a
     laptop CPU). Kill it at any time; `--resume RUN_ID` finishes the run without duplicating rows.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentmem.agent.loop import AgentConfig
-    from agentmem.agent.models import resolve_model_ref
-    from agentmem.agent.rollout import RolloutConfig, load_run_config, register_policy, run_rollout
-    from agentmem.policy.backends import make_backend
+    from agentmem.agent.rollout import RolloutConfig, load_run_config, run_rollout
+    from cli.agent_progress import episode_progress, load_policy
     from cli.common import parse_knobs, set_threads, setup_logging
-    from cli.console import console
     from store.engine import open_store
 
     setup_logging()
@@ -65,31 +60,10 @@ def rollout(
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,
                               seed=seed),
         )
-    out = console(stderr=True)
-    with out.status(f"loading model {config.model} ({config.backend})"):
-        path, base = resolve_model_ref(store, config.model)
-        gen_backend = make_backend(config.backend, path, config.dtype)
-        policy = register_policy(store, path, base)
-
-    totals = {"calls": 0, "tokens": 0, "t0": time.perf_counter()}
-    progress = Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
-                        TextColumn("{task.fields[calls]} calls · {task.fields[tps]:.0f} tok/s"),
-                        TimeElapsedColumn(), console=out)
-    task_id = None
-
-    def on_start(total: int, done: int) -> None:
-        nonlocal task_id
-        task_id = progress.add_task("rollout", total=total, completed=done, calls=0, tps=0.0)
-
-    def on_round(stats) -> None:
-        totals["calls"] += stats.calls
-        totals["tokens"] += stats.output_tokens
-        tps = totals["tokens"] / max(time.perf_counter() - totals["t0"], 1e-9)
-        progress.update(task_id, advance=stats.finished, calls=totals["calls"], tps=tps)
-
-    with progress:
-        result = run_rollout(store, config, gen_backend, policy, run_id=resume, on_start=on_start,
-                             on_round=on_round)
+    gen_backend, policy = load_policy(store, config.model, config.backend, config.dtype)
+    with episode_progress("rollout") as bar:
+        result = run_rollout(store, config, gen_backend, policy, run_id=resume, on_start=bar.on_start,
+                             on_round=bar.on_round)
     _summary(result)
 
 
