@@ -45,6 +45,12 @@ from store.models import (
 )
 
 
+def _text(value: str | None) -> str | None:
+    """Text columns are for people (replay reads the ids): a NUL, which a byte-level tokenizer can decode
+    and Postgres text cannot hold, is stored as U+FFFD on every database alike."""
+    return value.replace("\x00", "\ufffd") if value else value
+
+
 def _insert_ignore(session: Session, table: sa.Table, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
@@ -159,6 +165,7 @@ def update_episode(session: Session, episode: Episode) -> None:
         include={"prediction", "reward", "f1", "em", "sub_em", "status", "stop_reason", "error", "finished_at",
                  "n_chunks"},
     )
+    values["prediction"], values["error"] = _text(values["prediction"]), _text(values["error"])
     result = session.execute(sa.update(EpisodeRow).where(EpisodeRow.id == episode.id).values(**values))
     if result.rowcount == 0:
         raise NotFound(f"no episode with id {episode.id!r}")
@@ -198,9 +205,9 @@ def _invocation_row(inv: Invocation) -> dict[str, Any]:
         "prompt_ids": arrays.encode(inv.prompt_ids, arrays.IDS),
         "output_ids": arrays.encode(inv.output_ids, arrays.IDS),
         "output_logprobs": arrays.encode(inv.output_logprobs, arrays.FLOATS),
-        "prompt_text": inv.prompt_text, "output_text": inv.output_text,
-        "memory_before": inv.memory_before, "memory_after": inv.memory_after,
-        "chunk_text": inv.chunk_text, "chunk_index": inv.chunk_index,
+        "prompt_text": _text(inv.prompt_text), "output_text": _text(inv.output_text),
+        "memory_before": _text(inv.memory_before), "memory_after": _text(inv.memory_after),
+        "chunk_text": _text(inv.chunk_text), "chunk_index": inv.chunk_index,
         "prompt_tokens": inv.prompt_tokens, "output_tokens": inv.output_tokens,
         "finish_reason": inv.finish_reason.value, "temperature": inv.temperature, "latency_s": inv.latency_s,
         "created_at": inv.created_at,

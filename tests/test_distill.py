@@ -170,3 +170,17 @@ def test_bad_inputs(rolled, tmp_path, sqlite_store):
     with pytest.raises(ValueError, match="vocabularies differ"):
         run_distill(store, config(run_id, tmp_path), Models(m.student, tok, policy, m.teacher, other))
     assert all(e.status is not EpisodeStatus.running for e in select(store, [run_id]).episodes.values())
+
+
+def test_distill_from_a_stored_run_on_each_database(store, tmp_path):
+    """The same rollout -> distill path on SQLite and Postgres (the `store` fixture runs both)."""
+    tok = tiny_tokenizer()
+    cfg = RolloutConfig(model="tiny", episodes=1, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
+                        agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, seed=1))
+    policy = register_policy(store, "/models/tiny", "tiny")
+    rolled = run_rollout(store, cfg, TransformersBackend.from_model(tiny_llama(seed=3), tok), policy)
+    result = run_distill(store, config(rolled.run_id, tmp_path, steps=1), models(policy))
+    with store.session() as s:
+        (step,) = repo.list_train_steps(s, result.run_id)
+        assert repo.get_checkpoint(s, result.last_checkpoint.id).step == 1
+    assert np.isfinite(step.loss) and step.kd_loss > 0

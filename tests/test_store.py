@@ -155,6 +155,23 @@ def test_inserts_are_idempotent_and_streams_ordered(store):
     assert {i.id for i in got} == {i.id for i in invs}
 
 
+def test_nul_in_text_is_stored_as_replacement_character(store):
+    run = make_run()
+    ep = make_episode(run)
+    inv = make_invocation(ep, 0, np.random.default_rng(3), 3, 2).model_copy(
+        update={"output_text": "a\x00b", "memory_after": "\x00"})
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, [inv])
+        repo.update_episode(s, ep.model_copy(update={"prediction": "x\x00"}))
+        s.commit()
+        (back,) = repo.episode_invocations(s, ep.id)
+        assert (back.output_text, back.memory_after) == ("a\ufffdb", "\ufffd")
+        assert repo.get_episode(s, ep.id).prediction == "x\ufffd"
+        np.testing.assert_array_equal(back.output_ids, inv.output_ids)
+
+
 def test_views(store):
     rng = np.random.default_rng(2)
     run = make_run()
