@@ -146,7 +146,22 @@ def show_episode(
         )
 
 
+def export(
+    run: Annotated[list[str], typer.Option("--run", help="Run id to export (repeatable).")],
+    out: Annotated[str, typer.Option(help="Output: FILE.parquet, or a folder for datasets' save_to_disk.")],
+    db: DbOption = None,
+) -> None:
+    """Export stored invocations (exact token ids and log-probs, texts, episode outcome) as a Hugging Face
+    dataset, one row per invocation."""
+    from agentmem.replay.export import export_invocations
+    from store.engine import open_store
+
+    ds = export_invocations(open_store(db), run, out)
+    typer.echo(f"wrote {ds.num_rows} invocations to {out}")
+
+
 def register(app: typer.Typer) -> None:
+    app.command()(export)
     app.command()(sql)
     app.command()(runs)
     app.add_typer(show_app, name="show")

@@ -1,0 +1,62 @@
+"""Export stored invocations as a Hugging Face ``datasets`` table (Parquet or a saved dataset folder), one
+row per invocation with its episode's outcome, for analysis or training outside agentmem. Token ids and
+log-probs are exported exactly (int32 / float32 lists)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from store import repository as repo
+from store.engine import Store
+
+FEATURES = datasets.Features({
+    "invocation_id": datasets.Value("string"), "run_id": datasets.Value("string"),
+    "episode_id": datasets.Value("string"), "task_id": datasets.Value("string"),
+    "sample_index": datasets.Value("int32"), "step": datasets.Value("int32"), "kind": datasets.Value("string"),
+    "policy_version": datasets.Value("string"),
+    "prompt_ids": datasets.Sequence(datasets.Value("int32")),
+    "output_ids": datasets.Sequence(datasets.Value("int32")),
+    "output_logprobs": datasets.Sequence(datasets.Value("float32")),
+    "prompt_text": datasets.Value("string"), "output_text": datasets.Value("string"),
+    "memory_before": datasets.Value("string"), "memory_after": datasets.Value("string"),
+    "finish_reason": datasets.Value("string"), "temperature": datasets.Value("float32"),
+    "question": datasets.Value("string"), "gold_answers": datasets.Sequence(datasets.Value("string")),
+    "prediction": datasets.Value("string"), "reward": datasets.Value("float32"),
+    "episode_status": datasets.Value("string"),
+})
+
+
+def _rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
+    with store.session() as s:
+        run_ids = [repo.get_run(s, r).id for r in run_ids]
+        episodes = {e.id: e for e in repo.list_episodes(s, run_ids)}
+        for inv in repo.stream_invocations(s, run_ids=run_ids):
+            ep = episodes[inv.episode_id]
+            yield {
+                "invocation_id": inv.id, "run_id": ep.run_id, "episode_id": ep.id, "task_id": ep.task_id,
+                "sample_index": ep.sample_index, "step": inv.step, "kind": inv.kind.value,
+                "policy_version": inv.policy_version, "prompt_ids": inv.prompt_ids, "output_ids": inv.output_ids,
+                "output_logprobs": inv.output_logprobs, "prompt_text": inv.prompt_text,
+                "output_text": inv.output_text, "memory_before": inv.memory_before, "memory_after": inv.memory_after,
+                "finish_reason": inv.finish_reason.value, "temperature": inv.temperature,
+                "question": ep.question, "gold_answers": ep.gold_answers, "prediction": ep.prediction,
+                "reward": ep.reward, "episode_status": ep.status.value,
+            }
+
+
+def export_invocations(store: Store, run_ids: Sequence[str], out: Path) -> datasets.Dataset:
+    """Write ``out`` (``.parquet`` file, else a ``save_to_disk`` folder); returns the dataset."""
+    rows = list(_rows(store, run_ids))
+    if not rows:
+        raise ValueError(f"no stored invocations in run(s) {', '.join(run_ids)}")
+    ds = datasets.Dataset.from_list(rows, features=FEATURES)
+    out = Path(out)
+    if out.suffix == ".parquet":
+        ds.to_parquet(str(out))
+    else:
+        ds.save_to_disk(str(out))
+    return ds

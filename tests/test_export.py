@@ -1,0 +1,33 @@
+"""Export to a Hugging Face dataset round-trips ids and log-probs exactly."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+from store_records import make_episode, make_invocation, make_run
+
+from agentmem.replay.export import export_invocations
+from store import repository as repo
+
+
+@pytest.mark.parametrize("name", ["calls.parquet", "calls_dir"])
+def test_export_round_trip(sqlite_store, tmp_path, name):
+    rng = np.random.default_rng(0)
+    run = make_run()
+    ep = make_episode(run)
+    invs = [make_invocation(ep, s, rng, 20 + s, 5 + s) for s in range(3)]
+    with sqlite_store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, invs)
+        s.commit()
+    out = tmp_path / name
+    export_invocations(sqlite_store, [run.id[:8]], out)
+    back = datasets.Dataset.from_parquet(str(out)) if out.suffix else datasets.load_from_disk(str(out))
+    assert back.num_rows == 3 and back["step"] == [0, 1, 2]
+    for row, inv in zip(back, invs, strict=True):
+        assert row["invocation_id"] == inv.id and row["run_id"] == run.id
+        assert row["prompt_ids"] == inv.prompt_ids.tolist()
+        assert np.asarray(row["output_logprobs"], np.float32).tobytes() == inv.output_logprobs.tobytes()
+        assert row["gold_answers"] == ep.gold_answers
