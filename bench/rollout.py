@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-import torch
+# bench/store.py would shadow the `store` package: keep this folder off sys.path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from agentmem.agent.loop import AgentConfig
-from agentmem.agent.rollout import RolloutConfig, StoreSink, register_policy, run_rollout
-from agentmem.policy.backends import make_backend
-from agentmem.policy.models import prepare_default_model
-from store.engine import open_store
+import torch  # noqa: E402
+
+from agentmem.agent.loop import AgentConfig  # noqa: E402
+from agentmem.agent.rollout import RolloutConfig, StoreSink, register_policy, run_rollout  # noqa: E402
+from agentmem.policy.backends import make_backend  # noqa: E402
+from agentmem.policy.models import prepare_default_model  # noqa: E402
+from store.engine import open_store  # noqa: E402
 
 
 class TimedSink(StoreSink):

@@ -154,3 +154,34 @@ def test_segment_attention_refuses_calls_without_boundaries():
     q = torch.zeros(1, 2, 4, 8)
     with pytest.raises(ValueError, match=SEGMENT_ATTENTION):
         segment_sdpa_attention(torch.nn.Module(), q, q, q, None)
+
+
+def test_segment_groups_exact():
+    from agentmem.training.packed_attention import segment_groups
+
+    cu = torch.tensor([0, 5, 9, 30, 32, 33], dtype=torch.int32)
+    assert segment_groups(cu, None) == [(0, 5)]
+    assert segment_groups(cu, 10) == [(0, 2), (2, 3), (3, 5)]  # 5+4 | 21 alone (over budget) | 2+1
+    assert segment_groups(cu, 100) == [(0, 5)]
+    assert segment_groups(cu, 1) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cpu_segment_groups_keep_logits_and_gradients(packed, name, monkeypatch):
+    """The CPU fast path runs a row as several forwards of whole segments: same logits and gradients."""
+    import agentmem.training.packed_attention as pa
+
+    by_id, batch = packed
+    model = MODELS[name]()
+    whole = packed_logits(model, batch, "fast")
+    monkeypatch.setattr(pa, "CPU_GROUP_TOKENS", 8)  # forces several groups per row
+    assert len(pa.segment_groups(batch.cu_seqlens, 8)) > 2
+    grouped = packed_logits(model, batch, "fast")
+    assert (grouped - whole).abs().max().item() <= 1e-5
+    expected = unpacked_logits(model, by_id, batch)
+    token_logprob_sum(grouped[:-1], batch.input_ids[batch.token_mask][1:]).backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    token_logprob_sum(expected[:-1], batch.input_ids[batch.token_mask][1:]).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
