@@ -18,6 +18,8 @@ def distill(
     context: Annotated[str, typer.Option(help="Teacher context: aligned | persistent | privileged.")] = "aligned",
     loss: Annotated[str, typer.Option(help="Divergence at action positions: reverse_kl | forward_kl | jsd.")]
     = "reverse_kl",
+    teacher_shards: Annotated[bool, typer.Option(help="Read the teacher's top-K log-probs from `agentmem score "
+                                                      "--topk` shards instead of loading the teacher.")] = False,
     beta: Annotated[float, typer.Option(help="Generalised JSD interpolation (TRL semantics).")] = 0.5,
     rl: Annotated[str, typer.Option(help="RL term on the final reward: grpo | none.")] = "grpo",
     kd_weight: Annotated[float, typer.Option(help="Weight of the distillation term.")] = 1.0,
@@ -58,6 +60,7 @@ def distill(
             raise ValueError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
         config = DistillConfig(
             run_ids=run, student=student, teacher=None if teacher == "none" else teacher, context=context,
+            teacher_source="shards" if teacher_shards else "model",
             loss=loss, beta=beta, rl=rl, kd_weight=kd_weight, rl_weight=rl_weight, normalize_std=normalize_std,
             weighting=weighting, steps=steps or 10, invocations_per_step=invocations_per_step,
             row_tokens=row_tokens, lr=lr, seed=seed, out=out, save_every=save_every,

@@ -184,3 +184,39 @@ def test_distill_from_a_stored_run_on_each_database(store, tmp_path):
         (step,) = repo.list_train_steps(s, result.run_id)
         assert repo.get_checkpoint(s, result.last_checkpoint.id).step == 1
     assert np.isfinite(step.loss) and step.kd_loss > 0
+
+
+def test_distill_from_topk_shards(rolled, tmp_path):
+    """With K = vocabulary the shards hold the whole teacher distribution: the same losses as the online
+    teacher. With a small K the tail mass is spread evenly and every divergence stays finite."""
+    from agentmem.training.scoring import LoadedModel, ScoreConfig, run_score
+
+    store, run_id, policy = rolled
+    tok = tiny_tokenizer()
+    teacher = tiny_llama(seed=1)
+    cfg = config(run_id, tmp_path, steps=2, context=TeacherContext.aligned, rl="none")
+    with pytest.raises(ValueError, match="run `agentmem score --topk K` first"):
+        run_distill(store, cfg.model_copy(update={"teacher_source": "shards"}),
+                    Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
+    run_score(store, ScoreConfig(run_ids=[run_id], topk=len(tok), topk_dir=str(tmp_path / "full")),
+              LoadedModel(teacher, tok, "t-full"))
+    online = run_distill(store, cfg, Models(tiny_llama(seed=0).train(), tok, policy, teacher, tok))
+    shards = run_distill(store, cfg.model_copy(update={"teacher_source": "shards"}),
+                         Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
+    for a, b in zip(online.history, shards.history, strict=True):
+        assert a.kd_loss == pytest.approx(b.kd_loss, rel=1e-4, abs=1e-6)
+    run_score(store, ScoreConfig(run_ids=[run_id], topk=4, topk_dir=str(tmp_path / "k4")),
+              LoadedModel(teacher, tok, "t-k4"))
+    small = run_distill(store, cfg.model_copy(update={"teacher_source": "shards"}),
+                        Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-k4"))
+    assert all(np.isfinite(h.kd_loss) and h.kd_loss > 0 for h in small.history)
+
+
+def test_dense_logprobs_from_topk_exact():
+    from agentmem.training.topk import dense_logprobs
+
+    values = torch.log(torch.tensor([[0.5, 0.3]]))
+    out = dense_logprobs(values, torch.tensor([[2, 0]]), vocab=6)
+    expected = torch.log(torch.tensor([[0.3, 0.05, 0.5, 0.05, 0.05, 0.05]]))
+    torch.testing.assert_close(out, expected)
+    assert out.exp().sum().item() == pytest.approx(1.0)

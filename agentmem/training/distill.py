@@ -32,6 +32,7 @@ from agentmem.training.objective import (
     teacher_action_logits,
 )
 from agentmem.training.selection import Selection, select, student_sequences, teacher_sequences
+from agentmem.training.topk import shard_locations, teacher_logits_from_shards
 from agentmem.training.vocab import check_same_vocab, vocab_size
 from store import repository as repo
 from store.engine import Store
@@ -46,6 +47,9 @@ class DistillConfig(BaseModel):
     run_ids: list[str] = Field(min_length=1)
     student: str = "default"
     teacher: str | None = "default"
+    # "model": run the teacher online on packed rows; "shards": read its top-K log-probs written by
+    # `agentmem score --topk` for this teacher and context (the teacher is not loaded).
+    teacher_source: Literal["model", "shards"] = "model"
     context: TeacherContext = TeacherContext.aligned
     loss: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"
     beta: float = Field(0.5, ge=0, le=1)
@@ -81,6 +85,7 @@ class Models:
     student_checkpoint: Checkpoint  # the version the student starts from (parent of the first save)
     teacher: PreTrainedModel | None = None
     teacher_tokenizer: PreTrainedTokenizerBase | None = None
+    teacher_name: str | None = None  # the teacher's resolved path, as `agentmem score` stores it
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,10 @@ class Trainer:
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
         self.episode_of = {i.id: i.episode_id for i in self.selection.invocations}
         self.pad = models.tokenizer.pad_token_id or 0
+        self.shards = None
+        if config.teacher and config.teacher_source == "shards":
+            self.shards = shard_locations(store, self.selection.ids, models.teacher_name or config.teacher,
+                                          config.context)
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
                                            lr=config.lr, weight_decay=config.weight_decay)
 
@@ -136,7 +145,10 @@ class Trainer:
         idx = step_indices(len(self.student_seqs), self.config.invocations_per_step, self.config.seed, step)
         student_rows, stats = self._pack([self.student_seqs[i] for i in idx])
         teacher_logits = None
-        if self.teacher_seqs is not None and self.config.objective().kd_weight:
+        if self.shards is not None and self.config.objective().kd_weight:
+            teacher_logits = teacher_logits_from_shards(
+                self.shards, [self.student_seqs[i].invocation_id for i in idx], self.vocab)
+        elif self.teacher_seqs is not None and self.config.objective().kd_weight:
             teacher_rows, _ = self._pack([self.teacher_seqs[i] for i in idx])
             teacher_logits = teacher_action_logits(self.models.teacher, teacher_rows, self.vocab, self.pad,
                                                    self.config.path)
@@ -230,9 +242,10 @@ def load_models(store: Store, config: DistillConfig, resume_from: Checkpoint | N
     start = register_policy(store, path, base)
     student, tokenizer = load_model(resume_from.path if resume_from else path, dtype="float32")
     student.requires_grad_(True)
-    teacher = teacher_tok = None
+    teacher = teacher_tok = tpath = None
     if config.teacher:
         tpath, _ = resolve_model_ref(store, config.teacher)
-        teacher, teacher_tok = load_model(tpath, dtype="float32")
-        teacher.requires_grad_(False)
-    return Models(student, tokenizer, start, teacher, teacher_tok)
+        if config.teacher_source == "model":
+            teacher, teacher_tok = load_model(tpath, dtype="float32")
+            teacher.requires_grad_(False)
+    return Models(student, tokenizer, start, teacher, teacher_tok, tpath)
