@@ -39,17 +39,15 @@ class TimedSink(StoreSink):
     def invocations(self, invocations):
         t0 = time.perf_counter()
         super().invocations(invocations)
-        TimedSink.seconds += time.perf_counter() - t0
+        self.seconds += time.perf_counter() - t0
 
     def episodes_finished(self, episodes):
         t0 = time.perf_counter()
         super().episodes_finished(episodes)
-        TimedSink.seconds += time.perf_counter() - t0
+        self.seconds += time.perf_counter() - t0
 
 
 def measure(backend_kind: str, model: str, batch: int, args, tmp: str) -> dict:
-    import agentmem.agent.rollout as rollout_module
-
     store = open_store(f"sqlite:///{tmp}/bench-{backend_kind}-{batch}.db", create=True)
     config = RolloutConfig(
         env="synthetic", env_knobs={"context_tokens": args.context_tokens, "distractors": 2}, model=model,
@@ -59,14 +57,10 @@ def measure(backend_kind: str, model: str, batch: int, args, tmp: str) -> dict:
     )
     backend = make_backend(backend_kind, model, args.dtype)
     policy = register_policy(store, model, "SmolLM2-135M-Instruct")
-    TimedSink.seconds = 0.0
-    original, rollout_module.StoreSink = rollout_module.StoreSink, TimedSink
-    try:
-        t0 = time.perf_counter()
-        result = run_rollout(store, config, backend, policy)
-        wall = time.perf_counter() - t0
-    finally:
-        rollout_module.StoreSink = original
+    sink = TimedSink(store)
+    t0 = time.perf_counter()
+    result = run_rollout(store, config, backend, policy, sink=sink)
+    wall = time.perf_counter() - t0
     with store.session() as s:
         from store import repository as repo
 
@@ -74,7 +68,7 @@ def measure(backend_kind: str, model: str, batch: int, args, tmp: str) -> dict:
     out_tokens = sum(i.output_tokens for i in invs)
     prompt_tokens = sum(i.prompt_tokens for i in invs)
     return {"backend": backend_kind, "batch": batch, "calls": len(invs), "prompt_tokens": prompt_tokens,
-            "output_tokens": out_tokens, "wall": wall, "tps": out_tokens / wall, "store": TimedSink.seconds / wall}
+            "output_tokens": out_tokens, "wall": wall, "tps": out_tokens / wall, "store": sink.seconds / wall}
 
 
 def main() -> None:

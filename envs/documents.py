@@ -19,18 +19,14 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
-from envs.errors import EnvError
+from envs.errors import check_int
 
 MAX_MISSES = 32
 
 
 def check_size_knobs(env: str, docs: int, context_tokens: int | None) -> None:
-    if isinstance(docs, bool) or not isinstance(docs, int) or docs < 1:
-        raise EnvError(f"{env}: knob docs must be an integer >= 1, got {docs!r}")
-    if context_tokens is not None and (
-        isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1
-    ):
-        raise EnvError(f"{env}: knob context_tokens must be None or an integer >= 1, got {context_tokens!r}")
+    check_int(f"{env}: knob docs", docs, 1)
+    check_int(f"{env}: knob context_tokens", context_tokens, 1, optional=True)
 
 
 def choose_documents(

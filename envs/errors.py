@@ -10,3 +10,13 @@ from __future__ import annotations
 
 class EnvError(ValueError):
     """An environment cannot be built or a data file cannot be read."""
+
+
+def check_int(what: str, value: object, low: int, *, optional: bool = False) -> None:
+    """Raise ``EnvError("<what> must be [None or ]an integer >= <low>, got <value>")`` unless ``value`` is
+    an int (not a bool) of at least ``low``, or None when ``optional``."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        none = "None or " if optional else ""
+        raise EnvError(f"{what} must be {none}an integer >= {low}, got {value!r}")

@@ -22,7 +22,7 @@ from typing import Any
 
 from agentmem.records import Task
 from envs.chunking import Unit, chunk_indices, pack
-from envs.errors import EnvError
+from envs.errors import EnvError, check_int
 from envs.files import answer_text, field, need_list, read_json, where
 from envs.metrics import Scores, score_answer
 from envs.selection import take, task_rng
@@ -63,12 +63,7 @@ class LongMemEvalEnv:
         seed: int,
         context_tokens: int | None = None,
     ) -> None:
-        if context_tokens is not None and (
-            isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1
-        ):
-            raise EnvError(
-                f"longmemeval: knob context_tokens must be None or an integer >= 1, got {context_tokens!r}"
-            )
+        check_int("longmemeval: knob context_tokens", context_tokens, 1, optional=True)
         self._count = count_tokens
         self._chunk_tokens = chunk_tokens
         self._seed = seed

@@ -11,7 +11,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from envs.errors import EnvError
+from envs.errors import EnvError, check_int
 from envs.hotpotqa import HotpotQAEnv
 from envs.locomo import LocomoEnv
 from envs.longmemeval import LongMemEvalEnv
@@ -51,10 +51,8 @@ def load_env(
     unknown = sorted(set(knobs) - set(allowed))
     if unknown:
         raise EnvError(f"{name}: unknown knob(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
-        raise EnvError(f"{name}: chunk_tokens must be an integer >= 1, got {chunk_tokens!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise EnvError(f"{name}: seed must be an integer >= 0, got {seed!r}")
+    check_int(f"{name}: chunk_tokens", chunk_tokens, 1)
+    check_int(f"{name}: seed", seed, 0)
     cls = _ENVS[name]
     common: dict[str, Any] = {"count_tokens": count_tokens, "chunk_tokens": chunk_tokens, "seed": seed}
     if "data_path" in inspect.signature(cls).parameters:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.errors import EnvError
+from envs.errors import check_int
 
 _ORDER, _TASK = 0, 1
 
@@ -21,7 +21,6 @@ def task_rng(seed: int, key: int) -> np.random.Generator:
 
 def take(count: int, n: int | None, seed: int) -> list[int]:
     """The first ``n`` (all when None) of a seeded permutation of ``range(count)``."""
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-        raise EnvError(f"n must be None or an integer >= 0, got {n!r}")
+    check_int("n", n, 0, optional=True)
     order = np.random.default_rng([seed, _ORDER]).permutation(count).tolist()
     return order if n is None else order[:n]

@@ -20,7 +20,7 @@ import numpy as np
 
 from agentmem.records import Task
 from envs.chunking import Unit, chunk_indices, pack
-from envs.errors import EnvError
+from envs.errors import EnvError, check_int
 from envs.metrics import Scores, score_answer
 from envs.selection import take, task_rng
 from envs.types import CountTokens
@@ -90,8 +90,7 @@ class SyntheticEnv:
             ("distractors", distractors, 0),
             ("num_tasks", num_tasks, 1),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise EnvError(f"synthetic: knob {knob} must be an integer >= {low}, got {value!r}")
+            check_int(f"synthetic: knob {knob}", value, low)
         if hops not in (1, 2, 3) or isinstance(hops, bool):
             raise EnvError(f"synthetic: knob hops must be 1, 2 or 3, got {hops!r}")
         self._count = count_tokens

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, RoundStats, resume_state
+from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, RoundStats, Sink, resume_state
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, EpisodeStatus, Invocation, Run, RunKind
 from envs import load_env
@@ -118,6 +118,7 @@ def run_rollout(
     kind: RunKind = RunKind.rollout,
     on_start: Callable[[int, int], None] | None = None,
     on_round: Callable[[RoundStats], None] | None = None,
+    sink: Sink | None = None,
 ) -> RolloutResult:
     """Run (or, with ``run_id``, resume) a rollout. ``on_start(episodes_total, episodes_done)`` is called
     once the work is known; ``on_round`` after every batched round of calls. ``kind`` is the kind of a
@@ -149,7 +150,7 @@ def run_rollout(
     if on_start:
         on_start(len(episodes), len(episodes) - len(states))
     loop = AgentLoop(backend, config.agent, env.score, policy_version=policy.id)
-    loop.run(states, StoreSink(store), on_round=on_round)
+    loop.run(states, sink or StoreSink(store), on_round=on_round)
     with store.session() as s:
         repo.finish_run(s, rid)
         s.commit()
