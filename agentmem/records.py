@@ -54,8 +54,24 @@ class Record(BaseModel):
 
 
 class InvocationKind(str, enum.Enum):
+    """The call kinds of the built-in overwrite policy. ``Invocation.kind`` is an open string: a memory
+    policy may add its own kinds (a search, a route or a view call); these two are compared by value."""
+
     memory_update = "memory_update"
     answer = "answer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _kind(value: Any) -> str:
+    kind = value.value if isinstance(value, enum.Enum) else value
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"an invocation kind is a non-empty string, got {value!r}")
+    return kind
+
+
+CallKind = Annotated[str, BeforeValidator(_kind)]
 
 
 class EpisodeStatus(str, enum.Enum):
@@ -93,9 +109,13 @@ class Run(Record):
     id: str = Field(default_factory=new_id)
     kind: RunKind
     config: dict[str, Any] = Field(default_factory=dict)
-    status: str = "running"  # running | finished | failed
+    status: str = "running"  # running | finished | failed | interrupted
     created_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+    error: str | None = None  # why a failed run failed (one line)
+    pid: int | None = None  # the process running it, with host: tells a killed run from a live one
+    host: str | None = None
+    heartbeat_at: datetime | None = None  # refreshed as work completes
 
 
 class Checkpoint(Record):
@@ -163,7 +183,8 @@ class Invocation(Record):
     id: str = Field(default_factory=new_id)
     episode_id: str
     step: int
-    kind: InvocationKind
+    kind: CallKind
+    memory_policy: str = "overwrite"  # the memory policy that made the call (it owns ``kind``)
     policy_version: str | None = None
     prompt_ids: IntArray
     output_ids: IntArray
@@ -205,6 +226,7 @@ class TeacherScore(Record):
     entropy: FloatArray = Field(default_factory=lambda: np.zeros(0, np.float32))
     topk_path: str | None = None
     topk_key: str | None = None
+    temperature: float = 1.0  # both distributions of ``reverse_kl`` and ``entropy`` are taken at this T
     created_at: datetime = Field(default_factory=utcnow)
 
 

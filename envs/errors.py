@@ -7,8 +7,10 @@ applies, so the CLI can print it as a single line.
 
 from __future__ import annotations
 
+from agentmem.errors import AgentmemError
 
-class EnvError(ValueError):
+
+class EnvError(AgentmemError, ValueError):
     """An environment cannot be built or a data file cannot be read."""
 
 

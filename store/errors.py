@@ -1,7 +1,9 @@
 """Typed store errors; the CLI turns each into one line and a non-zero exit code."""
 
+from agentmem.errors import AgentmemError
 
-class StoreError(Exception):
+
+class StoreError(AgentmemError):
     """Base class: a store operation failed for a reason the user can act on."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from agentmem.errors import AgentmemError
 
-class PolicyError(Exception):
+
+class PolicyError(AgentmemError):
     """Base class for policy-layer errors."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from agentmem.errors import AgentmemError
 
-class ReplayError(ValueError):
+
+class ReplayError(AgentmemError, ValueError):
     """Stored records cannot be rebuilt or packed as asked (bad order, length over budget, missing input)."""

@@ -1,0 +1,295 @@
+"""One config tree for every job, and the Enums of every fixed choice.
+
+Each job takes exactly one of these configs; a run stores ``config.model_dump(mode="json")`` so that
+``--resume RUN_ID`` needs nothing else. The tree composes instead of re-declaring:
+
+- ``AgentConfig``: how the agent reads (memory budget, generation limits, sampling, memory policy);
+- ``RolloutConfig``: environment + model + an ``AgentConfig``;
+- ``EvalConfig``: a ``RolloutConfig`` that is greedy with one sample per task (checked), with held-out
+  defaults;
+- ``ScoreConfig``: teacher scoring of stored calls;
+- ``DistillConfig``: training from stored calls (objective terms, teacher source, packing);
+- ``TrainConfig``: the on-policy loop: a ``RolloutConfig`` and a ``DistillConfig`` per round.
+
+Every fixed choice is an Enum (a ``str`` Enum, so stored JSON keeps plain strings and old runs load).
+Device and threads are not here: they describe the process, not the job (``agentmem.runtime``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentmem.records import InvocationKind, TeacherContext
+
+# Synthetic tasks are a pure function of (seed, index): a seed no rollout uses by default gives tasks the
+# policy was never trained on. Data files are only reordered by the seed; hold out a split file for them.
+HELD_OUT_SEED = 1000
+
+
+class Choice(str, enum.Enum):
+    """A str Enum whose ``str()`` is its value (so f-strings and typer print ``fast``, not ``Path.fast``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Device(Choice):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DType(Choice):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class BackendKind(Choice):
+    transformers = "transformers"
+    vllm = "vllm"
+
+
+class Divergence(Choice):
+    reverse_kl = "reverse_kl"
+    forward_kl = "forward_kl"
+    jsd = "jsd"
+
+
+class RLKind(Choice):
+    grpo = "grpo"
+    none = "none"
+
+
+class Weighting(Choice):
+    """How action tokens are averaged over a global step: every token equal, every call equal, or every
+    episode equal."""
+
+    token = "token"
+    call = "call"
+    episode = "episode"
+
+
+class AttentionPath(Choice):
+    """``fast``: per-segment attention (flash-attn varlen on CUDA); ``reference``: a 4-D block mask."""
+
+    fast = "fast"
+    reference = "reference"
+
+
+class Oversize(Choice):
+    """What to do with a student call longer than the row budget: refuse the job, or leave the call out
+    and count it. Never cut: a cut call is a state the student did not see."""
+
+    error = "error"
+    skip = "skip"
+
+
+class TeacherTruncation(Choice):
+    """What to do with a teacher context longer than the row budget (a long ``persistent`` history):
+    refuse, or cut prompt tokens from the left (counted and shown). The student side is never cut."""
+
+    error = "error"
+    left = "left"
+
+
+class TeacherSourceKind(Choice):
+    """Where teacher targets come from: a model run online on packed rows, top-K shards written by
+    ``agentmem score --topk``, or stored per-token teacher log-probs (sampled-token estimator)."""
+
+    model = "model"
+    shards = "shards"
+    scores = "scores"
+
+
+class PlotBy(Choice):
+    step = "step"
+    context_tokens = "context_tokens"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+class AgentConfig(Frozen):
+    """How the agent reads: memory budget, generation limits, sampling, memory policy."""
+
+    memory_tokens: int = Field(256, ge=1)
+    answer_max_new_tokens: int = Field(32, ge=1)
+    max_chunks: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    memory_policy: str = "overwrite"
+    max_batch: int = Field(8, ge=1)
+    seed: int = Field(0, ge=0)
+
+
+class RolloutConfig(Frozen):
+    """Everything a rollout depends on; stored with the run so ``--resume`` needs only the run id."""
+
+    env: str = "synthetic"
+    data: str | None = None
+    env_knobs: dict[str, Any] = Field(default_factory=dict)
+    model: str = "default"
+    backend: BackendKind = BackendKind.transformers
+    # fp32 by default: on CPU it is faster end to end for long prompts (prefill dominates), and the stored
+    # sampler log-probs then match the fp32 training recompute (bf16 differs by ~0.03 on average).
+    dtype: DType = DType.float32
+    episodes: int = Field(8, ge=1)
+    group_size: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0)
+    chunk_tokens: int = Field(512, ge=16)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+
+
+def _greedy_agent() -> AgentConfig:
+    return AgentConfig(memory_tokens=128, temperature=0.0, seed=HELD_OUT_SEED)
+
+
+class EvalConfig(RolloutConfig):
+    """A rollout that is greedy (temperature 0) with one sample per task, on held-out seeds by default.
+    Stored as a run of kind ``eval`` with this config."""
+
+    episodes: int = Field(16, ge=1)
+    seed: int = Field(HELD_OUT_SEED, ge=0)
+    agent: AgentConfig = Field(default_factory=_greedy_agent)
+
+    @model_validator(mode="after")
+    def _greedy_single_sample(self) -> EvalConfig:
+        if self.group_size != 1:
+            raise ValueError(f"an evaluation samples one episode per task: group_size must be 1, got {self.group_size}")
+        if self.agent.temperature != 0:
+            raise ValueError(f"an evaluation is greedy: agent.temperature must be 0, got {self.agent.temperature}")
+        return self
+
+
+class ScoreConfig(Frozen):
+    """Teacher scoring of stored calls. ``temperature`` is the one temperature of both distributions in
+    the stored divergence (the project's convention: KL(student_T || teacher_T), T = 1 by default, the
+    same as distill's), stored with every score row."""
+
+    run_ids: list[str] = Field(min_length=1)
+    teacher: str = "default"
+    student: str | None = None
+    context: TeacherContext = TeacherContext.aligned
+    kinds: list[InvocationKind] | None = None
+    row_tokens: int = Field(4096, ge=16)
+    rows_per_batch: int = Field(1, ge=1)
+    topk: int = Field(0, ge=0)
+    topk_dir: str = "agentmem_topk"
+    path: AttentionPath = AttentionPath.fast
+    teacher_truncation: TeacherTruncation = TeacherTruncation.error
+    dtype: DType = DType.float32
+    temperature: float = Field(1.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "truncate" in data:  # runs stored before the field was renamed
+            data = dict(data)
+            data["teacher_truncation"] = data.pop("truncate")
+            data.pop("teacher_name", None)
+        return data
+
+
+class DistillConfig(Frozen):
+    """Training from stored calls: the objective is a weighted sum of terms (``kd_weight`` ×
+    divergence to the teacher, ``rl_weight`` × clipped policy gradient on the final reward,
+    ``ce_weight`` × cross-entropy on action tokens, ``anchor_weight`` × KL to the frozen starting
+    student). ``run_ids`` may be empty only inside a ``TrainConfig`` (each round fills it)."""
+
+    run_ids: list[str] = Field(default_factory=list)
+    student: str = "default"
+    teacher: str | None = "default"
+    teacher_source: TeacherSourceKind = TeacherSourceKind.model
+    context: TeacherContext = TeacherContext.aligned
+    loss: Divergence = Divergence.reverse_kl
+    beta: float = Field(0.5, ge=0, le=1)
+    temperature: float = Field(1.0, gt=0)
+    rl: RLKind = RLKind.grpo
+    kd_weight: float = Field(1.0, ge=0)
+    rl_weight: float = Field(1.0, ge=0)
+    ce_weight: float = Field(0.0, ge=0)
+    anchor_weight: float = Field(0.0, ge=0)
+    normalize_std: bool = False
+    clip_eps: float = Field(0.2, ge=0)
+    weighting: Weighting = Weighting.token
+    steps: int = Field(10, ge=1)
+    invocations_per_step: int = Field(8, ge=1)
+    row_tokens: int = Field(4096, ge=16)
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    seed: int = 0
+    out: str = "checkpoints"
+    save_every: int | None = Field(None, ge=1)
+    kinds: list[InvocationKind] | None = None
+    path: AttentionPath = AttentionPath.fast
+    oversize: Oversize = Oversize.error
+    teacher_truncation: TeacherTruncation = TeacherTruncation.error
+    dtype: DType = DType.float32
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "truncate" in data:  # runs stored before the field was split
+            data = dict(data)
+            if data.pop("truncate") == "left":
+                data.setdefault("oversize", "skip")
+                data.setdefault("teacher_truncation", "left")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DistillConfig:
+        if self.teacher is None and self.kd_weight and self.teacher_source is not TeacherSourceKind.model:
+            raise ValueError("teacher_source needs a teacher: give teacher or set kd_weight to 0")
+        if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight):
+            raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"
+                             " ce_weight or anchor_weight")
+        return self
+
+    @property
+    def effective_kd_weight(self) -> float:
+        return self.kd_weight if self.teacher else 0.0
+
+    @property
+    def effective_rl_weight(self) -> float:
+        return self.rl_weight if self.rl is RLKind.grpo else 0.0
+
+
+def _train_rollout() -> RolloutConfig:
+    return RolloutConfig(env="synthetic", env_knobs={"context_tokens": 384, "distractors": 2, "hops": 1},
+                         episodes=4, group_size=2, chunk_tokens=192,
+                         agent=AgentConfig(memory_tokens=48, answer_max_new_tokens=12, temperature=1.0))
+
+
+def _train_distill() -> DistillConfig:
+    # privileged: the same base model sees the gold answer and evidence, so one small model runs the loop;
+    # skip: a call over the row budget is left out and counted, never cut (train_steps.metrics).
+    return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
+                         teacher_truncation=TeacherTruncation.left)
+
+
+class TrainConfig(Frozen):
+    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.steps`` distill
+    steps on that rollout). Each round sets the rollout's model and seed and the distill's student,
+    run ids and seed; everything else is taken as given."""
+
+    rounds: int = Field(2, ge=1)
+    seed: int = 0
+    rollout: RolloutConfig = Field(default_factory=_train_rollout)
+    distill: DistillConfig = Field(default_factory=_train_distill)
+
+    @model_validator(mode="after")
+    def _no_left_cut(self) -> TrainConfig:
+        if self.distill.run_ids:
+            raise ValueError("distill.run_ids is set by each round of the loop: leave it empty")
+        return self
+
+    def round_configs(self, round_index: int, policy_id: str) -> tuple[RolloutConfig, DistillConfig]:
+        seed = self.seed + round_index
+        rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
+        return rollout, self.distill.model_copy(update={"student": policy_id, "seed": seed})
