@@ -1,4 +1,4 @@
-"""What `rollout` and `eval` share: loading the sampling model and a progress bar over episodes."""
+"""What `rollout` and `eval` share: a progress bar over episodes."""
 
 from __future__ import annotations
 
@@ -10,17 +10,6 @@ from dataclasses import dataclass
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.console import console
-
-
-def load_policy(store, model: str, backend: str, dtype: str):
-    """(generation backend, checkpoint record) for a model reference, with a status line while loading."""
-    from agentmem.agent.models import resolve_model_ref
-    from agentmem.agent.rollout import register_policy
-    from agentmem.policy.backends import make_backend
-
-    with console(stderr=True).status(f"loading model {model} ({backend})"):
-        path, base = resolve_model_ref(store, model)
-        return make_backend(backend, path, dtype), register_policy(store, path, base)
 
 
 @dataclass

@@ -1,9 +1,16 @@
-"""The typer application and its error boundary."""
+"""The typer application and its error boundary.
+
+Errors: an ``AgentmemError`` (any area: store, env, replay, policy, config, run, training) or a pydantic
+validation error of a job's config is the user's to fix: it prints as one ``error:`` line and exits 1.
+Anything else is a bug and keeps its traceback. ``--debug`` (or ``AGENTMEM_DEBUG=1``) prints the whole
+traceback for every error. Hub downloads are off unless ``HF_HUB_OFFLINE`` says otherwise.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -33,24 +40,47 @@ rollout_commands.register(app)
 score_commands.register(app)
 train_commands.register(app)
 
+_DEBUG = {"on": False}
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from store.errors import StoreError
 
-    return (StoreError, ValueError, FileNotFoundError, PermissionError, KeyError)
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Print the full traceback of any error.")] = False,
+) -> None:
+    _DEBUG["on"] = debug or bool(os.environ.get("AGENTMEM_DEBUG"))
+
+
+def error_message(exc: BaseException) -> str:
+    """One line for a user error: a pydantic validation error names the field (as its flag) at fault."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or exc.title
+            flag = "--" + loc.rsplit(".", 1)[-1].replace("_", "-")
+            parts.append(f"{flag} ({exc.title}.{loc}): {err['msg']}")
+        return "; ".join(parts)
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main() -> None:
+    from pydantic import ValidationError
+
+    from agentmem.errors import AgentmemError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _DEBUG["on"] = "--debug" in sys.argv[1:] or bool(os.environ.get("AGENTMEM_DEBUG"))
     try:
         app()
     except KeyboardInterrupt:
         typer.echo("interrupted: finished work is stored; re-run with --resume to continue", err=True)
         sys.exit(130)
-    except _user_errors() as exc:
-        if os.environ.get("AGENTMEM_DEBUG"):
+    except (AgentmemError, ValidationError) as exc:
+        if _DEBUG["on"]:
             raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        typer.echo(f"error: {message}", err=True)
+        typer.echo(f"error: {error_message(exc)}", err=True)
         sys.exit(1)
 
 

@@ -8,6 +8,8 @@ import os
 
 from rich.logging import RichHandler
 
+from agentmem.errors import ConfigError
+
 
 def parse_knobs(values: list[str]) -> dict:
     """Environment knobs from repeated KEY=VALUE flags; values are JSON when they parse as JSON."""
@@ -15,7 +17,7 @@ def parse_knobs(values: list[str]) -> dict:
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"--knob expects KEY=VALUE, got {item!r}")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -34,8 +36,8 @@ def setup_logging(verbose: bool = False) -> None:
     hf_logging.disable_progress_bar()
 
 
-def set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
+def runtime(device, threads: int | None):
+    """The process's Runtime (validated: an unusable device fails before any model loads)."""
+    from agentmem.runtime import Runtime
 
-        torch.set_num_threads(threads)
+    return Runtime.create(device=device, threads=threads)

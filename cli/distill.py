@@ -6,7 +6,18 @@ from typing import Annotated
 
 import typer
 
-from cli.options import DbOption
+from agentmem.config import (
+    AttentionPath,
+    Device,
+    Divergence,
+    Oversize,
+    RLKind,
+    TeacherSourceKind,
+    TeacherTruncation,
+    Weighting,
+)
+from agentmem.records import TeacherContext
+from cli.options import DbOption, DeviceOption, ThreadsOption
 
 
 def distill(
@@ -15,63 +26,80 @@ def distill(
     = "default",
     teacher: Annotated[str, typer.Option(help="Teacher (same tokenizer as the student); 'none' for RL only.")]
     = "default",
-    context: Annotated[str, typer.Option(help="Teacher context: aligned | persistent | privileged.")] = "aligned",
-    loss: Annotated[str, typer.Option(help="Divergence at action positions: reverse_kl | forward_kl | jsd.")]
-    = "reverse_kl",
-    teacher_shards: Annotated[bool, typer.Option(help="Read the teacher's top-K log-probs from `agentmem score "
-                                                      "--topk` shards instead of loading the teacher.")] = False,
+    context: Annotated[TeacherContext, typer.Option(help="Teacher context.")] = TeacherContext.aligned,
+    loss: Annotated[Divergence, typer.Option(help="Divergence at action positions.")] = Divergence.reverse_kl,
+    teacher_source: Annotated[TeacherSourceKind, typer.Option(
+        help="Teacher targets: model (run online on packed rows) | shards (top-K log-probs written by "
+             "`agentmem score --topk`) | scores (stored per-token teacher log-probs of `agentmem score`).")]
+    = TeacherSourceKind.model,
     beta: Annotated[float, typer.Option(help="Generalised JSD interpolation (TRL semantics).")] = 0.5,
-    rl: Annotated[str, typer.Option(help="RL term on the final reward: grpo | none.")] = "grpo",
+    temperature: Annotated[float, typer.Option(help="Temperature of both distributions in the divergence.")]
+    = 1.0,
+    rl: Annotated[RLKind, typer.Option(help="RL term on the final reward.")] = RLKind.grpo,
     kd_weight: Annotated[float, typer.Option(help="Weight of the distillation term.")] = 1.0,
     rl_weight: Annotated[float, typer.Option(help="Weight of the policy-gradient term.")] = 1.0,
+    ce_weight: Annotated[float, typer.Option(help="Weight of cross-entropy on the action tokens.")] = 0.0,
+    anchor_weight: Annotated[float, typer.Option(help="Weight of KL(student || frozen starting student).")]
+    = 0.0,
     normalize_std: Annotated[bool, typer.Option(help="Divide advantages by the group's std.")] = False,
-    weighting: Annotated[str, typer.Option(help="Token averaging: token | call | episode.")] = "token",
+    weighting: Annotated[Weighting, typer.Option(help="Token averaging over the global step.")] = Weighting.token,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps in all (default 10; on --resume, the "
                                                    "stored value unless given).")] = None,
     invocations_per_step: Annotated[int, typer.Option(help="Stored calls per optimizer step.")] = 8,
     row_tokens: Annotated[int, typer.Option(help="Tokens per packed row.")] = 4096,
+    oversize: Annotated[Oversize, typer.Option(help="A stored call longer than --row-tokens: error, or skip "
+                                                    "(left out and counted). Never cut.")] = Oversize.error,
+    teacher_truncation: Annotated[TeacherTruncation, typer.Option(
+        help="A teacher context longer than --row-tokens: error, or left (cut from the left, counted).")]
+    = TeacherTruncation.error,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
     seed: Annotated[int, typer.Option(help="Seed of the data order.")] = 0,
     out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
     save_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps (and at the end).")]
     = None,
+    attention: Annotated[AttentionPath, typer.Option(help="Packed attention path.")] = AttentionPath.fast,
     resume: Annotated[str | None, typer.Option(help="Continue distill run RUN_ID from its last checkpoint.")]
     = None,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    device: DeviceOption = Device.auto,
+    threads: ThreadsOption = None,
     db: DbOption = None,
 ) -> None:
     """On-policy distillation from the store: the teacher scores each sampled token under the state the
     student saw (or another context), plus a clipped group-relative policy gradient on the final F1."""
-    from agentmem.training.distill import DistillConfig, load_distill_run, load_models, run_distill
-    from cli.common import set_threads, setup_logging
+    from agentmem.jobs.distill import run_distill
+
+    from agentmem.config import DistillConfig
+    from agentmem.errors import ConfigError
+    from cli.common import runtime, setup_logging
     from cli.training_progress import train_progress
     from store.engine import open_store
 
-    setup_logging()
-    set_threads(threads)
-    store = open_store(db)
-    resume_from = None
-    if resume:
-        resume, config, resume_from = load_distill_run(store, resume)
-        if steps is not None:
-            config = config.model_copy(update={"steps": steps})
-    else:
+    config = None
+    if not resume:
         if not run:
-            raise ValueError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
+            raise ConfigError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
         config = DistillConfig(
             run_ids=run, student=student, teacher=None if teacher == "none" else teacher, context=context,
-            teacher_source="shards" if teacher_shards else "model",
-            loss=loss, beta=beta, rl=rl, kd_weight=kd_weight, rl_weight=rl_weight, normalize_std=normalize_std,
-            weighting=weighting, steps=steps or 10, invocations_per_step=invocations_per_step,
-            row_tokens=row_tokens, lr=lr, seed=seed, out=out, save_every=save_every,
+            teacher_source=teacher_source, loss=loss, beta=beta, temperature=temperature, rl=rl,
+            kd_weight=kd_weight, rl_weight=rl_weight, ce_weight=ce_weight, anchor_weight=anchor_weight,
+            normalize_std=normalize_std, weighting=weighting, steps=steps or 10,
+            invocations_per_step=invocations_per_step, row_tokens=row_tokens, oversize=oversize,
+            teacher_truncation=teacher_truncation, lr=lr, seed=seed, out=out, save_every=save_every,
+            path=attention,
         )
-    models = load_models(store, config, resume_from)
-    done = resume_from.step if resume_from else 0
-    with train_progress(config.steps, done) as on_step:
-        result = run_distill(store, config, models, run_id=resume, resume_from=resume_from, on_step=on_step)
+    rt = runtime(device, threads)
+    setup_logging()
+    store = open_store(db)
+    with train_progress() as progress:
+        result = run_distill(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
+                             on_step=progress.on_step)
     ckpt = result.last_checkpoint
+    skipped = result.skipped_calls
     typer.echo(f"distill_run_id={result.run_id} steps={result.steps_done}"
-               + (f" checkpoint={ckpt.id} path={ckpt.path}" if ckpt else ""))
+               + (f" checkpoint={ckpt.id} path={ckpt.path}" if ckpt else "")
+               + (f" skipped_calls={skipped}" if skipped else "")
+               + (f" teacher_truncated_calls={result.teacher_truncated_calls}" if result.teacher_truncated_calls
+                  else ""))
 
 
 def register(app: typer.Typer) -> None:

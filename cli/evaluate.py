@@ -6,17 +6,15 @@ from typing import Annotated
 
 import typer
 
+from agentmem.config import HELD_OUT_SEED, BackendKind, Device, DType, PlotBy
 from cli.common import parse_knobs
-from cli.options import DbOption
-
-PLOT_BY = ("step", "context_tokens")
+from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
 
 def evaluate(
     model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
                                             "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
-    env: Annotated[str, typer.Option(help="Environment: synthetic | hotpotqa | squad | locomo | longmemeval.")]
-    = "synthetic",
+    env: Annotated[EnvName, typer.Option(help="Environment.")] = EnvName("synthetic"),
     data: Annotated[str | None, typer.Option(help="Data file in the benchmark's official JSON format "
                                                   "(use a held-out split).")] = None,
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. "
@@ -24,22 +22,23 @@ def evaluate(
     episodes: Annotated[int, typer.Option(help="Number of tasks (one greedy episode each).")] = 16,
     seed: Annotated[int, typer.Option(help="Seed for task selection. The default differs from rollout's (0) so "
                                            "that synthetic tasks are ones training never saw; data files are "
-                                           "only reordered by it.")] = 1000,
-    backend: Annotated[str, typer.Option(help="Generation backend: transformers | vllm.")] = "transformers",
-    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend: float32 | bfloat16.")]
-    = "float32",
+                                           "only reordered by it.")] = HELD_OUT_SEED,
+    backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
+    dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk the agent reads per call.")] = 512,
     memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens (max new tokens of an update).")]
     = 128,
     answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
     max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
     = None,
+    memory_policy: Annotated[str, typer.Option(help="Memory policy (registered name).")] = "overwrite",
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    device: DeviceOption = Device.auto,
+    threads: ThreadsOption = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG of F1 (95% intervals) over every stored eval "
                                                   "of this environment to PATH.")] = None,
-    plot_by: Annotated[str, typer.Option(help="Plot F1 against: step (training step) | context_tokens.")]
-    = "step",
+    plot_by: Annotated[PlotBy, typer.Option(help="Plot F1 against the training step or the context length.")]
+    = PlotBy.step,
     db: DbOption = None,
 ) -> None:
     """Evaluate a model or checkpoint greedily: F1, EM and substring EM with bootstrap 95% intervals.
@@ -47,23 +46,22 @@ def evaluate(
     The episodes are stored as a run of kind `eval` (inspect them with `agentmem sql`) and the summary as
     one `eval_results` row; `--plot PATH` draws every stored eval of the environment.
     """
-    if plot_by not in PLOT_BY:
-        raise ValueError(f"--plot-by must be one of {', '.join(PLOT_BY)}, got {plot_by!r}")
-
-    from agentmem.agent.evaluate import EvalConfig, run_eval
-    from cli.agent_progress import episode_progress, load_policy
-    from cli.common import set_threads, setup_logging
+    from agentmem.config import AgentConfig, EvalConfig
+    from agentmem.jobs.eval import run_eval
+    from cli.agent_progress import episode_progress
+    from cli.common import runtime, setup_logging
     from store.engine import open_store
 
+    config = EvalConfig(env=env.value, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend,
+                        dtype=dtype, episodes=episodes, seed=seed, chunk_tokens=chunk_tokens,
+                        agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
+                                          max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,
+                                          memory_policy=memory_policy))
+    rt = runtime(device, threads)
     setup_logging()
-    set_threads(threads)
-    config = EvalConfig(env=env, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,
-                        episodes=episodes, seed=seed, chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
-                        answer_max_new_tokens=answer_tokens, max_chunks=max_chunks, max_batch=batch)
     store = open_store(db, create=True)
-    gen_backend, policy = load_policy(store, config.model, config.backend, config.dtype)
     with episode_progress("eval") as bar:
-        result = run_eval(store, config, gen_backend, policy, on_start=bar.on_start, on_round=bar.on_round)
+        result = run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)
     _summary(result)
     if plot:
         _plot(store, config.env, plot, plot_by)
@@ -89,7 +87,7 @@ def _summary(result) -> None:
 
 
 def _plot(store, env: str, path: str, by: str) -> None:
-    from agentmem.agent.plots import plot_eval_results
+    from agentmem.plots import plot_eval_results
     from store import repository as repo
 
     with store.session() as s:

@@ -1,10 +1,15 @@
-"""Options shared by every command."""
+"""Options shared by every command, and the Enums of choices that are not in ``agentmem.config``."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+from agentmem.config import Choice, Device
+from envs import ENV_NAMES
+
+EnvName = Choice("EnvName", [(n, n) for n in ENV_NAMES])  # --env: a fixed list, checked at parse time
 
 DbOption = Annotated[
     str | None,
@@ -15,3 +20,7 @@ DbOption = Annotated[
         show_default=False,
     ),
 ]
+DeviceOption = Annotated[
+    Device, typer.Option(help="Where models run: auto (CUDA when available, else CPU) | cpu | cuda.")
+]
+ThreadsOption = Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).", min=1)]

@@ -6,20 +6,19 @@ from typing import Annotated
 
 import typer
 
-from cli.options import DbOption
+from agentmem.config import BackendKind, Device, DType
+from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
 
 def rollout(
-    env: Annotated[str, typer.Option(help="Environment: synthetic | hotpotqa | squad | locomo | longmemeval.")]
-    = "synthetic",
+    env: Annotated[EnvName, typer.Option(help="Environment.")] = EnvName("synthetic"),
     data: Annotated[str | None, typer.Option(help="Data file in the benchmark's official JSON format.")] = None,
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. hops=3, "
                                                  "context_tokens=4096, docs=20.")] = [],  # noqa: B006
     model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
                                             "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
-    backend: Annotated[str, typer.Option(help="Generation backend: transformers | vllm.")] = "transformers",
-    dtype: Annotated[str, typer.Option(help="Weights dtype for the transformers backend: float32 | bfloat16.")]
-    = "float32",
+    backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
+    dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
     episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
     group_size: Annotated[int, typer.Option(help="Episodes sampled per task (for group-normalised RL).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for task order and sampling.")] = 0,
@@ -31,8 +30,10 @@ def rollout(
     answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
     max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
     = None,
+    memory_policy: Annotated[str, typer.Option(help="Memory policy (registered name).")] = "overwrite",
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    device: DeviceOption = Device.auto,
+    threads: ThreadsOption = None,
     resume: Annotated[str | None, typer.Option(help="Finish run RUN_ID (its stored config is used).")] = None,
     db: DbOption = None,
 ) -> None:
@@ -41,29 +42,26 @@ def rollout(
     With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (a few minutes on a
     laptop CPU). Kill it at any time; `--resume RUN_ID` finishes the run without duplicating rows.
     """
-    from agentmem.agent.loop import AgentConfig
-    from agentmem.agent.rollout import RolloutConfig, load_run_config, run_rollout
-    from cli.agent_progress import episode_progress, load_policy
-    from cli.common import parse_knobs, set_threads, setup_logging
+    from agentmem.config import AgentConfig, RolloutConfig
+    from agentmem.jobs.rollout import run_rollout
+    from cli.agent_progress import episode_progress
+    from cli.common import parse_knobs, runtime, setup_logging
     from store.engine import open_store
 
-    setup_logging()
-    set_threads(threads)
-    store = open_store(db, create=True)
-    if resume:
-        resume, config = load_run_config(store, resume)
-    else:
+    config = None
+    if not resume:
         config = RolloutConfig(
-            env=env, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,
+            env=env.value, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,
-                              seed=seed),
+                              seed=seed, memory_policy=memory_policy),
         )
-    gen_backend, policy = load_policy(store, config.model, config.backend, config.dtype)
+    rt = runtime(device, threads)
+    setup_logging()
+    store = open_store(db, create=True)
     with episode_progress("rollout") as bar:
-        result = run_rollout(store, config, gen_backend, policy, run_id=resume, on_start=bar.on_start,
-                             on_round=bar.on_round)
+        result = run_rollout(store, config, rt, resume=resume, on_start=bar.on_start, on_round=bar.on_round)
     _summary(result)
 
 

@@ -6,22 +6,30 @@ from typing import Annotated
 
 import typer
 
-from cli.options import DbOption
+from agentmem.config import Device, Divergence, RLKind
+from agentmem.records import TeacherContext
+from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
 
 def train(
     student: Annotated[str, typer.Option(help="Starting student: folder, checkpoint id or 'default'.")]
     = "default",
     teacher: Annotated[str, typer.Option(help="Teacher model (same tokenizer).")] = "default",
-    context: Annotated[str, typer.Option(help="Teacher context: privileged (default: the same base model "
-                                              "sees gold answer and evidence) | aligned | persistent.")]
-    = "privileged",
+    context: Annotated[TeacherContext, typer.Option(help="Teacher context (default privileged: the same base "
+                                                         "model sees gold answer and evidence).")]
+    = TeacherContext.privileged,
+    loss: Annotated[Divergence, typer.Option(help="Divergence at action positions.")] = Divergence.reverse_kl,
+    rl: Annotated[RLKind, typer.Option(help="RL term on the final reward.")] = RLKind.grpo,
+    kd_weight: Annotated[float, typer.Option(help="Weight of the distillation term.")] = 1.0,
+    rl_weight: Annotated[float, typer.Option(help="Weight of the policy-gradient term.")] = 1.0,
     rounds: Annotated[int, typer.Option(help="Rollout + distill rounds.")] = 2,
     steps_per_round: Annotated[int, typer.Option(help="Distill steps per round.")] = 2,
     invocations_per_step: Annotated[int, typer.Option(help="Stored calls per optimizer step.")] = 8,
+    row_tokens: Annotated[int, typer.Option(help="Tokens per packed row; a longer call is left out and "
+                                                 "counted, never cut.")] = 4096,
     episodes: Annotated[int, typer.Option(help="Tasks per rollout.")] = 4,
     group_size: Annotated[int, typer.Option(help="Samples per task (GRPO groups).")] = 2,
-    env: Annotated[str, typer.Option(help="Environment.")] = "synthetic",
+    env: Annotated[EnvName, typer.Option(help="Environment.")] = EnvName("synthetic"),
     data: Annotated[str | None, typer.Option(help="Data file for file-backed environments.")] = None,
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable).")] = [],  # noqa: B006
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk.")] = 192,
@@ -29,43 +37,53 @@ def train(
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
     out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
     seed: Annotated[int, typer.Option(help="Seed (rollout tasks, sampling, data order).")] = 0,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    device: DeviceOption = Device.auto,
+    threads: ThreadsOption = None,
     db: DbOption = None,
 ) -> None:
     """Run the whole on-policy loop on the embedded default: a few minutes per round on a laptop CPU."""
-    from agentmem.agent.loop import AgentConfig
-    from agentmem.agent.rollout import RolloutConfig
-    from agentmem.training.loop import TrainConfig, run_train
-    from cli.common import parse_knobs, set_threads, setup_logging
+    from agentmem.config import (
+        AgentConfig,
+        DistillConfig,
+        Oversize,
+        RolloutConfig,
+        TeacherTruncation,
+        TrainConfig,
+    )
+    from agentmem.jobs.train import run_train
+    from cli.common import parse_knobs, runtime, setup_logging
     from cli.console import console
     from cli.training_progress import train_progress
     from store.engine import open_store
 
-    setup_logging()
-    set_threads(threads)
     knobs = parse_knobs(knob) or ({"context_tokens": 384, "distractors": 2, "hops": 1} if env == "synthetic" else {})
     config = TrainConfig(
-        student=student, teacher=teacher, context=context, rounds=rounds, steps_per_round=steps_per_round,
-        invocations_per_step=invocations_per_step, lr=lr, out=out, seed=seed,
-        rollout=RolloutConfig(env=env, data=data, env_knobs=knobs, episodes=episodes, group_size=group_size,
+        rounds=rounds, seed=seed,
+        rollout=RolloutConfig(env=env.value, data=data, env_knobs=knobs, episodes=episodes, group_size=group_size,
                               chunk_tokens=chunk_tokens,
                               agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=12)),
+        distill=DistillConfig(student=student, teacher=teacher, context=context, loss=loss, rl=rl,
+                              kd_weight=kd_weight, rl_weight=rl_weight, steps=steps_per_round,
+                              invocations_per_step=invocations_per_step, row_tokens=row_tokens, lr=lr, out=out,
+                              oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left),
     )
+    rt = runtime(device, threads)
+    setup_logging()
     store = open_store(db, create=True)
     err = console(stderr=True)
     total = rounds * steps_per_round
-    with train_progress(total, label="train") as on_step:
+    with train_progress(total, label="train") as bar:
         done = {"n": 0}
 
         def step(record) -> None:
             done["n"] += 1
-            on_step(record.model_copy(update={"step": done["n"]}))
+            bar.on_step(record.model_copy(update={"step": done["n"]}))
 
         def rollout_round(stats) -> None:
             err.log(f"  rollout: {stats.calls} calls, {stats.output_tokens} tokens generated in {stats.seconds:.1f}s, "
                     f"{stats.finished} episodes finished")
 
-        run_id, results = run_train(store, config, on_phase=lambda msg: err.log(msg), on_step=step,
+        run_id, results = run_train(store, config, rt, on_phase=lambda msg: err.log(msg), on_step=step,
                                     on_round=rollout_round)
     from rich.table import Table
 

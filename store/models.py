@@ -37,6 +37,10 @@ class RunRow(Base):
     status: Mapped[str] = mapped_column(sa.String(32))
     created_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    pid: Mapped[int | None]
+    host: Mapped[str | None] = mapped_column(sa.String(255))
+    heartbeat_at: Mapped[datetime | None]
 
 
 class CheckpointRow(Base):
@@ -82,6 +86,7 @@ class InvocationRow(Base):
     episode_id: Mapped[str] = mapped_column(sa.ForeignKey("episodes.id"))
     step: Mapped[int]
     kind: Mapped[str] = mapped_column(sa.String(32))
+    memory_policy: Mapped[str] = mapped_column(sa.String(64), server_default="overwrite")
     policy_version: Mapped[str | None] = mapped_column(sa.ForeignKey("checkpoints.id"), index=True)
     prompt_ids: Mapped[bytes]
     output_ids: Mapped[bytes]
@@ -117,6 +122,7 @@ class TeacherScoreRow(Base):
     mean_entropy: Mapped[float | None]
     topk_path: Mapped[str | None] = mapped_column(sa.Text)
     topk_key: Mapped[str | None] = mapped_column(sa.String(255))
+    temperature: Mapped[float] = mapped_column(server_default=sa.text("1.0"))
     created_at: Mapped[datetime]
 
 

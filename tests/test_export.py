@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from store_records import make_episode, make_invocation, make_run
 
-from agentmem.replay.export import export_invocations
+from agentmem.jobs.export import export_invocations
 from store import repository as repo
 
 

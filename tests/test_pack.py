@@ -65,7 +65,7 @@ def test_over_budget_is_an_error_naming_the_invocation():
 
 
 def test_truncate_left_cuts_prompt_only():
-    rows, stats = pack([seq("long", 5, 2, 10), seq("ok", 2, 1, 50)], row_tokens=6, truncate="left")
+    rows, stats = pack([seq("long", 5, 2, 10), seq("ok", 2, 1, 50)], row_tokens=6, over_budget="left")
     assert stats.truncated_sequences == 1 and stats.truncated_tokens == 1
     long_row = rows[0]
     assert long_row.invocation_ids == ("long",)
@@ -77,7 +77,7 @@ def test_truncate_left_cuts_prompt_only():
 
 
 def test_truncate_left_may_cut_down_to_the_token_before_the_actions():
-    rows, stats = pack([seq("x", 4, 2, 0)], row_tokens=3, truncate="left")
+    rows, stats = pack([seq("x", 4, 2, 0)], row_tokens=3, over_budget="left")
     assert rows[0].input_ids.tolist() == [3, 4, 5]
     assert rows[0].action_mask.tolist() == [True, True, False]
     assert stats.truncated_tokens == 3
@@ -85,9 +85,24 @@ def test_truncate_left_may_cut_down_to_the_token_before_the_actions():
 
 def test_truncate_left_never_cuts_actions():
     with pytest.raises(ReplayError, match="2 action tokens plus the prompt token before them"):
-        pack([seq("x", 4, 2)], row_tokens=2, truncate="left")
+        pack([seq("x", 4, 2)], row_tokens=2, over_budget="left")
 
 
 def test_empty_input():
     rows, stats = pack([], row_tokens=8)
     assert rows == [] and stats.rows == 0 and stats.fill == 0.0
+
+
+def test_skip_leaves_over_budget_sequences_out_and_counts_them():
+    rows, stats = pack([seq("long", 5, 2, 10), seq("ok", 2, 1, 50), seq("big", 8, 1)], row_tokens=6,
+                       over_budget="skip")
+    assert [r.invocation_ids for r in rows] == [("ok",)]
+    assert rows[0].input_ids.tolist() == [50, 51, 52]  # the kept sequence is whole
+    assert stats.skipped_ids == ("long", "big") and stats.skipped_sequences == 2
+    assert stats.skipped_tokens == 7 + 9 and stats.truncated_sequences == 0
+    assert stats.sequences == 1 and stats.tokens == 3
+
+
+def test_unknown_over_budget_mode_is_an_error():
+    with pytest.raises(ReplayError, match="over_budget"):
+        pack([seq("a", 2, 1)], row_tokens=6, over_budget="cut")  # type: ignore[arg-type]

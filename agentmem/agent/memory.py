@@ -1,40 +1,97 @@
-"""Memory policies: how an update call's output becomes the next memory.
+"""The memory-policy seam: what a policy is, the calls it asks for, and the registry that names policies.
 
-The seam is ``MemoryPolicy.update``; ``OverwritePolicy`` (the default) makes the whole output of the last
-update call the memory, cut to a token budget. Structured, hierarchical or retrieval-backed policies
-plug in behind the same method.
+A memory policy owns its memory: a typed state per episode, the prompt of every call it wants, and how a
+call's output changes the state. The agent loop (``agentmem.agent.loop``) owns everything else: batching,
+routing each call kind to a backend, sampling seeds, storing invocations, budgets and episode outcomes.
+
+Contract of a policy (``MemoryPolicy[S]``):
+- states are values: ``consume`` returns a new state and never mutates the one it was given; a state is
+  never ``None``;
+- ``next_call(state, task)`` is a pure function of its arguments; it returns the ``final`` call (whose
+  output is the answer) when the policy is ready to answer, and is never asked again after that;
+- ``task.chunks`` are the chunks the policy may read (the loop has already cut them to ``max_chunks``);
+- ``resume(task, stored)`` gives exactly the state that ``consume`` reached after those stored calls (in
+  step order), so a killed rollout continues where the store says it stopped; ``replay`` does it for any
+  deterministic policy.
+A policy that cannot go on from an output (say, one it cannot parse) raises ``AgentError``: the loop ends
+that episode ``failed`` and its siblings go on. Any other exception is a bug and propagates.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from transformers import PreTrainedTokenizerBase
+from agentmem.agent.prompts import Prompt
+from agentmem.errors import AgentError
+from agentmem.records import Invocation, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentmem.config import AgentConfig
+
+S = TypeVar("S")
 
 
-class MemoryPolicy(Protocol):
+@dataclass(frozen=True)
+class Call:
+    """One model call a policy wants. ``prompt`` holds the exact ids the backend will consume (rendered
+    through the tokenizer's chat template by the policy) and their text; ``kind`` is stored as the
+    invocation's kind and picks the backend; ``final``: this call's output is the episode's answer."""
+
+    kind: str
+    prompt: Prompt
+    max_new_tokens: int
+    chunk_text: str | None = None
+    chunk_index: int | None = None
+    final: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            raise AgentError("a call kind is a non-empty string")
+        if self.max_new_tokens < 1:
+            raise AgentError(f"call {self.kind!r}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class MemoryPolicy(Protocol[S]):
+    """How an agent remembers: see the module docstring for the contract."""
+
     name: str
 
-    def update(self, memory_before: str, output_ids: list[int]) -> str:
-        """The memory after an update call that produced ``output_ids``."""
+    def initial_state(self, task: Task) -> S:
+        """The state before the episode's first call."""
+        ...
+
+    def next_call(self, state: S, task: Task) -> Call:
+        """The next call this policy wants; the ``final`` one when it is ready to answer."""
+        ...
+
+    def consume(self, state: S, call: Call, output_ids: list[int], output_text: str) -> S:
+        """The state after ``call`` produced ``output_ids`` (``output_text``: decoded, special tokens dropped)."""
+        ...
+
+    def memory_text(self, state: S) -> str:
+        """The memory as a person reads it (stored as ``memory_before``/``memory_after``)."""
+        ...
+
+    def resume(self, task: Task, stored: Sequence[Invocation]) -> S:
+        """The state after the episode's stored calls, in step order."""
         ...
 
 
-class OverwritePolicy:
-    """New memory = the update call's output (special tokens dropped), cut to ``memory_tokens`` tokens."""
-
-    name = "overwrite"
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int):
-        if memory_tokens < 1:
-            raise ValueError(f"memory_tokens must be >= 1, got {memory_tokens}")
-        self.tokenizer = tokenizer
-        self.memory_tokens = memory_tokens
-
-    def update(self, memory_before: str, output_ids: list[int]) -> str:
-        special = set(self.tokenizer.all_special_ids)
-        kept = [t for t in output_ids if t not in special][: self.memory_tokens]
-        return self.tokenizer.decode(kept, skip_special_tokens=True).strip()
+def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) -> S:
+    """``resume`` for any deterministic policy: re-plan each stored call and consume its stored output.
+    A stored call of another kind than the policy would make now is an ``AgentError``."""
+    state = policy.initial_state(task)
+    for inv in stored:
+        call = policy.next_call(state, task)
+        if call.kind != inv.kind:
+            raise AgentError(f"invocation {inv.id} (step {inv.step}): stored kind {inv.kind!r}, but policy "
+                             f"{policy.name!r} would make a {call.kind!r} call")
+        state = policy.consume(state, call, inv.output_ids.tolist(), inv.output_text)
+    return state
 
 
-MEMORY_POLICIES = {"overwrite": OverwritePolicy}
+PolicyFactory = Callable[["PreTrainedTokenizerBase", "AgentConfig"], MemoryPolicy]

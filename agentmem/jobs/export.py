@@ -1,4 +1,4 @@
-"""Export stored invocations as a Hugging Face ``datasets`` table (Parquet or a saved dataset folder), one
+"""The export job: stored invocations as a Hugging Face ``datasets`` table (Parquet or a saved dataset folder), one
 row per invocation with its episode's outcome, for analysis or training outside agentmem. Token ids and
 log-probs are exported exactly (int32 / float32 lists)."""
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import datasets
 
+from agentmem.errors import RunError
 from store import repository as repo
 from store.engine import Store
 
@@ -17,6 +18,7 @@ FEATURES = datasets.Features({
     "invocation_id": datasets.Value("string"), "run_id": datasets.Value("string"),
     "episode_id": datasets.Value("string"), "task_id": datasets.Value("string"),
     "sample_index": datasets.Value("int32"), "step": datasets.Value("int32"), "kind": datasets.Value("string"),
+    "memory_policy": datasets.Value("string"),
     "policy_version": datasets.Value("string"),
     "prompt_ids": datasets.Sequence(datasets.Value("int32")),
     "output_ids": datasets.Sequence(datasets.Value("int32")),
@@ -38,7 +40,7 @@ def _rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
             ep = episodes[inv.episode_id]
             yield {
                 "invocation_id": inv.id, "run_id": ep.run_id, "episode_id": ep.id, "task_id": ep.task_id,
-                "sample_index": ep.sample_index, "step": inv.step, "kind": inv.kind.value,
+                "sample_index": ep.sample_index, "step": inv.step, "kind": str(inv.kind), "memory_policy": inv.memory_policy,
                 "policy_version": inv.policy_version, "prompt_ids": inv.prompt_ids, "output_ids": inv.output_ids,
                 "output_logprobs": inv.output_logprobs, "prompt_text": inv.prompt_text,
                 "output_text": inv.output_text, "memory_before": inv.memory_before, "memory_after": inv.memory_after,
@@ -52,7 +54,7 @@ def export_invocations(store: Store, run_ids: Sequence[str], out: Path) -> datas
     """Write ``out`` (``.parquet`` file, else a ``save_to_disk`` folder); returns the dataset."""
     rows = list(_rows(store, run_ids))
     if not rows:
-        raise ValueError(f"no stored invocations in run(s) {', '.join(run_ids)}")
+        raise RunError(f"no stored invocations in run(s) {', '.join(run_ids)}")
     ds = datasets.Dataset.from_list(rows, features=FEATURES)
     out = Path(out)
     if out.suffix == ".parquet":
@@ -60,3 +62,9 @@ def export_invocations(store: Store, run_ids: Sequence[str], out: Path) -> datas
     else:
         ds.save_to_disk(str(out))
     return ds
+
+
+def run_export(store: Store, run_ids: Sequence[str], out: Path | str) -> datasets.Dataset:
+    """The export job (no run row: it only reads). ``out`` ending in ``.parquet`` is one Parquet file,
+    anything else a ``save_to_disk`` folder."""
+    return export_invocations(store, run_ids, Path(out))

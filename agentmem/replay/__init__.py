@@ -1,7 +1,7 @@
 """Replay: rebuild stored invocations per teacher context and pack them into rows. Pure numpy, no torch."""
 
 from agentmem.replay.errors import ReplayError
-from agentmem.replay.pack import PackingStats, Row, pack, truncate_left
+from agentmem.replay.pack import OverBudget, PackingStats, Row, pack, truncate_left
 from agentmem.replay.rebuild import (
     Sequence,
     rebuild,
@@ -11,6 +11,7 @@ from agentmem.replay.rebuild import (
 )
 
 __all__ = [
+    "OverBudget",
     "PackingStats",
     "ReplayError",
     "Row",

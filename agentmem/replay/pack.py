@@ -5,8 +5,10 @@ Invariants:
   segment and ``cu_seqlens`` marks the boundaries, so a consumer can block attention across them;
 - deterministic: sequences are placed longest first, ties by arrival order, each into the fullest row that
   still fits it (ties: the earliest row); inside a row, segments keep their arrival order;
-- a sequence over the budget is an error naming it, unless ``truncate="left"``: then prompt tokens are cut
-  from the left, never an action token or the prompt token that predicts the first action.
+- a sequence over the budget is handled as ``over_budget`` says: ``"error"`` (the default) raises naming
+  it, its length and the budget; ``"skip"`` leaves it out and counts it (``PackingStats.skipped_ids``): the
+  student side, which is never cut; ``"left"`` cuts prompt tokens from the left, never an action token or
+  the prompt token that predicts the first action: the teacher side only, counted.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import numpy as np
 
 from agentmem.replay.errors import ReplayError
 from agentmem.replay.rebuild import Sequence
+
+OverBudget = Literal["error", "skip", "left"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,12 @@ class PackingStats:
     row_tokens: int
     truncated_sequences: int = 0
     truncated_tokens: int = 0
+    skipped_ids: tuple[str, ...] = ()  # sequences over the budget left out (``over_budget="skip"``)
+    skipped_tokens: int = 0
+
+    @property
+    def skipped_sequences(self) -> int:
+        return len(self.skipped_ids)
 
     @property
     def fill(self) -> float:
@@ -95,25 +105,32 @@ def pack(
     sequences: Iterable[Sequence],
     row_tokens: int,
     *,
-    truncate: Literal["error", "left"] = "error",
+    over_budget: OverBudget = "error",
 ) -> tuple[list[Row], PackingStats]:
-    """Best-fit decreasing of ``sequences`` into rows of at most ``row_tokens`` tokens."""
+    """Best-fit decreasing of ``sequences`` into rows of at most ``row_tokens`` tokens (``over_budget``: see
+    the module docstring)."""
     if row_tokens <= 0:
         raise ReplayError(f"row_tokens must be positive, got {row_tokens}")
-    seqs = list(sequences)
-    truncated_seqs = truncated = 0
-    for i, seq in enumerate(seqs):
-        if len(seq) <= row_tokens:
-            continue
-        if truncate != "left":
+    if over_budget not in ("error", "skip", "left"):
+        raise ReplayError(f"over_budget must be 'error', 'skip' or 'left', got {over_budget!r}")
+    seqs: list[Sequence] = []
+    skipped: list[str] = []
+    truncated_seqs = truncated = skipped_tokens = 0
+    for seq in sequences:
+        if len(seq) > row_tokens and over_budget == "error":
             raise ReplayError(
                 f"invocation {seq.invocation_id}: {len(seq)} tokens ({len(seq) - seq.num_actions} context + "
-                f"{seq.num_actions} actions) exceed the row budget of {row_tokens}; pass truncate='left' to cut "
-                "the prompt"
+                f"{seq.num_actions} actions) exceed the row budget of {row_tokens}"
             )
-        truncated_seqs += 1
-        truncated += len(seq) - row_tokens
-        seqs[i] = truncate_left(seq, row_tokens)
+        if len(seq) > row_tokens and over_budget == "skip":
+            skipped.append(seq.invocation_id)
+            skipped_tokens += len(seq)
+            continue
+        if len(seq) > row_tokens:
+            truncated_seqs += 1
+            truncated += len(seq) - row_tokens
+            seq = truncate_left(seq, row_tokens)
+        seqs.append(seq)
 
     members: list[list[int]] = []
     free: list[tuple[int, int]] = []  # (tokens left, row index), sorted: best fit = first entry that fits
@@ -136,5 +153,7 @@ def pack(
         row_tokens=row_tokens,
         truncated_sequences=truncated_seqs,
         truncated_tokens=truncated,
+        skipped_ids=tuple(skipped),
+        skipped_tokens=skipped_tokens,
     )
     return rows, stats

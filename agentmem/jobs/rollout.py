@@ -1,0 +1,152 @@
+"""The rollout job: run the agent over an environment's tasks and stream every call to the store.
+
+Order of work: the config and any resumed run are checked, the model reference is resolved and the
+environment built from the tokenizer alone, so a bad flag, id or data file fails before weights load.
+Then the run (with its full config) and every episode are written, each round's calls in one short
+transaction, and each episode's outcome as it finishes. Episode ids are derived from (run, task, sample),
+so a killed job loses at most the calls in flight and ``resume`` finishes the run without duplicating a row.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentmem import models
+from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
+from agentmem.config import RolloutConfig
+from agentmem.errors import ConfigError
+from agentmem.jobs.runs import RunHandle, load_run, tracked_run
+from agentmem.policy.types import Backend
+from agentmem.records import Checkpoint, Episode, EpisodeStatus, Invocation, RunKind
+from agentmem.runtime import CPU, Runtime
+from envs import load_env
+from envs.types import Env
+from store import repository as repo
+from store.engine import Store
+
+
+def episode_id(run_id: str, task_id: str, sample_index: int) -> str:
+    return uuid.uuid5(uuid.UUID(run_id), f"{task_id}\x00{sample_index}").hex
+
+
+def build_env(config: RolloutConfig, tokenizer) -> Env:
+    return load_env(config.env, data_path=config.data, seed=config.seed, chunk_tokens=config.chunk_tokens,
+                    count_tokens=lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"]),
+                    **config.env_knobs)
+
+
+class StoreSink:
+    """Writes each round's calls and each finished episode in its own short transaction, and keeps the
+    run's heartbeat."""
+
+    def __init__(self, store: Store, run: RunHandle | None = None):
+        self.store, self.run = store, run
+
+    def invocations(self, invocations: list[Invocation]) -> None:
+        with self.store.session() as s:
+            repo.insert_invocations(s, invocations)
+            s.commit()
+        if self.run:
+            self.run.beat()
+
+    def episodes_finished(self, episodes: list[Episode]) -> None:
+        with self.store.session() as s:
+            for ep in episodes:
+                repo.update_episode(s, ep)
+            s.commit()
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    run_id: str
+    episodes: list[Episode]
+    resumed_episodes: int
+    policy: Checkpoint
+
+
+def load_rollout_config(store: Store, run_id: str) -> tuple[str, RolloutConfig]:
+    """(full run id, stored config) of a rollout run named by its id or an abbreviation of it."""
+    run = load_run(store, run_id, RunKind.rollout)
+    return run.id, RolloutConfig.model_validate(run.config)
+
+
+def run_rollout(
+    store: Store,
+    config: RolloutConfig | None,
+    runtime: Runtime = CPU,
+    *,
+    resume: str | None = None,
+    kind: RunKind = RunKind.rollout,
+    backend: Backend | None = None,
+    policy: Checkpoint | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_round: Callable[[RoundStats], None] | None = None,
+    sink: Sink | None = None,
+) -> RolloutResult:
+    """Run a rollout, or with ``resume`` (a rollout run id; ``config`` may be None) finish a stored one.
+
+    ``backend`` and ``policy`` inject a ready backend and its checkpoint row (tests, benchmarks, the train
+    loop); otherwise the model named by ``config.model`` is resolved, registered and loaded.
+    ``on_start(episodes_total, episodes_done)`` is called once the work is known, ``on_round`` after every
+    batched round of calls. ``kind`` is the kind of a new run (evaluation runs this as ``RunKind.eval``)."""
+    resumed_run = None
+    if resume is not None:
+        resumed_run = load_run(store, resume, kind)
+        config = type(config or RolloutConfig()).model_validate(resumed_run.config)  # the stored config rules
+    if config is None:
+        raise ConfigError("run_rollout needs a config or a run to resume")
+    if (backend is None) != (policy is None):
+        raise ConfigError("give both backend and policy, or neither")
+    if backend is None:
+        ref = models.resolve(store, config.model)
+        tokenizer = _tokenizer(ref.path)
+    else:
+        tokenizer = backend.tokenizer
+    env = build_env(config, tokenizer)
+    tasks = env.tasks(config.episodes)
+    if not tasks:
+        raise ConfigError(f"environment {config.env!r} produced no tasks")
+    if backend is None:
+        policy = models.register(store, ref)
+        backend = models.backend(config.backend, ref.path, config.dtype, runtime)
+    assert policy is not None
+    with tracked_run(store, kind, config, resume=resumed_run) as run:
+        rid = run.id
+        episodes = [
+            Episode(id=episode_id(rid, t.task_id, g), run_id=rid, env=env.name, task_id=t.task_id, sample_index=g,
+                    question=t.question, gold_answers=t.answers, evidence=t.evidence, category=t.category,
+                    n_chunks=len(t.chunks))
+            for t in tasks for g in range(config.group_size)
+        ]
+        by_task = {t.task_id: t for t in tasks}
+        loop = AgentLoop(backend, config.agent, env.score, policy_version=policy.id)
+        with store.session() as s:
+            repo.insert_episodes(s, episodes)
+            s.commit()
+            stored = {e.id: e for e in repo.list_episodes(s, rid)}
+            states: list[EpisodeState] = []
+            for ep in episodes:
+                current = stored[ep.id]
+                if current.status is EpisodeStatus.running:
+                    states.append(loop.start(current, by_task[ep.task_id], repo.episode_invocations(s, ep.id)))
+        resumed = sum(1 for st in states if st.next_step > 0)
+        if on_start:
+            on_start(len(episodes), len(episodes) - len(states))
+        loop.run(states, sink or StoreSink(store, run), on_round=on_round)
+    with store.session() as s:
+        final = repo.list_episodes(s, rid)
+    return RolloutResult(run_id=rid, episodes=final, resumed_episodes=resumed, policy=policy)
+
+
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    from agentmem.policy.errors import ModelError
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load the tokenizer of model {path!r}: {first}") from e

@@ -1,0 +1,88 @@
+"""The life of a run row, shared by every job.
+
+``tracked_run`` opens a run (new, or an existing one taken over for ``--resume``), keeps its heartbeat,
+and ends it whatever happens: ``finished`` on success, ``failed`` with a one-line error on an exception,
+``interrupted`` on Ctrl-C. No error leaves a run ``running``; only a killed process does, and then the
+run's process id tells it apart (``agentmem runs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from agentmem.errors import RunError
+from agentmem.records import Run, RunKind
+from store import repository as repo
+from store.engine import Store
+
+HEARTBEAT_EVERY_S = 30.0
+
+
+@dataclass
+class RunHandle:
+    """The run a job writes to; ``beat()`` refreshes its heartbeat (at most every 30 s)."""
+
+    store: Store
+    id: str
+    _last: float = field(default_factory=time.monotonic)
+
+    def beat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= HEARTBEAT_EVERY_S:
+            with self.store.session() as s:
+                repo.heartbeat(s, self.id)
+                s.commit()
+            self._last = now
+
+
+def error_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def load_run(store: Store, run_id: str, kind: RunKind) -> Run:
+    """The run named by ``run_id`` (abbreviations allowed), which must be of ``kind``."""
+    with store.session() as s:
+        run = repo.get_run(s, run_id)
+    if run.kind is not kind:
+        raise RunError(f"run {run.id} is a {run.kind.value} run, not a {kind.value} run")
+    return run
+
+
+@contextlib.contextmanager
+def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: Run | None = None,
+                extra: dict | None = None) -> Iterator[RunHandle]:
+    """Open (or, with ``resume``, take over) a run and end it on exit as finished, failed or interrupted."""
+    with store.session() as s:
+        if resume is None:
+            run = Run(kind=kind, config=config.model_dump(mode="json") | (extra or {}))
+            repo.start_run(s, run)
+            rid = run.id
+        else:
+            repo.claim_run(s, resume.id)
+            rid = resume.id
+        s.commit()
+    handle = RunHandle(store, rid)
+    try:
+        yield handle
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):  # the store itself may be what failed: keep the first error
+            _end(store, rid, "interrupted", None)
+        raise
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            _end(store, rid, "failed", error_line(exc))
+        raise
+    _end(store, rid, "finished", None)
+
+
+def _end(store: Store, run_id: str, status: str, error: str | None) -> None:
+    with store.session() as s:
+        repo.finish_run(s, run_id, status=status, error=error)
+        s.commit()

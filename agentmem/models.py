@@ -1,0 +1,84 @@
+"""Models as jobs see them: resolve a user's reference, register the version that samples, load it.
+
+A reference is a checkpoint id from the store (abbreviations allowed), a local model folder, ``default``
+(SmolLM2-135M-Instruct, prepared from its GGUF on first use) or a hub name (only where a network or the
+local hub cache has it). Resolution never loads weights, so jobs resolve every reference first and fail
+on a bad one before any model loads.
+
+Checkpoints are registered by path: the model that samples a rollout is registered once (two concurrent
+rollouts of one model share one row), and every trained checkpoint names its parent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentmem.config import BackendKind, DType
+from agentmem.policy.models import DEFAULT_MODEL, load_model, resolve_model
+from agentmem.policy.types import Backend
+from agentmem.records import Checkpoint
+from agentmem.runtime import Runtime
+from store import repository as repo
+from store.engine import Store
+from store.errors import NotFound
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved reference: the folder (or hub name) to load, the base model it descends from, and the
+    checkpoint row when the reference named one."""
+
+    ref: str
+    path: str
+    base_model: str
+    checkpoint: Checkpoint | None = None
+
+
+def resolve(store: Store | None, ref: str | None) -> ModelRef:
+    """Resolve ``ref`` without loading weights. A registered checkpoint id wins over a same-named hub
+    model; a missing folder or an unknown name raises ``ModelError`` naming it."""
+    if ref and store is not None and "/" not in ref and not Path(ref).exists():
+        with store.session() as s:
+            try:
+                ckpt = repo.get_checkpoint(s, ref)
+                return ModelRef(ref, ckpt.path, ckpt.base_model, ckpt)
+            except NotFound:
+                pass
+    path = resolve_model(ref)
+    base = DEFAULT_MODEL if ref in (None, "default", DEFAULT_MODEL) else str(ref)
+    return ModelRef(ref or "default", str(path), base)
+
+
+def register(store: Store, model: ModelRef) -> Checkpoint:
+    """The checkpoint row of the model that samples: the named checkpoint itself, or the row registered
+    for its path (created once, race-free across processes)."""
+    if model.checkpoint is not None:
+        return model.checkpoint
+    with store.session() as s:
+        ckpt = repo.register_checkpoint(s, model.path, model.base_model)
+        s.commit()
+    return ckpt
+
+
+def register_trained(store: Store, *, run_id: str, parent: Checkpoint, step: int, path: Path) -> Checkpoint:
+    """Register a checkpoint a training job saved: its run, its parent version and its step."""
+    ckpt = Checkpoint(run_id=run_id, parent_id=parent.id, step=step, path=str(path), base_model=parent.base_model)
+    with store.session() as s:
+        repo.insert_checkpoint(s, ckpt)
+        s.commit()
+    return ckpt
+
+
+def load(path: str | Path, dtype: DType | str, runtime: Runtime, *, trainable: bool = False):
+    """(model, tokenizer) on the runtime's device, in eval mode; frozen unless ``trainable``."""
+    model, tokenizer = load_model(path, dtype=str(runtime.dtype_for(dtype)), device=runtime.device)
+    model.requires_grad_(trainable)
+    return model, tokenizer
+
+
+def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime) -> Backend:
+    """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for)."""
+    from agentmem.policy.backends import make_backend
+
+    return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device)
