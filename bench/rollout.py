@@ -24,10 +24,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import torch  # noqa: E402
 
-from agentmem.agent.loop import AgentConfig  # noqa: E402
-from agentmem.agent.rollout import RolloutConfig, StoreSink, register_policy, run_rollout  # noqa: E402
-from agentmem.policy.backends import make_backend  # noqa: E402
+from agentmem import models  # noqa: E402
+from agentmem.config import AgentConfig, RolloutConfig  # noqa: E402
+from agentmem.jobs.rollout import StoreSink, run_rollout  # noqa: E402
 from agentmem.policy.models import prepare_default_model  # noqa: E402
+from agentmem.runtime import Runtime  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
 
@@ -55,11 +56,12 @@ def measure(backend_kind: str, model: str, batch: int, args, tmp: str) -> dict:
         agent=AgentConfig(memory_tokens=args.memory_tokens, answer_max_new_tokens=16, temperature=1.0,
                           max_batch=batch, seed=args.seed),
     )
-    backend = make_backend(backend_kind, model, args.dtype)
-    policy = register_policy(store, model, "SmolLM2-135M-Instruct")
+    runtime = Runtime.create("cpu", threads=args.threads)
+    backend = models.backend(backend_kind, model, args.dtype, runtime)
+    policy = models.register(store, models.ModelRef(model, model, "SmolLM2-135M-Instruct"))
     sink = TimedSink(store)
     t0 = time.perf_counter()
-    result = run_rollout(store, config, backend, policy, sink=sink)
+    result = run_rollout(store, config, runtime, backend=backend, policy=policy, sink=sink)
     wall = time.perf_counter() - t0
     with store.session() as s:
         from store import repository as repo

@@ -40,11 +40,14 @@ def downgrade(
 @app.command()
 def current(db: DbOption = None) -> None:
     """Print the database's schema revision and the code's head revision."""
-    from store.engine import check_reachable, make_engine
+    from store.engine import check_reachable, make_engine, sqlite_file
     from store.migrations import current_revision, head_revision
 
     engine = make_engine(db)
-    check_reachable(engine)
-    cur, head = current_revision(engine), head_revision()
+    path = sqlite_file(db)
+    missing = path is not None and not path.exists()  # connecting would create the file
+    if not missing:
+        check_reachable(engine)
+    cur, head = (None if missing else current_revision(engine)), head_revision()
     state = "up to date" if cur == head else "behind: run `agentmem db upgrade`"
     typer.echo(f"current={cur or 'none'} head={head} ({state})")

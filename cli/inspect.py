@@ -6,11 +6,14 @@ import csv
 import enum
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.options import DbOption
+
+if TYPE_CHECKING:
+    from store.repository import RunSummary
 
 
 class Format(str, enum.Enum):
@@ -38,10 +41,10 @@ def sql(
     import sqlalchemy as sa
     from sqlalchemy.exc import DBAPIError
 
-    from store.engine import check_reachable, make_engine
-    from store.errors import StoreError
+    from store.engine import check_reachable, open_store
+    from store.errors import ReadOnlyDatabase, StoreError
 
-    engine = make_engine(db)
+    engine = open_store(db, check=False).engine
     check_reachable(engine)
     with engine.connect() as conn:
         if not write:
@@ -61,6 +64,10 @@ def sql(
             if not write and ("readonly" in reason.replace(" ", "").lower() or "read-only" in reason):
                 reason += " (the query is read-only; pass --write to change the database)"
             raise StoreError(f"SQL failed: {reason}") from None
+        except ReadOnlyDatabase:
+            if write:
+                raise
+            raise StoreError("SQL failed: the query is read-only; pass --write to change the database") from None
         finally:
             if engine.dialect.name == "sqlite" and not write:
                 conn.exec_driver_sql("PRAGMA query_only=OFF")
@@ -68,7 +75,7 @@ def sql(
         typer.echo(f"ok ({result.rowcount} rows affected)")
         return
     if fmt is Format.csv:
-        out = csv.writer(sys.stdout)
+        out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(columns)
         out.writerows(rows)
     elif fmt is Format.json:
@@ -82,6 +89,21 @@ def sql(
         for r in rows:
             table.add_row(*["" if v is None else str(v) for v in r])
         console().print(table)
+
+
+def run_status(summary: RunSummary) -> str:
+    """The status column: a running run says whether its process is alive; a failed one says why."""
+    run = summary.run
+    if summary.liveness == "dead":
+        return f"running (killed: pid {run.pid} is gone)"
+    if summary.liveness == "stale":
+        beat = (run.heartbeat_at or run.created_at).strftime("%Y-%m-%d %H:%M")
+        return f"running (stale: no heartbeat from {run.host} since {beat})"
+    if summary.liveness == "unknown":
+        return "running (unknown: no process id stored)"
+    if run.error:
+        return f"{run.status}: {run.error[:80]}"
+    return run.status
 
 
 def runs(db: DbOption = None, limit: Annotated[int, typer.Option(help="Most recent N runs.")] = 50) -> None:
@@ -98,7 +120,7 @@ def runs(db: DbOption = None, limit: Annotated[int, typer.Option(help="Most rece
     table = Table("run", "kind", "status", "created (UTC)", "episodes", "invocations", "mean F1")
     for s in summaries:
         table.add_row(
-            s.run.id, s.run.kind.value, s.run.status, s.run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            s.run.id, s.run.kind.value, run_status(s), s.run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
             str(s.episodes), str(s.invocations), "" if s.mean_f1 is None else f"{s.mean_f1:.3f}",
         )
     console().print(table if summaries else "no runs yet: start one with `agentmem rollout`")
@@ -139,7 +161,7 @@ def show_episode(
         console.print(
             Panel(
                 body,
-                title=f"step {inv.step} · {inv.kind.value} · {inv.prompt_tokens}+{inv.output_tokens} tokens"
+                title=f"step {inv.step} · {inv.kind} · {inv.prompt_tokens}+{inv.output_tokens} tokens"
                 f" · {inv.finish_reason.value} · {inv.latency_s:.2f}s",
                 title_align="left",
             )
@@ -154,6 +176,7 @@ def export(
     """Export stored invocations (exact token ids and log-probs, texts, episode outcome) as a Hugging Face
     dataset, one row per invocation."""
     from agentmem.replay.export import export_invocations
+
     from store.engine import open_store
 
     ds = export_invocations(open_store(db), run, out)

@@ -8,6 +8,7 @@ psycopg 3 (``postgresql://`` URLs are mapped to ``postgresql+psycopg://``).
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -15,11 +16,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store.errors import SchemaOutOfDate, StoreUnavailable
+from store.errors import ReadOnlyDatabase, SchemaOutOfDate, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///agentmem.db"
 ENV_VAR = "AGENTMEM_DB"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+CREATE_LOCK_TIMEOUT_S = 600
 
 
 def resolve_url(url: str | None) -> str:
@@ -41,6 +43,19 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _sqlite_read_only(db: str):
+    """A ``handle_error`` hook: SQLite's "attempt to write a readonly database" becomes one line naming
+    the file, raised where the first write fails."""
+
+    def hook(context: sa.engine.ExceptionContext) -> None:
+        orig = context.original_exception
+        if isinstance(orig, sqlite3.OperationalError) and "readonly database" in str(orig):
+            raise ReadOnlyDatabase(f"database {db} is read-only ({orig}): check the permissions of the file "
+                                   "and its folder, or use another --db") from None
+
+    return hook
+
+
 def make_engine(url: str | None = None) -> sa.Engine:
     """An engine for ``url``; raises StoreUnavailable for a malformed URL, a missing driver or a
     directory that does not exist. Nothing is connected yet."""
@@ -50,11 +65,13 @@ def make_engine(url: str | None = None) -> sa.Engine:
     except ArgumentError as exc:
         raise StoreUnavailable(f"bad database URL {resolved!r}: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:" and not Path(db).expanduser().resolve().parent.is_dir():
+        db = parsed.database or ":memory:"
+        path = sqlite_file(resolved)
+        if path is not None and not path.resolve().parent.is_dir():
             raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder does not exist")
         engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
+        sa.event.listen(engine, "handle_error", _sqlite_read_only(db))
         return engine
     try:
         return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
@@ -102,22 +119,55 @@ class Store:
         self.engine.dispose()
 
 
-def is_new_sqlite_file(url: str | None) -> bool:
+def sqlite_file(url: str | None) -> Path | None:
+    """The file a SQLite URL names; None for other databases, in-memory and ``file:`` URI databases."""
     parsed = make_url(resolve_url(url))
-    return parsed.get_backend_name() == "sqlite" and bool(parsed.database) and parsed.database != ":memory:" \
-        and not Path(parsed.database).expanduser().exists()
+    db = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not db or db == ":memory:" or parsed.query.get("uri"):
+        return None
+    return Path(db).expanduser()
 
 
 def open_store(url: str | None = None, *, check: bool = True, create: bool = False) -> Store:
-    """Open the store at ``url`` and (by default) check its schema is current. With ``create``, a SQLite
-    file that does not exist yet is created and migrated to the head revision (never an existing one)."""
-    if create and is_new_sqlite_file(url):
-        from store.migrations import upgrade
+    """Open the store at ``url`` and (by default) check its schema is current.
 
-        engine = make_engine(url)
-        upgrade(engine)
-        return Store(engine)
+    A SQLite file must exist, unless ``create``: then a new or empty file (no tables at all) is created
+    and migrated to the head revision, under a file lock so concurrent creators wait for the first one.
+    A file with tables is never migrated here (``agentmem db upgrade`` does that)."""
+    path = sqlite_file(url)
     engine = make_engine(url)
+    if path is not None and create:
+        _create_sqlite(engine, path)
+    elif path is not None and not path.exists():
+        raise StoreUnavailable(
+            f"no database at {path}: create it with `agentmem db upgrade --db {path}` or by running "
+            "`agentmem rollout`"
+        )
     if check:
         check_schema(engine)
     return Store(engine)
+
+
+def _create_sqlite(engine: sa.Engine, path: Path) -> None:
+    from filelock import FileLock, Timeout
+
+    from store.migrations import upgrade
+
+    check_writable(path)
+    lock = FileLock(f"{path}.lock", timeout=CREATE_LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            if not sa.inspect(engine).get_table_names():
+                upgrade(engine)
+    except Timeout:
+        raise StoreUnavailable(f"timed out creating {path}: another process holds {lock.lock_file}") from None
+
+
+def check_writable(path: Path) -> None:
+    """Raise ReadOnlyDatabase when this process cannot write the SQLite file ``path`` or its folder (SQLite
+    writes its journal files next to the database)."""
+    folder = path.expanduser().resolve().parent
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ReadOnlyDatabase(f"database {path} is read-only: make the file writable (chmod u+w) or use another --db")
+    if not os.access(folder, os.W_OK):
+        raise ReadOnlyDatabase(f"database {path} is read-only: its folder {folder} is not writable")

@@ -17,3 +17,7 @@ class SchemaOutOfDate(StoreError):
 
 class NotFound(StoreError):
     """A named row (run, episode, checkpoint) does not exist."""
+
+
+class ReadOnlyDatabase(StoreError):
+    """The database (a SQLite file, or its folder) cannot be written."""

@@ -4,12 +4,20 @@ transaction (commit after each unit of completed work, so a killed job loses at 
 Inserts are idempotent: a row whose id or natural key (episode+step for invocations, run+task+sample for
 episodes, invocation+teacher+context for teacher scores, run+step for train steps) already exists is
 skipped, so a resumed job can re-offer what it is not sure was written.
+
+A run's life: ``start_run`` (running, with this process's pid and host), ``heartbeat`` as work completes,
+``finish_run`` (finished, failed with its error, or interrupted), ``claim_run`` to take it over for a
+resume. ``run_liveness`` tells a live running run from one whose process was killed.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -44,6 +52,8 @@ from store.models import (
     TrainStepRow,
 )
 
+STALE_AFTER = timedelta(minutes=10)  # a run on another host without a heartbeat for this long is "stale"
+
 
 def _text(value: str | None) -> str | None:
     """Text columns are for people (replay reads the ids): a NUL, which a byte-level tokenizer can decode
@@ -63,7 +73,9 @@ def _get(session: Session, model: type, ident: str, what: str, hint: str = ""):
     """The row with id ``ident``, or the only row whose id starts with it (ids may be abbreviated, as in
     git, to 6 or more characters)."""
     row = session.get(model, ident)
-    if row is None and len(ident) >= 6:
+    if row is None and len(ident) < 6:
+        raise NotFound(f"{what} id {ident!r} is too short: ids may be abbreviated to 6 or more characters{hint}")
+    if row is None:
         rows = session.scalars(sa.select(model).where(model.id.startswith(ident, autoescape=True)).limit(2)).all()
         if len(rows) == 2:
             raise NotFound(f"{what} id {ident!r} is ambiguous: give more characters")
@@ -80,17 +92,71 @@ def insert_run(session: Session, run: Run) -> None:
     _insert_ignore(session, RunRow.__table__, [run.model_dump(mode="python")])
 
 
+def _this_process() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "heartbeat_at": utcnow()}
+
+
+def start_run(session: Session, run: Run) -> Run:
+    """Insert ``run`` as running in this process (pid, host, heartbeat now); return what was stored."""
+    started = run.model_copy(update={"status": "running", **_this_process()})
+    insert_run(session, started)
+    return started
+
+
+def heartbeat(session: Session, run_id: str) -> None:
+    """Mark run ``run_id`` as still alive now."""
+    _update_run(session, run_id, heartbeat_at=utcnow())
+
+
+def finish_run(session: Session, run_id: str, status: str = "finished", error: str | None = None) -> None:
+    """End a run: ``status`` (finished, failed, interrupted), the time, and for a failure its one-line error."""
+    _update_run(session, run_id, status=status, finished_at=utcnow(), error=_text(error))
+
+
+def claim_run(session: Session, run_id: str) -> Run:
+    """Take over run ``run_id`` for a resume: running again, in this process, with its old error cleared."""
+    run_id = _get(session, RunRow, run_id, "run", " (see `agentmem runs`)").id
+    _update_run(session, run_id, status="running", finished_at=None, error=None, **_this_process())
+    return get_run(session, run_id)
+
+
+def _update_run(session: Session, run_id: str, **values: Any) -> None:
+    if session.execute(sa.update(RunRow).where(RunRow.id == run_id).values(**values)).rowcount == 0:
+        raise NotFound(f"no run with id {run_id!r} (see `agentmem runs`)")
+
+
 def _run(row: RunRow) -> Run:
     return Run(id=row.id, kind=RunKind(row.kind), config=row.config, status=row.status,
-               created_at=row.created_at, finished_at=row.finished_at)
+               created_at=row.created_at, finished_at=row.finished_at, error=row.error, pid=row.pid,
+               host=row.host, heartbeat_at=row.heartbeat_at)
 
 
 def get_run(session: Session, run_id: str) -> Run:
     return _run(_get(session, RunRow, run_id, "run", " (see `agentmem runs`)"))
 
 
-def finish_run(session: Session, run_id: str, status: str = "finished") -> None:
-    session.execute(sa.update(RunRow).where(RunRow.id == run_id).values(status=status, finished_at=utcnow()))
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def run_liveness(run: Run, *, now: datetime | None = None) -> str:
+    """Whether a running run's process still runs: "live", "dead" (its pid is gone from this host: it
+    was killed), "stale" (on another host, no heartbeat for ``STALE_AFTER``), "unknown" (no pid stored);
+    "" for a run that has ended."""
+    if run.status != "running":
+        return ""
+    if run.pid is None:
+        return "unknown"
+    if run.host == socket.gethostname():
+        return "live" if _pid_alive(run.pid) else "dead"
+    beat = run.heartbeat_at or run.created_at
+    return "stale" if (now or utcnow()) - beat > STALE_AFTER else "live"
 
 
 @dataclass(frozen=True)
@@ -99,6 +165,7 @@ class RunSummary:
     episodes: int
     invocations: int
     mean_f1: float | None
+    liveness: str = ""  # see run_liveness
 
 
 def list_runs(session: Session, limit: int | None = None) -> list[RunSummary]:
@@ -120,7 +187,12 @@ def list_runs(session: Session, limit: int | None = None) -> list[RunSummary]:
         .order_by(RunRow.created_at.desc())
         .limit(limit)
     )
-    return [RunSummary(_run(r), n_ep or 0, n_inv or 0, f1) for r, n_ep, n_inv, f1 in session.execute(stmt)]
+    now = utcnow()
+    summaries = []
+    for row, n_ep, n_inv, f1 in session.execute(stmt):
+        run = _run(row)
+        summaries.append(RunSummary(run, n_ep or 0, n_inv or 0, f1, run_liveness(run, now=now)))
+    return summaries
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------
@@ -142,6 +214,31 @@ def get_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
 def find_checkpoint_by_path(session: Session, path: str) -> Checkpoint | None:
     row = session.scalars(
         sa.select(CheckpointRow).where(CheckpointRow.path == path).order_by(CheckpointRow.created_at.desc())
+    ).first()
+    return _checkpoint(row) if row else None
+
+
+def checkpoint_id_for_path(path: str) -> str:
+    """The id a model registered by path gets: the same in every process, so registration is idempotent."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"agentmem-checkpoint:{path}").hex
+
+
+def register_checkpoint(session: Session, path: str, base_model: str) -> Checkpoint:
+    """The checkpoint row for the model at ``path``: the earliest one stored, else a new one with the id
+    ``checkpoint_id_for_path(path)``. Two processes registering one path at once get the same row."""
+    found = _earliest_checkpoint(session, path)
+    if found is None:
+        new = Checkpoint(id=checkpoint_id_for_path(path), path=path, base_model=base_model)
+        insert_checkpoint(session, new)
+        found = _earliest_checkpoint(session, path)
+        assert found is not None  # inserted, or another writer's row with this path exists
+    return found
+
+
+def _earliest_checkpoint(session: Session, path: str) -> Checkpoint | None:
+    row = session.scalars(
+        sa.select(CheckpointRow).where(CheckpointRow.path == path)
+        .order_by(CheckpointRow.created_at, CheckpointRow.id).limit(1)
     ).first()
     return _checkpoint(row) if row else None
 
@@ -198,10 +295,15 @@ def list_episodes(session: Session, run_ids: Sequence[str] | str) -> list[Episod
 # ---- invocations ------------------------------------------------------------------------------------
 
 
+def _kind_value(kind: InvocationKind | str) -> str:
+    """Kinds are stored as plain strings (``InvocationKind`` members by their value)."""
+    return kind.value if isinstance(kind, InvocationKind) else str(kind)
+
+
 def _invocation_row(inv: Invocation) -> dict[str, Any]:
     return {
-        "id": inv.id, "episode_id": inv.episode_id, "step": inv.step, "kind": inv.kind.value,
-        "policy_version": inv.policy_version,
+        "id": inv.id, "episode_id": inv.episode_id, "step": inv.step, "kind": _kind_value(inv.kind),
+        "memory_policy": inv.memory_policy, "policy_version": inv.policy_version,
         "prompt_ids": arrays.encode(inv.prompt_ids, arrays.IDS),
         "output_ids": arrays.encode(inv.output_ids, arrays.IDS),
         "output_logprobs": arrays.encode(inv.output_logprobs, arrays.FLOATS),
@@ -226,7 +328,7 @@ def _invocation(row: sa.Row) -> Invocation:
     # Values come from our own typed columns, so validation is skipped (this is the replay hot path).
     m = row._mapping
     return Invocation.model_construct(
-        id=m["id"], episode_id=m["episode_id"], step=m["step"], kind=InvocationKind(m["kind"]),
+        id=m["id"], episode_id=m["episode_id"], step=m["step"], kind=m["kind"], memory_policy=m["memory_policy"],
         policy_version=m["policy_version"],
         prompt_ids=arrays.decode(m["prompt_ids"], arrays.IDS),
         output_ids=arrays.decode(m["output_ids"], arrays.IDS),
@@ -243,7 +345,7 @@ def stream_invocations(
     *,
     run_ids: Sequence[str] | None = None,
     episode_ids: Sequence[str] | None = None,
-    kinds: Sequence[InvocationKind] | None = None,
+    kinds: Sequence[InvocationKind | str] | None = None,
     policy_versions: Sequence[str] | None = None,
     batch_size: int = 500,
 ) -> Iterator[Invocation]:
@@ -255,7 +357,7 @@ def stream_invocations(
     if episode_ids is not None:
         stmt = stmt.where(InvocationRow.episode_id.in_(episode_ids))
     if kinds is not None:
-        stmt = stmt.where(InvocationRow.kind.in_([InvocationKind(k).value for k in kinds]))
+        stmt = stmt.where(InvocationRow.kind.in_([_kind_value(k) for k in kinds]))
     if policy_versions is not None:
         stmt = stmt.where(InvocationRow.policy_version.in_(policy_versions))
     result = session.execute(stmt.execution_options(yield_per=batch_size))
@@ -292,7 +394,7 @@ def insert_teacher_scores(session: Session, scores: Iterable[TeacherScore]) -> N
             "entropy": arrays.encode(s.entropy, arrays.FLOATS),
             "mean_logprob": _mean(s.token_logprobs), "mean_reverse_kl": _mean(s.reverse_kl),
             "mean_entropy": _mean(s.entropy), "topk_path": s.topk_path, "topk_key": s.topk_key,
-            "created_at": s.created_at,
+            "temperature": s.temperature, "created_at": s.created_at,
         }
         for s in scores
     ]
@@ -325,7 +427,7 @@ def get_teacher_scores(
             token_logprobs=arrays.decode(r.token_logprobs, arrays.FLOATS),
             reverse_kl=arrays.decode(r.reverse_kl, arrays.FLOATS),
             entropy=arrays.decode(r.entropy, arrays.FLOATS),
-            topk_path=r.topk_path, topk_key=r.topk_key, created_at=r.created_at,
+            topk_path=r.topk_path, topk_key=r.topk_key, temperature=r.temperature, created_at=r.created_at,
         )
         for r in rows
     }

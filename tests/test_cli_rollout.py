@@ -71,8 +71,10 @@ def test_rollout_sigkill_then_resume(tmp_path):
 
 def test_rollout_bad_inputs_one_line(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
+    unknown = subprocess.run(cli("rollout", "--env", "nope", "--db", url), cwd=ROOT, env=ENV, capture_output=True,
+                             text=True, timeout=120)
+    assert unknown.returncode == 2 and "'nope' is not one of" in unknown.stderr and "'synthetic'" in unknown.stderr
     for args, needle in [
-        (["--env", "nope"], "nope"),
         (["--env", "hotpotqa"], "needs a data file"),
         (["--env", "hotpotqa", "--data", str(tmp_path / "missing.json")], "missing.json"),
         (["--model", str(tmp_path)], str(tmp_path)),

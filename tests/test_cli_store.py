@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from store_records import make_episode, make_invocation, make_run
 
 from store import repository as repo
@@ -23,6 +24,12 @@ def agentmem(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
                           cwd=cwd or ROOT, env=env, timeout=120)
 
 
+def agentmem_bytes(*args: str) -> subprocess.CompletedProcess:
+    """Like ``agentmem`` but stdout as bytes (text mode would turn "\r\n" into "\n")."""
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, cwd=ROOT,
+                          env={**os.environ, "AGENTMEM_DB": ""}, timeout=120)
+
+
 def one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
     assert proc.returncode != 0, proc.stdout
     lines = proc.stderr.strip().splitlines()
@@ -34,7 +41,7 @@ def one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
 def test_upgrade_current_runs_sql_show(db_url):
     proc = agentmem("db", "current", "--db", db_url)
     assert proc.returncode == 0 and "current=none" in proc.stdout
-    one_line_error(agentmem("runs", "--db", db_url), "run `agentmem db upgrade")
+    one_line_error(agentmem("runs", "--db", db_url), "agentmem db upgrade")
     assert agentmem("db", "upgrade", "--db", db_url).returncode == 0
     assert "up to date" in agentmem("db", "current", "--db", db_url).stdout
 
@@ -54,15 +61,18 @@ def test_upgrade_current_runs_sql_show(db_url):
     rows = json.loads(agentmem("sql", "select episode_id, step, kind, prompt_tokens from invocation_history",
                                "--format", "json", "--db", db_url).stdout)
     assert rows == [{"episode_id": ep.id, "step": 0, "kind": "memory_update", "prompt_tokens": 4}]
-    csv_out = agentmem("sql", "select task_id, n_calls from episode_summary", "--format", "csv", "--db", db_url)
-    assert csv_out.stdout.splitlines() == ["task_id,n_calls", "task-0,1"]
+    csv_out = agentmem_bytes("sql", "select task_id, n_calls from episode_summary", "--format", "csv", "--db", db_url)
+    assert csv_out.stdout == b"task_id,n_calls\ntask-0,1\n"  # "\n" line ends, not csv's default "\r\n"
     shown = agentmem("show", "episode", ep.id, "--db", db_url)
     assert shown.returncode == 0 and "memory_update" in shown.stdout and ep.question in shown.stdout
 
     one_line_error(agentmem("sql", "delete from runs", "--db", db_url), "--write")
     one_line_error(agentmem("sql", "select * from no_such_table", "--db", db_url), "SQL failed")
     one_line_error(agentmem("sql", "selec 1", "--db", db_url), "SQL failed")
-    one_line_error(agentmem("show", "episode", "nope", "--db", db_url), "no episode with id 'nope'")
+    one_line_error(agentmem("show", "episode", "nopenope", "--db", db_url), "no episode with id 'nopenope'")
+    short = agentmem("show", "episode", ep.id[:5], "--db", db_url)
+    one_line_error(short, "ids may be abbreviated to 6 or more characters")
+    assert "no episode" not in short.stderr
     assert agentmem("sql", "delete from invocations", "--write", "--db", db_url).returncode == 0
     assert agentmem("sql", "select count(*) as n from invocations", "--format", "csv",
                     "--db", db_url).stdout.splitlines() == ["n", "0"]
@@ -80,3 +90,38 @@ def test_help_is_fast_and_light():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
     assert agentmem("--help").returncode == 0
+
+
+def test_missing_sqlite_file_is_not_created(tmp_path):
+    db = tmp_path / "typo.db"
+    for args in (["runs"], ["sql", "select 1"], ["show", "episode", "abcdef"]):
+        one_line_error(agentmem(*args, "--db", str(db)), f"no database at {db}: create it with `agentmem db upgrade")
+    assert "current=none" in agentmem("db", "current", "--db", str(db)).stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_downgrade_to_unknown_revision_is_one_line(tmp_path):
+    db = str(tmp_path / "a.db")
+    assert agentmem("db", "upgrade", "--db", db).returncode == 0
+    one_line_error(agentmem("db", "downgrade", "nope", "--db", db), "unknown schema revision 'nope': known revisions "
+                   "are base, 0001, 0002")
+    assert agentmem("db", "downgrade", "0001", "--db", db).returncode == 0
+    assert "current=0001" in agentmem("db", "current", "--db", db).stdout
+
+
+def test_read_only_database_is_one_line(tmp_path):
+    """SQLite opened read-only (as a file without write permission is): the first write names the file."""
+    db = tmp_path / "ro.db"
+    assert agentmem("db", "upgrade", "--db", str(db)).returncode == 0
+    url = f"sqlite:///file:{db}?mode=ro&uri=true"
+    assert agentmem("runs", "--db", url).returncode == 0  # reading works
+    one_line_error(agentmem("sql", "delete from runs", "--write", "--db", url), f"database file:{db} is read-only")
+    one_line_error(agentmem("sql", "delete from runs", "--db", url), "pass --write")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a file whatever its mode")
+def test_read_only_file_is_one_line(tmp_path):
+    db = tmp_path / "ro.db"
+    assert agentmem("db", "upgrade", "--db", str(db)).returncode == 0
+    db.chmod(0o444)
+    one_line_error(agentmem("sql", "delete from runs", "--write", "--db", str(db)), f"database {db} is read-only")

@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from agentmem.agent.loop import AgentConfig
 from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
+from agentmem.config import Oversize, TeacherSourceKind
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, TeacherContext
-from agentmem.replay import pack
+from agentmem.replay import ReplayError, pack
 from agentmem.training.distill import (
     DistillConfig,
     Models,
@@ -23,8 +24,11 @@ from agentmem.training.distill import (
     run_distill,
     step_indices,
 )
-from agentmem.training.objective import Objective, StepInputs, accumulate_step, teacher_action_logits
-from agentmem.training.selection import select, student_sequences, teacher_sequences
+from agentmem.training.forward import PackedModel
+from agentmem.training.objective import StepInputs, accumulate_step
+from agentmem.training.selection import select, student_sequences
+from agentmem.training.teachers import OnlineTeacher
+from agentmem.training.terms import objective_from_config
 from store import repository as repo
 
 
@@ -81,18 +85,17 @@ def test_packed_and_unpacked_step_agree(rolled, kind, weighting):
     m = models(policy)
     selection = select(store, [run_id])
     seqs = student_sequences(selection)[:6]
-    tseqs = teacher_sequences(selection, TeacherContext.privileged, m.tokenizer)[:6]
-    vocab = len(m.tokenizer)
-    t_rows, _ = pack(tseqs, 4096)
-    teacher_logits = teacher_action_logits(m.teacher, t_rows, vocab, 0)
+    teacher = OnlineTeacher.for_selection(m.teacher, m.tokenizer, "t", selection, TeacherContext.privileged,
+                                          row_tokens=4096)
     inputs = StepInputs({i.id: i.episode_id for i in selection.invocations}, advantages(selection, False),
-                        {i.id: 1.0 for i in selection.invocations}, teacher_logits)
-    objective = Objective(kind=kind, beta=0.3, weighting=weighting)
+                        {i.id: 1.0 for i in selection.invocations}, teacher.targets([s.invocation_id for s in seqs]))
+    objective = objective_from_config(DistillConfig(run_ids=[run_id], loss=kind, beta=0.3, weighting=weighting))
+    student = PackedModel.create(m.student, m.tokenizer)
     results, grads = [], []
     for row_tokens in (4096, max(len(s) for s in seqs)):  # all in one row, then (almost) one per row
         rows, _ = pack(seqs, row_tokens)
         m.student.zero_grad()
-        results.append(accumulate_step(m.student, rows, inputs, objective, vocab, 0))
+        results.append(accumulate_step(student, rows, inputs, objective))
         grads.append({n: p.grad.clone() for n, p in m.student.named_parameters()})
     assert len(pack(seqs, 4096)[0]) == 1 and len(pack(seqs, max(len(s) for s in seqs))[0]) > 1
     assert results[0].loss == pytest.approx(results[1].loss, abs=1e-6)
@@ -153,8 +156,8 @@ def test_resume_gives_the_same_next_steps(rolled, tmp_path):
 
 def test_bad_inputs(rolled, tmp_path, sqlite_store):
     store, run_id, policy = rolled
-    with pytest.raises(Exception, match="no run with id 'nope'"):
-        run_distill(store, config("nope", tmp_path), models(policy))
+    with pytest.raises(Exception, match="no run with id 'nopenope'"):
+        run_distill(store, config("nopenope", tmp_path), models(policy))
     from agentmem.agent.rollout import RolloutConfig as RC
     from agentmem.agent.rollout import start_run
 
@@ -196,18 +199,18 @@ def test_distill_from_topk_shards(rolled, tmp_path):
     teacher = tiny_llama(seed=1)
     cfg = config(run_id, tmp_path, steps=2, context=TeacherContext.aligned, rl="none")
     with pytest.raises(ValueError, match="run `agentmem score --topk K` first"):
-        run_distill(store, cfg.model_copy(update={"teacher_source": "shards"}),
+        run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
                     Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
     run_score(store, ScoreConfig(run_ids=[run_id], topk=len(tok), topk_dir=str(tmp_path / "full")),
               LoadedModel(teacher, tok, "t-full"))
     online = run_distill(store, cfg, Models(tiny_llama(seed=0).train(), tok, policy, teacher, tok))
-    shards = run_distill(store, cfg.model_copy(update={"teacher_source": "shards"}),
+    shards = run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
                          Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
     for a, b in zip(online.history, shards.history, strict=True):
         assert a.kd_loss == pytest.approx(b.kd_loss, rel=1e-4, abs=1e-6)
     run_score(store, ScoreConfig(run_ids=[run_id], topk=4, topk_dir=str(tmp_path / "k4")),
               LoadedModel(teacher, tok, "t-k4"))
-    small = run_distill(store, cfg.model_copy(update={"teacher_source": "shards"}),
+    small = run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
                         Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-k4"))
     assert all(np.isfinite(h.kd_loss) and h.kd_loss > 0 for h in small.history)
 
@@ -220,3 +223,56 @@ def test_dense_logprobs_from_topk_exact():
     expected = torch.log(torch.tensor([[0.3, 0.05, 0.5, 0.05, 0.05, 0.05]]))
     torch.testing.assert_close(out, expected)
     assert out.exp().sum().item() == pytest.approx(1.0)
+
+
+class RecordingTeacher:
+    def __init__(self, inner):
+        self.inner, self.name, self.asked = inner, inner.name, []
+
+    def targets(self, ids):
+        self.asked.extend(ids)
+        return self.inner.targets(ids)
+
+
+def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tmp_path):
+    """A call over the row budget is left out of the step (student and teacher) and counted; the other
+    calls' loss equals a step without it. The longer privileged teacher contexts are cut from the left
+    (teacher_truncation=left) and counted."""
+    from agentmem.training.distill import Trainer
+
+    store, run_id, policy = rolled
+    seqs = student_sequences(select(store, [run_id]))
+    budget = max(len(s) for s in seqs) - 1
+    long = {s.invocation_id: len(s) for s in seqs if len(s) > budget}
+    cfg = config(run_id, tmp_path, invocations_per_step=len(seqs), row_tokens=budget, oversize="skip",
+                 teacher_truncation="left")
+    skipping = Trainer(store, cfg, models(policy), "a")
+    skipping.teacher = recorder = RecordingTeacher(skipping.teacher)
+    step = skipping.step(0)
+    assert step.metrics["skipped_calls"] == len(long) >= 1
+    assert step.metrics["skipped_tokens"] == sum(long.values())
+    assert step.metrics["teacher_truncated_calls"] >= 1 and step.metrics["teacher_truncated_tokens"] >= 1
+    assert set(recorder.asked) == {s.invocation_id for s in seqs} - set(long)
+
+    without = Trainer(store, cfg, models(policy), "b")
+    without.student_seqs = [s for s in without.student_seqs if s.invocation_id not in long]
+    expected = without.step(0)
+    assert expected.metrics["skipped_calls"] == 0
+    assert (step.loss, step.kd_loss, step.rl_loss, step.tokens) == (
+        expected.loss, expected.kd_loss, expected.rl_loss, expected.tokens)
+
+    refusing = Trainer(store, cfg.model_copy(update={"oversize": Oversize.error}), models(policy), "c")
+    first = next(iter(long))
+    with pytest.raises(ReplayError, match=f"invocation {first}: {long[first]} tokens .* row budget of {budget}"):
+        refusing.step(0)
+
+
+def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_path):
+    from agentmem.training.distill import Trainer
+
+    store, run_id, policy = rolled
+    seqs = student_sequences(select(store, [run_id]))
+    budget = max(len(s) for s in seqs)  # every student call fits; the privileged teacher contexts do not
+    cfg = config(run_id, tmp_path, invocations_per_step=len(seqs), row_tokens=budget)
+    with pytest.raises(ReplayError, match="exceed the row budget"):
+        Trainer(store, cfg, models(policy), "a").step(0)

@@ -13,9 +13,11 @@ import pytest
 import sqlalchemy as sa
 from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
-from agentmem.agent.evaluate import EvalConfig, run_eval
-from agentmem.agent.plots import plot_eval_results, series
-from agentmem.agent.rollout import build_env, register_policy
+from agentmem.config import AgentConfig, EvalConfig
+from agentmem.jobs.eval import run_eval
+from agentmem.jobs.rollout import build_env
+from agentmem.models import ModelRef, register
+from agentmem.plots import plot_eval_results, series
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, EvalResult, RunKind
@@ -27,17 +29,34 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 
 
-def tiny_config(**kw) -> EvalConfig:
-    fields = {"model": "tiny", "episodes": 4, "chunk_tokens": 48, "memory_tokens": 8, "answer_max_new_tokens": 32,
-              "max_batch": 4, "env_knobs": SYNTH}
+def tiny_config(answer_max_new_tokens: int = 32, **kw) -> EvalConfig:
+    agent = AgentConfig(memory_tokens=8, answer_max_new_tokens=answer_max_new_tokens, max_batch=4, temperature=0.0,
+                        seed=1000)
+    fields = {"model": "tiny", "episodes": 4, "chunk_tokens": 48, "env_knobs": SYNTH, "agent": agent}
     return EvalConfig(**{**fields, **kw})
+
+
+def register_policy(store, path, base):
+    return register(store, ModelRef(base, path, base))
+
+
+def test_eval_config_is_a_greedy_single_sample_rollout():
+    from pydantic import ValidationError
+
+    from agentmem.config import RolloutConfig
+
+    assert isinstance(EvalConfig(), RolloutConfig) and EvalConfig().agent.temperature == 0
+    with pytest.raises(ValidationError, match="group_size must be 1"):
+        EvalConfig(group_size=2)
+    with pytest.raises(ValidationError, match="temperature must be 0"):
+        EvalConfig(agent=AgentConfig(temperature=1.0))
 
 
 def test_run_eval_exact_means_failures_count_zero(sqlite_store):
     tok = tiny_tokenizer()
     config = tiny_config()
     probe = ScriptedBackend(tok, lambda p: "")
-    tasks = build_env(config.rollout_config(), probe).tasks(config.episodes)
+    tasks = build_env(config, probe.tokenizer).tasks(config.episodes)
     right, wrong, broken = tasks[:2], tasks[2], tasks[3]
 
     def respond(prompt):
@@ -50,7 +69,7 @@ def test_run_eval_exact_means_failures_count_zero(sqlite_store):
 
     backend = ScriptedBackend(tok, respond)
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    row = run_eval(sqlite_store, config, backend, policy)
+    row = run_eval(sqlite_store, config, backend=backend, policy=policy)
 
     with sqlite_store.session() as s:
         episodes = {e.task_id: e for e in repo.list_episodes(s, row.run_id)}
@@ -83,7 +102,7 @@ def test_greedy_eval_is_reproducible(sqlite_store):
     model = tiny_llama()
     config = tiny_config(episodes=3, answer_max_new_tokens=6)
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    rows = [run_eval(sqlite_store, config, TransformersBackend.from_model(model, tok), policy, step=7)
+    rows = [run_eval(sqlite_store, config, backend=TransformersBackend.from_model(model, tok), policy=policy, step=7)
             for _ in range(2)]
     outputs = []
     with sqlite_store.session() as s:
@@ -155,17 +174,19 @@ def test_cli_eval_bad_inputs_one_line(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     empty = tmp_path / "empty"
     empty.mkdir()
-    for args, needle in [(["--model", str(empty)], str(empty)), (["--plot-by", "colour"], "--plot-by")]:
+    for args, needle in [(["--model", str(empty)], str(empty))]:
         proc = subprocess.run(cli("eval", *args, "--db", url), cwd=ROOT, env=ENV, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (args, proc.stderr)
+    bad = subprocess.run(cli("eval", "--plot-by", "colour", "--db", url), cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "'colour' is not one of 'step', 'context_tokens'" in bad.stderr
 
 
 def test_eval_config_is_greedy_and_strict():
-    rollout = tiny_config().rollout_config()
-    assert (rollout.agent.temperature, rollout.group_size, rollout.seed) == (0.0, 1, 1000)
+    config = tiny_config()
+    assert (config.agent.temperature, config.group_size, config.seed) == (0.0, 1, 1000)
     with pytest.raises(ValueError):
-        EvalConfig(temperature=1.0)
-    assert tiny_config(seed=3).rollout_config().agent.seed == 3
+        EvalConfig(temperature=1.0)  # not a field: the agent's temperature is, and it must be 0

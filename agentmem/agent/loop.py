@@ -1,82 +1,79 @@
-"""The one agent loop, shared by rollout and evaluation.
+"""The one agent loop, shared by rollout and evaluation: it drives any memory policy.
 
-For each task: one ``memory_update`` call per chunk with (question, memory, chunk), whose output becomes
-the new memory through the memory policy; then one ``answer`` call with (question, memory). Calls are
-batched across episodes: at every round, the next call of every live episode goes to the backend
-together (in slices of ``max_batch``).
+The memory policy (``agentmem.agent.memory``) says which call each episode wants next and how its output
+changes the episode's state; the loop batches those calls across episodes, routes each call kind to a
+backend, stores every call as an Invocation and decides each episode's outcome. At every round, the next
+call of every live episode goes to the backends together: in slices of ``max_batch`` episodes, each slice
+grouped by (call kind, max_new_tokens) -- the kind picks the backend -- with the round's sampling seed
+``seed * 1_000_003 + round``.
 
 Invariants:
 - the ``prompt_ids`` of every emitted Invocation are exactly the ids passed to the backend, and
-  ``output_ids``/``output_logprobs`` exactly what it returned;
-- an episode's state is its memory and next step only, so it can be rebuilt from its stored calls
-  (``resume_state``) and a resumed episode continues exactly where the store says it stopped;
+  ``output_ids``/``output_logprobs`` exactly what it returned; ``kind`` is the call's kind and
+  ``memory_policy`` the policy's name; ``memory_before``/``memory_after`` are the policy's memory text;
+- a policy sees only the chunks ``max_chunks`` lets it read; the outcome is ``truncated`` when chunks
+  were left unread or the answer hit its token limit, ``answered`` otherwise;
+- an episode's state is rebuilt from its stored calls (``AgentLoop.start``), so a resumed episode
+  continues exactly where the store says it stopped (an answer stored without its outcome is scored,
+  not asked again);
 - a failing call is data, not a crash: its episode ends ``failed`` with the error, siblings go on.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
-
-from agentmem.agent.memory import MEMORY_POLICIES, MemoryPolicy
-from agentmem.agent.prompts import Prompt, answer_prompt, update_prompt
+from agentmem.agent.memory import Call, MemoryPolicy
+from agentmem.agent.registry import memory_policy, register_memory_policy
+from agentmem.config import AgentConfig
+from agentmem.errors import AgentError
 from agentmem.policy.types import Backend, Generation, SamplingParams
-from agentmem.records import (
-    Episode,
-    EpisodeStatus,
-    FinishReason,
-    Invocation,
-    InvocationKind,
-    Task,
-    utcnow,
-)
+from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, Task, utcnow
 from envs.metrics import Scores
 
+__all__ = [
+    "AgentConfig", "AgentLoop", "Call", "EpisodeState", "ListSink", "MemoryPolicy", "RoundStats", "Sink",
+    "memory_policy", "register_memory_policy", "resume_state",
+]
 
-class AgentConfig(BaseModel):
-    """How the agent reads: memory budget, generation limits, sampling."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    memory_tokens: int = 256
-    answer_max_new_tokens: int = 32
-    max_chunks: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    memory_policy: str = "overwrite"
-    max_batch: int = 8
-    seed: int = 0
+DEFAULT_ROUTE = "*"
 
 
 @dataclass
 class EpisodeState:
+    """One live episode: the policy's state (``memory``; ``None`` until the loop starts the episode from
+    ``stored``), the chunks the policy may read (``readable``), the next step and running totals."""
+
     episode: Episode
     task: Task
-    memory: str = ""
+    memory: Any = None
     next_step: int = 0
     calls: int = 0
     tokens: int = 0
+    stored: Sequence[Invocation] = ()
+    readable: Task | None = None
+    answered: Invocation | None = None  # a stored final call whose outcome was never written
 
     def n_updates(self, max_chunks: int | None) -> int:
         n = len(self.task.chunks)
         return n if max_chunks is None else min(n, max_chunks)
 
 
+def _check_steps(episode: Episode, stored: Sequence[Invocation]) -> None:
+    if [i.step for i in stored] != list(range(len(stored))):
+        raise AgentError(f"episode {episode.id}: stored steps are not 0..{len(stored) - 1}")
+
+
 def resume_state(episode: Episode, task: Task, stored: Sequence[Invocation]) -> EpisodeState:
-    """The state after the stored calls of ``episode`` (in step order)."""
-    state = EpisodeState(episode=episode, task=task)
-    if stored:
-        last = stored[-1]
-        if [i.step for i in stored] != list(range(len(stored))):
-            raise ValueError(f"episode {episode.id}: stored steps are not 0..{len(stored) - 1}")
-        state.memory, state.next_step = last.memory_after, last.step + 1
-        state.calls = len(stored)
-        state.tokens = sum(i.prompt_tokens + i.output_tokens for i in stored)
-    return state
+    """Deprecated: use ``AgentLoop.start``. An episode that ``AgentLoop.run`` starts from ``stored``."""
+    warnings.warn("resume_state is deprecated: use AgentLoop.start", DeprecationWarning, stacklevel=2)
+    _check_steps(episode, stored)
+    return EpisodeState(episode, task, next_step=len(stored), calls=len(stored), stored=tuple(stored),
+                        tokens=sum(i.prompt_tokens + i.output_tokens for i in stored))
 
 
 class Sink(Protocol):
@@ -110,78 +107,146 @@ class RoundStats:
     seconds: float
 
 
+def _routes(backend: Backend | Mapping[str, Backend]) -> dict[str, Backend]:
+    routes = dict(backend) if isinstance(backend, Mapping) else {DEFAULT_ROUTE: backend}
+    if not routes:
+        raise AgentError("no backend: give a Backend or a mapping {call kind: Backend}")
+    return routes
+
+
 class AgentLoop:
+    """Drives ``memory`` (default: the registered ``config.memory_policy``) over many episodes.
+
+    ``backend`` is one Backend for every call, or a mapping from call kind to Backend with an optional
+    ``"*"`` default. Every routed backend must consume the same token ids (one tokenizer: the default's,
+    else the first's); the policy renders prompts with it."""
+
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | Mapping[str, Backend],
         config: AgentConfig,
         score: Callable[[str, Task], Scores],
         policy_version: str | None = None,
+        *,
+        memory: MemoryPolicy | None = None,
     ):
-        self.backend = backend
+        self.backends = _routes(backend)
         self.config = config
         self.score = score
         self.policy_version = policy_version
-        self.tokenizer = backend.tokenizer
-        self.memory: MemoryPolicy = MEMORY_POLICIES[config.memory_policy](self.tokenizer, config.memory_tokens)
+        self.tokenizer = self.backends.get(DEFAULT_ROUTE, next(iter(self.backends.values()))).tokenizer
+        if memory is None:
+            memory = memory_policy(config.memory_policy, self.tokenizer, config)
+        elif memory.name != config.memory_policy:
+            raise AgentError(f"memory policy {memory.name!r} given, but config.memory_policy is "
+                             f"{config.memory_policy!r}")
+        self.memory: MemoryPolicy = memory
         self._round = 0
 
-    def _prompt(self, s: EpisodeState) -> tuple[InvocationKind, Prompt, str | None, int | None]:
-        n = s.n_updates(self.config.max_chunks)
-        if s.next_step < n:
-            chunk = s.task.chunks[s.next_step]
-            return InvocationKind.memory_update, update_prompt(self.tokenizer, s.task.question, s.memory, chunk), \
-                chunk, s.next_step
-        return InvocationKind.answer, answer_prompt(self.tokenizer, s.task.question, s.memory), None, None
+    # -- starting episodes ------------------------------------------------------------------------------
 
-    def _params(self, kind: InvocationKind) -> SamplingParams:
-        limit = self.config.memory_tokens if kind is InvocationKind.memory_update else self.config.answer_max_new_tokens
-        return SamplingParams(temperature=self.config.temperature, top_p=self.config.top_p, max_new_tokens=limit,
-                              seed=self.config.seed * 1_000_003 + self._round)
+    def _readable(self, task: Task) -> Task:
+        limit = self.config.max_chunks
+        if limit is None or len(task.chunks) <= limit:
+            return task
+        return task.model_copy(update={"chunks": task.chunks[:limit]})
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation | Exception]:
+    def start(self, episode: Episode, task: Task, stored: Sequence[Invocation] = ()) -> EpisodeState:
+        """The state of ``episode`` after its stored calls (in step order; none for a new episode)."""
+        stored = tuple(stored)
+        _check_steps(episode, stored)
+        for inv in stored:
+            if inv.memory_policy != self.memory.name:
+                raise AgentError(f"episode {episode.id}: invocation {inv.id} was made by memory policy "
+                                 f"{inv.memory_policy!r}, not {self.memory.name!r}")
+        readable = self._readable(task)
+        answered = None
+        if stored:
+            before = self.memory.resume(readable, stored[:-1])
+            last = self.memory.next_call(before, readable)
+            if last.kind != stored[-1].kind:
+                raise AgentError(f"episode {episode.id}: stored step {stored[-1].step} is a {stored[-1].kind!r} "
+                                 f"call, but memory policy {self.memory.name!r} would make a {last.kind!r} call")
+            answered = stored[-1] if last.final else None
+        return EpisodeState(
+            episode, task, memory=self.memory.resume(readable, stored), next_step=len(stored), calls=len(stored),
+            tokens=sum(i.prompt_tokens + i.output_tokens for i in stored), stored=stored, readable=readable,
+            answered=answered,
+        )
+
+    def _started(self, s: EpisodeState) -> EpisodeState:
+        return s if s.memory is not None else self.start(s.episode, s.task, s.stored)
+
+    # -- one round --------------------------------------------------------------------------------------
+
+    def _backend(self, kind: str) -> Backend:
+        backend = self.backends.get(kind, self.backends.get(DEFAULT_ROUTE))
+        if backend is None:
+            raise AgentError(f"no backend for call kind {kind!r}; routed kinds: {', '.join(sorted(self.backends))}")
+        return backend
+
+    def _params(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(temperature=self.config.temperature, top_p=self.config.top_p,
+                              max_new_tokens=max_new_tokens, seed=self.config.seed * 1_000_003 + self._round)
+
+    def _generate(self, backend: Backend, prompts: list[list[int]], params: SamplingParams
+                  ) -> list[Generation | Exception]:
         try:
-            return list(self.backend.generate(prompts, params))
+            return list(backend.generate(prompts, params))
         except Exception:  # noqa: BLE001 - isolate the failing call; its siblings must go on
             out: list[Generation | Exception] = []
             for p in prompts:
                 try:
-                    out.extend(self.backend.generate([p], params))
+                    out.extend(backend.generate([p], params))
                 except Exception as exc:  # noqa: BLE001
                     out.append(exc)
             return out
 
+    def _plan(self, s: EpisodeState) -> Call | AgentError:
+        try:
+            return self.memory.next_call(s.memory, s.readable or s.task)
+        except AgentError as exc:
+            return exc
+
+    def _run_calls(self, calls: list[Call | AgentError]) -> dict[int, Generation | Exception]:
+        """Every planned call's generation (or error), by position; one backend call per (kind, limit)."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, call in enumerate(calls):
+            if isinstance(call, Call):
+                groups.setdefault((call.kind, call.max_new_tokens), []).append(i)
+        results: dict[int, Generation | Exception] = {}
+        for (kind, max_new_tokens), idx in groups.items():
+            prompts = [calls[i].prompt.ids for i in idx]  # type: ignore[union-attr]
+            results.update(zip(idx, self._generate(self._backend(kind), prompts, self._params(max_new_tokens)),
+                               strict=True))
+        return results
+
     def step(self, live: list[EpisodeState], sink: Sink) -> tuple[list[EpisodeState], RoundStats]:
         """Advance every live episode by one call (in backend batches); return those still live."""
         t0 = time.perf_counter()
-        still, invocations, finished = [], [], []
-        stats = [0, 0, 0]
+        live = [self._started(s) for s in live]
+        finished = [self._finish(s, s.answered) for s in live if s.answered is not None]
+        live = [s for s in live if s.answered is None]
+        still, invocations = [], []
         for lo in range(0, len(live), self.config.max_batch):
             batch = live[lo : lo + self.config.max_batch]
-            planned = [self._prompt(s) for s in batch]
-            by_kind: dict[InvocationKind, list[int]] = {}
-            for i, (kind, *_rest) in enumerate(planned):
-                by_kind.setdefault(kind, []).append(i)
-            results: dict[int, Generation | Exception] = {}
-            for kind, idx in by_kind.items():
-                gens = self._generate([planned[i][1].ids for i in idx], self._params(kind))
-                results.update(zip(idx, gens, strict=True))
-            for i, s in enumerate(batch):
-                kind, prompt, chunk, chunk_index = planned[i]
+            calls = [self._plan(s) for s in batch]
+            results = self._run_calls(calls)
+            for i, (s, call) in enumerate(zip(batch, calls, strict=True)):
+                if isinstance(call, AgentError):
+                    finished.append(self._end(s, "memory policy error", f"AgentError: {call}"))
+                    continue
                 gen = results[i]
                 if isinstance(gen, Exception):
-                    finished.append(self._end(s, EpisodeStatus.failed, "backend error",
-                                              error=f"{type(gen).__name__}: {gen}"))
+                    finished.append(self._end(s, "backend error", f"{type(gen).__name__}: {gen}"))
                     continue
-                inv = self._invocation(s, kind, prompt, chunk, chunk_index, gen)
+                try:
+                    inv = self._advance(s, call, gen)
+                except AgentError as exc:
+                    finished.append(self._end(s, "memory policy error", f"AgentError: {exc}"))
+                    continue
                 invocations.append(inv)
-                stats[0] += 1
-                stats[1] += inv.prompt_tokens
-                stats[2] += inv.output_tokens
-                s.memory, s.next_step = inv.memory_after, s.next_step + 1
-                s.calls += 1
-                s.tokens += inv.prompt_tokens + inv.output_tokens
-                if kind is InvocationKind.answer:
+                if call.final:
                     finished.append(self._finish(s, inv))
                 else:
                     still.append(s)
@@ -189,20 +254,28 @@ class AgentLoop:
         sink.invocations(invocations)
         if finished:
             sink.episodes_finished(finished)
-        return still, RoundStats(stats[0], stats[1], stats[2], len(finished), time.perf_counter() - t0)
+        stats = RoundStats(len(invocations), sum(i.prompt_tokens for i in invocations),
+                           sum(i.output_tokens for i in invocations), len(finished), time.perf_counter() - t0)
+        return still, stats
 
-    def _invocation(self, s: EpisodeState, kind: InvocationKind, prompt: Prompt, chunk: str | None,
-                    chunk_index: int | None, gen: Generation) -> Invocation:
+    def _advance(self, s: EpisodeState, call: Call, gen: Generation) -> Invocation:
+        """Consume ``gen`` into ``s`` and return its Invocation (``s`` is unchanged if the policy raises)."""
         output_text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-        memory_after = self.memory.update(s.memory, gen.output_ids) if kind is InvocationKind.memory_update \
-            else s.memory
-        return Invocation(
-            episode_id=s.episode.id, step=s.next_step, kind=kind, policy_version=self.policy_version,
-            prompt_ids=prompt.ids, output_ids=gen.output_ids, output_logprobs=gen.logprobs,
-            prompt_text=prompt.text, output_text=output_text, memory_before=s.memory, memory_after=memory_after,
-            chunk_text=chunk, chunk_index=chunk_index, finish_reason=gen.finish_reason,
+        after = self.memory.consume(s.memory, call, gen.output_ids, output_text)
+        inv = Invocation(
+            episode_id=s.episode.id, step=s.next_step, kind=call.kind, memory_policy=self.memory.name,
+            policy_version=self.policy_version, prompt_ids=call.prompt.ids, output_ids=gen.output_ids,
+            output_logprobs=gen.logprobs, prompt_text=call.prompt.text, output_text=output_text,
+            memory_before=self.memory.memory_text(s.memory), memory_after=self.memory.memory_text(after),
+            chunk_text=call.chunk_text, chunk_index=call.chunk_index, finish_reason=gen.finish_reason,
             temperature=self.config.temperature, latency_s=gen.latency_s,
         )
+        s.memory, s.next_step = after, s.next_step + 1
+        s.calls += 1
+        s.tokens += inv.prompt_tokens + inv.output_tokens
+        return inv
+
+    # -- outcomes ---------------------------------------------------------------------------------------
 
     def _finish(self, s: EpisodeState, answer: Invocation) -> Episode:
         prediction = answer.output_text.strip()
@@ -219,8 +292,8 @@ class AgentLoop:
             "reward": scores.f1, "status": status, "stop_reason": reason, "finished_at": utcnow(),
         })
 
-    def _end(self, s: EpisodeState, status: EpisodeStatus, reason: str, error: str | None = None) -> Episode:
-        return s.episode.model_copy(update={"status": status, "stop_reason": reason, "error": error,
+    def _end(self, s: EpisodeState, reason: str, error: str | None) -> Episode:
+        return s.episode.model_copy(update={"status": EpisodeStatus.failed, "stop_reason": reason, "error": error,
                                             "reward": 0.0, "finished_at": utcnow()})
 
     def run(self, states: list[EpisodeState], sink: Sink,

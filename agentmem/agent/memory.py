@@ -1,4 +1,4 @@
-"""The memory-policy seam: what a policy is, the calls it asks for, and the registry that names policies.
+"""The memory-policy seam: what a policy is and the calls it asks for (``registry`` names the policies).
 
 A memory policy owns its memory: a typed state per episode, the prompt of every call it wants, and how a
 call's output changes the state. The agent loop (``agentmem.agent.loop``) owns everything else: batching,

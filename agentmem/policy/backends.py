@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from agentmem.policy.errors import BackendError
 from agentmem.policy.types import Backend
 
+BACKENDS = ("transformers", "vllm")
 
-def make_backend(kind: str, path: str, dtype: str = "bfloat16") -> Backend:
+
+def make_backend(kind: str, path: str, dtype: str = "bfloat16", *, device: str = "cpu") -> Backend:
+    """The backend ``kind`` serving the model at ``path``; BackendError for an unknown name or a missing
+    engine (vllm not installed). ``device`` is for transformers (vLLM places the model itself)."""
     if kind == "vllm":
         from agentmem.policy.vllm_backend import VLLMBackend
 
-        return VLLMBackend(path)
+        return VLLMBackend(path, dtype=dtype)
     if kind != "transformers":
-        raise ValueError(f"unknown backend {kind!r}: choose transformers or vllm")
+        raise BackendError(f"unknown backend {kind!r}: choose one of {', '.join(BACKENDS)}")
     from agentmem.policy.transformers_backend import TransformersBackend
 
-    return TransformersBackend(path, dtype=dtype)
+    return TransformersBackend(path, dtype=dtype, device=device)

@@ -7,7 +7,8 @@ GGUF's chat template) in a cache directory; every later load is an ordinary ``fr
 
 Invariants:
 - a prepared folder is complete or absent: it is written to a temporary sibling folder and renamed
-  into place, so a killed preparation never leaves a half folder;
+  into place, so a killed preparation never leaves a half folder; concurrent preparations take turns
+  on a lock file next to it (``.SmolLM2-135M-Instruct.lock``), so one converts and the others reuse;
 - the folder is saved in float32. The GGUF weights are 4-bit integers times fp16 scales plus fp16
   minima, which float32 represents exactly and bfloat16 (8-bit mantissa) does not; keeping fp32 makes
   the conversion lossless, gives training fp32 master weights, and lets a backend still load in bf16
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from filelock import FileLock
+from huggingface_hub import try_to_load_from_cache
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -52,12 +55,33 @@ def is_model_folder(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is off limits: ``HF_HUB_OFFLINE`` is set (the CLI sets it by default)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def looks_like_path(ref: str) -> bool:
+    """A reference meant as a folder, not a hub name (``org/name``): it starts with '/', '.' or '~',
+    ends with '/', or has two or more path separators."""
+    return ref.startswith(("/", ".", "~")) or ref.endswith("/") or ref.count(os.sep) >= 2
+
+
+def in_hub_cache(name: str) -> bool:
+    """Whether the local Hugging Face cache holds the model ``name`` (its config.json)."""
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repository id
+        return False
+
+
 def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Path | str:
     """Map a user's model choice to something ``from_pretrained`` accepts.
 
     None, "default" or ``DEFAULT_MODEL`` -> the prepared default folder (prepared on first use);
-    an existing local folder -> itself (``ModelError`` if it holds no model); anything else is a hub
-    name, returned as-is for transformers to try.
+    an existing local folder -> itself (``ModelError`` if it holds no model); a path-like reference
+    (``looks_like_path``) that does not exist -> ``ModelError``; anything else is a hub name, returned
+    as-is for transformers to try, except that with ``hub_offline()`` a name the local hub cache lacks
+    fails here (``ModelError``), before anything loads.
     """
     if name_or_path in (None, "default", DEFAULT_MODEL):
         return prepare_default_model(cache_dir)
@@ -65,6 +89,14 @@ def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Pa
     if path.is_dir():
         _check_model_folder(path)
         return path
+    if looks_like_path(name_or_path):
+        what = "is a file, not a model folder" if path.exists() else "does not exist"
+        raise ModelError(f"model folder {path} {what}")
+    if hub_offline() and not in_hub_cache(name_or_path):
+        raise ModelError(
+            f"model {name_or_path!r} is neither a local folder nor in the Hugging Face cache, and nothing is "
+            "downloaded while HF_HUB_OFFLINE is set: give a model folder, a checkpoint id or 'default'"
+        )
     return name_or_path
 
 
@@ -73,12 +105,22 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
 
     ``cache_dir`` is the folder that holds prepared models (default: ``default_cache_dir()``); the
     model goes to ``cache_dir / DEFAULT_MODEL``. An existing complete folder is reused unless ``force``.
+    Concurrent preparations take turns on a lock file next to the folder: the first converts, the
+    others find its folder when their turn comes.
     """
     target = Path(cache_dir or default_cache_dir()).expanduser() / DEFAULT_MODEL
     if is_model_folder(target) and not force:
         return target
     gguf_dir = _gguf_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.parent / f".{DEFAULT_MODEL}.lock"):
+        if force or not is_model_folder(target):
+            _convert_gguf(gguf_dir, target)
+    return target
+
+
+def _convert_gguf(gguf_dir: Path, target: Path) -> None:
+    """Write the de-quantised model to a temporary sibling of ``target``, then rename it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}.tmp-", dir=target.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
@@ -98,13 +140,12 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _publishable(tmp)
-        if force and target.exists():
+        if target.exists():  # only with force: the lock keeps other preparers out
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def load_model(

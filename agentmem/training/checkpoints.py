@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agentmem.errors import TrainingError
+
 TRAINER_STATE = "trainer_state.pt"
 
 
@@ -33,7 +35,7 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> int:
     """Restore the optimizer from a checkpoint folder; return the number of steps it had done."""
     path = Path(folder) / TRAINER_STATE
     if not path.is_file():
-        raise ValueError(f"{folder} has no {TRAINER_STATE}: it is not a distill checkpoint that can be resumed")
+        raise TrainingError(f"{folder} has no {TRAINER_STATE}: it is not a distill checkpoint that can be resumed")
     state = torch.load(path, weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])

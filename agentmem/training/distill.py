@@ -1,10 +1,20 @@
-"""The distill job (``agentmem distill``): train a student from stored invocations.
+"""Distillation from stored invocations: the ``Trainer`` (library) and the ``agentmem distill`` job
+around it (run bookkeeping, checkpoints, resume).
 
 Each step takes ``invocations_per_step`` stored calls in a seeded order that depends only on
-(seed, step), rebuilds them for the student (aligned: its own state) and for the teacher (the chosen
-context), packs both into rows, runs the teacher without gradient and the student with gradient on packed
-rows, and minimises ``kd_weight * divergence + rl_weight * clipped policy gradient``. Metrics go to
-``train_steps`` after every step; checkpoints are model folders registered in ``checkpoints``.
+(seed, step) (with several processes, each takes every ``world_size``-th of them), rebuilds them for
+the student (aligned: its own state, never cut) and asks the teacher source for targets under the chosen
+context, then minimises the objective (``terms``: ``kd_weight`` x divergence, ``rl_weight`` x clipped
+policy gradient, ``ce_weight`` x cross-entropy, ``anchor_weight`` x KL to the frozen starting student).
+
+State alignment: a student call over ``row_tokens`` is refused (``oversize=error``: ReplayError naming the
+invocation, its length and the budget) or left out of the step and of the teacher's targets
+(``oversize=skip``), and counted in ``TrainStep.metrics`` (``skipped_calls``, ``skipped_tokens``). It is
+never trained on truncated. Teacher contexts are cut from the left only with ``teacher_truncation=left``,
+counted in ``teacher_truncated_calls`` / ``teacher_truncated_tokens``.
+
+Temperature: every compared distribution at ``config.temperature`` (see ``terms``); the policy-gradient
+ratio at each call's sampling temperature.
 """
 
 from __future__ import annotations
@@ -13,79 +23,43 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.records import Checkpoint, InvocationKind, Run, RunKind, TeacherContext, TrainStep
-from agentmem.replay import Sequence, pack
+from agentmem.config import DistillConfig, Oversize, TeacherSourceKind
+from agentmem.errors import RunError
+from agentmem.records import Checkpoint, Run, RunKind, TrainStep
+from agentmem.replay import pack
+from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
 from agentmem.training.checkpoints import load_trainer_state, save_checkpoint
-from agentmem.training.objective import (
-    Objective,
-    StepInputs,
-    StepResult,
-    accumulate_step,
-    teacher_action_logits,
-)
-from agentmem.training.selection import Selection, select, student_sequences, teacher_sequences
-from agentmem.training.topk import shard_locations, teacher_logits_from_shards
+from agentmem.training.forward import PackedModel
+from agentmem.training.objective import StepInputs, StepResult, accumulate_step
+from agentmem.training.selection import Selection, select, student_sequences
+from agentmem.training.teachers import TeacherSource, teacher_source
+from agentmem.training.terms import objective_from_config
 from agentmem.training.vocab import check_same_vocab, vocab_size
 from store import repository as repo
 from store.engine import Store
 
-
-class DistillConfig(BaseModel):
-    """One distill job. ``weighting`` says how action tokens are averaged: ``token`` (every action token
-    of the step equal), ``call`` (every invocation equal) or ``episode`` (every episode equal)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    run_ids: list[str] = Field(min_length=1)
-    student: str = "default"
-    teacher: str | None = "default"
-    # "model": run the teacher online on packed rows; "shards": read its top-K log-probs written by
-    # `agentmem score --topk` for this teacher and context (the teacher is not loaded).
-    teacher_source: Literal["model", "shards"] = "model"
-    context: TeacherContext = TeacherContext.aligned
-    loss: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"
-    beta: float = Field(0.5, ge=0, le=1)
-    rl: Literal["grpo", "none"] = "grpo"
-    kd_weight: float = Field(1.0, ge=0)
-    rl_weight: float = Field(1.0, ge=0)
-    normalize_std: bool = False
-    clip_eps: float = Field(0.2, ge=0)
-    weighting: Literal["token", "call", "episode"] = "token"
-    steps: int = Field(10, ge=1)
-    invocations_per_step: int = Field(8, ge=1)
-    row_tokens: int = Field(4096, ge=16)
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    out: str = "checkpoints"
-    save_every: int | None = Field(None, ge=1)
-    kinds: list[InvocationKind] | None = None
-    path: Literal["fast", "reference"] = "fast"
-    truncate: Literal["error", "left"] = "error"
-
-    def objective(self) -> Objective:
-        return Objective(kind=self.loss, beta=self.beta, kd_weight=self.kd_weight if self.teacher else 0.0,
-                         rl_weight=self.rl_weight if self.rl == "grpo" else 0.0, clip_eps=self.clip_eps,
-                         weighting=self.weighting)
+__all__ = ["DistillConfig", "DistillResult", "Models", "Trainer", "advantages", "load_distill_run", "load_models",
+           "run_distill", "start_distill_run", "step_indices"]
 
 
 @dataclass(frozen=True)
 class Models:
+    """The loaded models of a distill job. ``reference`` is a frozen copy of the starting student, needed
+    only by the anchor term (``anchor_weight > 0``)."""
+
     student: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     student_checkpoint: Checkpoint  # the version the student starts from (parent of the first save)
     teacher: PreTrainedModel | None = None
     teacher_tokenizer: PreTrainedTokenizerBase | None = None
     teacher_name: str | None = None  # the teacher's resolved path, as `agentmem score` stores it
+    reference: PreTrainedModel | None = None
 
 
 @dataclass(frozen=True)
@@ -115,57 +89,82 @@ def advantages(selection: Selection, normalize_std: bool) -> dict[str, float]:
 
 
 class Trainer:
-    def __init__(self, store: Store, config: DistillConfig, models: Models, run_id: str):
-        self.store, self.config, self.models, self.run_id = store, config, models, run_id
-        self.vocab = vocab_size(models.student, models.tokenizer)
+    """Steps of one distill job on a selection: ``step(i) -> TrainStep`` (the optimiser step included)
+    and ``save(steps_done, parent) -> Checkpoint``. Every tensor goes to ``runtime.device``; the models
+    must already be there. ``teacher``: a source to use instead of the one ``config.teacher_source``
+    names (built from ``models``)."""
+
+    def __init__(self, store: Store, config: DistillConfig, models: Models, run_id: str,
+                 runtime: Runtime = CPU, *, teacher: TeacherSource | None = None):
+        self.store, self.config, self.models, self.run_id, self.runtime = store, config, models, run_id, runtime
+        self.objective = objective_from_config(config)
+        self.student = PackedModel.create(models.student, models.tokenizer, config.path, runtime)
         if models.teacher is not None:
             check_same_vocab(models.teacher_tokenizer, models.tokenizer)
             vocab_size(models.teacher, models.teacher_tokenizer)
+        self.reference = (PackedModel.create(models.reference, models.tokenizer, config.path, runtime)
+                          if models.reference is not None and self.objective.needs_reference else None)
         self.selection = select(store, config.run_ids, kinds=config.kinds)
         self.student_seqs = student_sequences(self.selection)
-        self.teacher_seqs = (teacher_sequences(self.selection, config.context, models.teacher_tokenizer)
-                             if models.teacher is not None else None)
+        self.teacher = teacher if teacher is not None else teacher_source(
+            config, store, self.selection, model=models.teacher, tokenizer=models.teacher_tokenizer,
+            name=models.teacher_name, vocab=self.student.vocab, runtime=runtime)
         self.advantage_of = advantages(self.selection, config.normalize_std)
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
         self.episode_of = {i.id: i.episode_id for i in self.selection.invocations}
-        self.pad = models.tokenizer.pad_token_id or 0
-        self.shards = None
-        if config.teacher and config.teacher_source == "shards":
-            self.shards = shard_locations(store, self.selection.ids, models.teacher_name or config.teacher,
-                                          config.context)
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
                                            lr=config.lr, weight_decay=config.weight_decay)
 
-    def _pack(self, seqs: list[Sequence]):
-        rows, stats = pack(seqs, self.config.row_tokens, truncate=self.config.truncate)
-        return rows, stats
-
     def step(self, step: int) -> TrainStep:
         t0 = time.perf_counter()
-        idx = step_indices(len(self.student_seqs), self.config.invocations_per_step, self.config.seed, step)
-        student_rows, stats = self._pack([self.student_seqs[i] for i in idx])
-        teacher_logits = None
-        if self.shards is not None and self.config.objective().kd_weight:
-            teacher_logits = teacher_logits_from_shards(
-                self.shards, [self.student_seqs[i].invocation_id for i in idx], self.vocab)
-        elif self.teacher_seqs is not None and self.config.objective().kd_weight:
-            teacher_rows, _ = self._pack([self.teacher_seqs[i] for i in idx])
-            teacher_logits = teacher_action_logits(self.models.teacher, teacher_rows, self.vocab, self.pad,
-                                                   self.config.path)
-        inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, teacher_logits)
+        drawn = step_indices(len(self.student_seqs), self.config.invocations_per_step, self.config.seed, step)
+        step_episodes = list(dict.fromkeys(self.episode_of[self.student_seqs[i].invocation_id] for i in drawn))
+        mine = [self.student_seqs[i] for i in drawn[self.runtime.rank :: self.runtime.world_size]]
+        over = "skip" if self.config.oversize == Oversize.skip else "error"
+        rows, stats = pack(mine, self.config.row_tokens, over_budget=over)
+        skipped = set(stats.skipped_ids)
+        kept = [s.invocation_id for s in mine if s.invocation_id not in skipped]
+        targets = self.teacher.targets(kept) if self.teacher is not None and kept else None
+        inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, targets)
         model = self.models.student
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        result: StepResult = accumulate_step(model, student_rows, inputs, self.config.objective(), self.vocab,
-                                             self.pad, self.config.path)
+        result: StepResult = accumulate_step(self.student, rows, inputs, self.objective, self.runtime,
+                                             reference=self.reference, step_episodes=step_episodes)
+        counts = {"skipped_calls": float(stats.skipped_sequences), "skipped_tokens": float(stats.skipped_tokens),
+                  "teacher_truncated_calls": float(targets.truncated_calls if targets else 0),
+                  "teacher_truncated_tokens": float(targets.truncated_tokens if targets else 0)}
+        result, counts = self._reduce(result, counts)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return TrainStep(
             run_id=self.run_id, step=step + 1, loss=result.loss, kd_loss=result.kd_loss, rl_loss=result.rl_loss,
             tokens=result.tokens, lr=self.config.lr, seconds=time.perf_counter() - t0,
             metrics={**result.metrics, "grad_norm": float(grad_norm), "actions": float(result.actions),
-                     "fill": stats.fill, "rows": float(stats.rows)},
+                     "fill": stats.fill, "rows": float(stats.rows), **counts},
         )
+
+    def _reduce(self, result: StepResult, counts: dict[str, float]) -> tuple[StepResult, dict[str, float]]:
+        """With several processes: sum gradients, losses and counts over them in one all-reduce."""
+        if self.runtime.world_size == 1:
+            return result, counts
+        params = [p for p in self.models.student.parameters() if p.requires_grad]
+        scalars = {"loss": result.loss, "kd_loss": result.kd_loss, "rl_loss": result.rl_loss,
+                   "tokens": float(result.tokens), "actions": float(result.actions), **result.metrics, **counts}
+        device = self.runtime.device
+        flat = torch.cat([torch.tensor(list(scalars.values()), dtype=torch.float32, device=device)]
+                         + [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                            for p in params])
+        flat = self.runtime.all_reduce_sum(flat)
+        summed = dict(zip(scalars, flat[: len(scalars)].tolist(), strict=True))
+        offset = len(scalars)
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        metrics = {k: summed[k] for k in result.metrics}
+        reduced = StepResult(summed["loss"], summed["kd_loss"], summed["rl_loss"], int(summed["tokens"]),
+                             int(summed["actions"]), metrics, result.global_actions)
+        return reduced, {k: summed[k] for k in counts}
 
     def save(self, steps_done: int, parent: Checkpoint) -> Checkpoint:
         folder = Path(self.config.out).expanduser().resolve() / self.run_id / f"step-{steps_done:06d}"
@@ -191,7 +190,7 @@ def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Che
     with store.session() as s:
         run = repo.get_run(s, run_id)
         if run.kind is not RunKind.distill:
-            raise ValueError(f"run {run.id} is a {run.kind.value} run, not a distill run")
+            raise RunError(f"run {run.id} is a {run.kind.value} run, not a distill run")
         ckpts = repo.list_checkpoints(s, run.id)
     return run.id, DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
 
@@ -204,11 +203,12 @@ def run_distill(
     run_id: str | None = None,
     resume_from: Checkpoint | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
+    runtime: Runtime = CPU,
 ) -> DistillResult:
     """Train for ``config.steps`` steps (continuing after ``resume_from``'s step when given, whose weights
     ``models.student`` must already hold)."""
     rid = run_id or start_distill_run(store, config).id
-    trainer = Trainer(store, config, models, rid)
+    trainer = Trainer(store, config, models, rid, runtime)
     done, parent, last = 0, models.student_checkpoint, None
     if resume_from is not None:
         done = load_trainer_state(Path(resume_from.path), trainer.optimizer)
@@ -231,21 +231,28 @@ def run_distill(
     return DistillResult(rid, config.steps, last, history)
 
 
-def load_models(store: Store, config: DistillConfig, resume_from: Checkpoint | None = None) -> Models:
-    """Student (fp32, trainable; from ``resume_from`` when resuming) and frozen teacher, from the config's
-    references (checkpoint ids, folders, 'default' or hub names)."""
+def load_models(store: Store, config: DistillConfig, resume_from: Checkpoint | None = None,
+                runtime: Runtime = CPU) -> Models:
+    """Student (trainable; from ``resume_from`` when resuming), frozen teacher (when the teacher source is a
+    model) and frozen reference (when the anchor term is on), in the runtime's dtype for
+    ``config.dtype``, on its device, from the config's references (checkpoint ids, folders, 'default' or
+    hub names)."""
     from agentmem.agent.models import resolve_model_ref
     from agentmem.agent.rollout import register_policy
     from agentmem.policy.models import load_model
 
+    dtype = str(runtime.dtype_for(config.dtype))
     path, base = resolve_model_ref(store, config.student)
     start = register_policy(store, path, base)
-    student, tokenizer = load_model(resume_from.path if resume_from else path, dtype="float32")
+    student, tokenizer = load_model(resume_from.path if resume_from else path, dtype=dtype, device=runtime.device)
     student.requires_grad_(True)
-    teacher = teacher_tok = tpath = None
+    teacher = teacher_tok = tpath = reference = None
     if config.teacher:
         tpath, _ = resolve_model_ref(store, config.teacher)
-        if config.teacher_source == "model":
-            teacher, teacher_tok = load_model(tpath, dtype="float32")
+        if config.teacher_source == TeacherSourceKind.model and config.effective_kd_weight:
+            teacher, teacher_tok = load_model(tpath, dtype=dtype, device=runtime.device)
             teacher.requires_grad_(False)
-    return Models(student, tokenizer, start, teacher, teacher_tok, tpath)
+    if config.anchor_weight:
+        reference, _ = load_model(path, dtype=dtype, device=runtime.device)
+        reference.requires_grad_(False)
+    return Models(student, tokenizer, start, teacher, teacher_tok, tpath, reference)

@@ -1,30 +1,44 @@
-"""Pack rebuilt sequences into row batches and run a model over them, returning logits at the action
-positions only, per invocation."""
+"""The one pack -> collate -> forward path shared by scoring, distillation and every teacher.
+
+``plan`` packs rebuilt sequences into batches of rows (``replay.pack``: whole sequences, positions
+restarting per segment, over-budget handling named explicitly); a ``PackedModel`` collates rows onto its
+device and returns logits at the action positions only, per invocation, cut to the tokenizer's
+vocabulary. Scoring, the online teacher, the frozen anchor reference and the student's training forward
+all go through ``PackedModel.action_logits``, so a packed row means the same thing everywhere.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.replay import PackingStats, Row, pack
+from agentmem.config import AttentionPath
+from agentmem.replay import OverBudget, PackingStats, Row, pack
 from agentmem.replay import Sequence as Rebuilt
+from agentmem.runtime import CPU, Runtime
 from agentmem.training.collate import PackedBatch, collate_rows
-from agentmem.training.packed_attention import Path, action_logits
+from agentmem.training.packed_attention import action_logits
+from agentmem.training.vocab import vocab_size
 
 
 @dataclass(frozen=True)
 class RowBatches:
+    """Packed rows grouped ``rows_per_batch`` at a time (one forward pass each), and the packing stats."""
+
     batches: list[list[Row]]
     stats: PackingStats
 
+    @property
+    def rows(self) -> list[Row]:
+        return [r for b in self.batches for r in b]
 
-def row_batches(sequences: Sequence[Rebuilt], row_tokens: int, rows_per_batch: int = 1,
-                truncate: Literal["error", "left"] = "error") -> RowBatches:
-    rows, stats = pack(sequences, row_tokens, truncate=truncate)
+
+def plan(sequences: Sequence[Rebuilt], row_tokens: int, rows_per_batch: int = 1,
+         over_budget: OverBudget = "error") -> RowBatches:
+    rows, stats = pack(sequences, row_tokens, over_budget=over_budget)
     return RowBatches([rows[i : i + rows_per_batch] for i in range(0, len(rows), rows_per_batch)], stats)
 
 
@@ -33,12 +47,37 @@ def split_actions(batch: PackedBatch, values: torch.Tensor) -> Iterator[tuple[st
     return zip(batch.invocation_ids, torch.split(values, list(batch.action_counts)), strict=True)
 
 
-def invocation_action_logits(model: PreTrainedModel, batch: PackedBatch, vocab: int,
-                             path: Path = "fast") -> torch.Tensor:
-    """Logits ``[A, vocab]`` at the batch's action positions, in ``batch.action_ids`` order, cut to the
-    tokenizer's vocabulary (drops rows of an embedding padded past it)."""
-    return action_logits(model, batch, path)[:, :vocab]
+@dataclass(frozen=True)
+class PackedModel:
+    """A causal LM with what it takes to run packed rows: its vocabulary (logits are cut to it, dropping
+    rows of an embedding padded past the tokenizer), its pad id, the attention path and the device every
+    batch is moved to."""
 
+    model: PreTrainedModel
+    vocab: int
+    pad_id: int
+    path: AttentionPath = AttentionPath.fast
+    device: str = "cpu"
 
-def collate(rows: list[Row], pad_id: int, device: torch.device) -> PackedBatch:
-    return collate_rows(rows, pad_id).to(device)
+    @classmethod
+    def create(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+               path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU) -> PackedModel:
+        return cls(model, vocab_size(model, tokenizer), tokenizer.pad_token_id or 0, AttentionPath(path),
+                   runtime.device)
+
+    def collate(self, rows: Sequence[Row]) -> PackedBatch:
+        return collate_rows(rows, self.pad_id).to(self.device)
+
+    def action_logits(self, batch: PackedBatch) -> torch.Tensor:
+        """Float32 logits ``[A, vocab]`` at the batch's actions, in ``batch.action_ids`` order (gradient as
+        the caller's mode allows)."""
+        return action_logits(self.model, batch, self.path)[:, : self.vocab].float()
+
+    def logits_by_invocation(self, batches: Sequence[Sequence[Row]]) -> dict[str, torch.Tensor]:
+        """Without gradient: ``{invocation id: [O, vocab]}`` float32 logits, one forward pass per batch."""
+        out: dict[str, torch.Tensor] = {}
+        with torch.inference_mode():
+            for rows in batches:
+                batch = self.collate(rows)
+                out.update((k, v.clone()) for k, v in split_actions(batch, self.action_logits(batch)))
+        return out

@@ -121,6 +121,33 @@ def distill_loss(
     return _weighted_sum(per_position, weights)
 
 
+def sampled_reverse_kl_loss(
+    student_logits: torch.Tensor,
+    action_ids: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    weights: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Reverse KL(student || teacher) estimated from the sampled tokens only -> scalar.
+
+    For a teacher known only through ``log p_t(a)`` of each sampled action ``a`` (stored per-token
+    scores), with ``log p_s(a)`` the student's log-prob at ``temperature`` and ``d = log p_s(a) - log p_t(a)``:
+
+    - value: ``sum_i w_i d_i``, the single-sample Monte-Carlo estimate of ``sum_i w_i KL_i``;
+    - gradient: ``sum_i w_i stopgrad(d_i) grad log p_s(a_i)``, the score-function (REINFORCE) estimate of
+      ``grad KL(p_s || p_t)`` (the other term of the exact gradient, ``E[grad log p_s] = 0``, drops out).
+
+    Both are unbiased when the actions were sampled from the student at ``temperature`` (on-policy); the
+    calls of an older policy make them an off-policy approximation, as for any sampled-token estimator.
+    Built as ``stopgrad(d) * log p_s - stopgrad(stopgrad(d) * log p_s) + stopgrad(d)``: value ``d``,
+    gradient ``stopgrad(d) * grad log p_s``.
+    """
+    log_ps = sampled_logprobs(student_logits, action_ids, temperature)
+    d = (log_ps - _upcast(teacher_logprobs).to(log_ps.dtype)).detach()
+    surrogate = d * log_ps
+    return _weighted_sum(surrogate - surrogate.detach() + d, weights)
+
+
 @dataclass(frozen=True)
 class PolicyGradientMetrics:
     """Diagnostics of one :func:`policy_gradient_loss` call, each a weighted mean over tokens

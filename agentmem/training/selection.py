@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from agentmem.errors import TrainingError
 from agentmem.records import Episode, Invocation, InvocationKind, TeacherContext
 from agentmem.replay import Sequence, rebuild
 from store import repository as repo
@@ -42,15 +43,15 @@ def select(
     kinds: Seq[InvocationKind] | None = None,
     policy_versions: Seq[str] | None = None,
 ) -> Selection:
-    """Every stored invocation of ``run_ids`` matching the filters; raises ValueError when empty or when a
+    """Every stored invocation of ``run_ids`` matching the filters; raises TrainingError when empty or when a
     run does not exist."""
     with store.session() as s:
         run_ids = [repo.get_run(s, rid).id for rid in run_ids]  # full ids (abbreviations allowed)
         episodes = {e.id: e for e in repo.list_episodes(s, run_ids)}
         invocations = list(repo.stream_invocations(s, run_ids=run_ids, kinds=kinds, policy_versions=policy_versions))
     if not invocations:
-        raise ValueError(f"no stored invocations match run(s) {', '.join(run_ids)}"
-                         + (f" and kinds {[k.value for k in kinds]}" if kinds else ""))
+        raise TrainingError(f"no stored invocations match run(s) {', '.join(run_ids)}"
+                         + (f" and kinds {[str(k) for k in kinds]}" if kinds else ""))
     return Selection(invocations, episodes)
 
 
@@ -72,7 +73,7 @@ def teacher_sequences(
     privileged = None
     if context is TeacherContext.privileged:
         if tokenizer is None:
-            raise ValueError("the privileged context needs the teacher's tokenizer")
+            raise TrainingError("the privileged context needs the teacher's tokenizer")
         cache: dict[str, list[int]] = {}
 
         def privileged(inv: Invocation) -> list[int]:
@@ -92,6 +93,6 @@ def _check_whole_episodes(selection: Selection) -> None:
     for inv in selection.invocations:
         expected = seen.get(inv.episode_id, -1) + 1
         if inv.step != expected:
-            raise ValueError(f"the persistent context needs whole episodes: episode {inv.episode_id} has step "
+            raise TrainingError(f"the persistent context needs whole episodes: episode {inv.episode_id} has step "
                              f"{inv.step} without step {expected} in the selection (select all kinds)")
         seen[inv.episode_id] = inv.step

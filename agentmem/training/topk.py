@@ -4,15 +4,10 @@ evenly over the other ``V - K`` tokens, so every divergence (reverse KL included
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
 from safetensors.torch import load_file
-
-from agentmem.records import TeacherContext
-from store import repository as repo
-from store.engine import Store
 
 
 @lru_cache(maxsize=8)
@@ -29,24 +24,7 @@ def dense_logprobs(values: torch.Tensor, indices: torch.Tensor, vocab: int) -> t
     return out.scatter_(-1, indices.long(), values)
 
 
-def shard_locations(store: Store, invocation_ids: Sequence[str], teacher: str,
-                    context: TeacherContext) -> dict[str, tuple[str, str]]:
-    """(shard path, key) per invocation; raises ValueError naming the first invocation without one."""
-    with store.session() as s:
-        scores = repo.get_teacher_scores(s, list(invocation_ids), teacher, context)
-    for inv_id in invocation_ids:
-        score = scores.get(inv_id)
-        if score is None or not score.topk_path:
-            raise ValueError(f"invocation {inv_id} has no top-K shard for teacher {teacher!r} under context "
-                             f"{TeacherContext(context).value!r}: run `agentmem score --topk K` first")
-    return {i: (scores[i].topk_path, scores[i].topk_key) for i in invocation_ids}
-
-
-def teacher_logits_from_shards(locations: dict[str, tuple[str, str]], invocation_ids: Sequence[str],
-                               vocab: int) -> dict[str, torch.Tensor]:
-    out = {}
-    for inv_id in invocation_ids:
-        path, key = locations[inv_id]
-        shard = _shard(path)
-        out[inv_id] = dense_logprobs(shard[f"{key}.logprobs"], shard[f"{key}.indices"], vocab)
-    return out
+def read_topk(path: str, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[O, K]`` top-K log-probs and token ids of one invocation in one shard."""
+    shard = _shard(path)
+    return shard[f"{key}.logprobs"], shard[f"{key}.indices"]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agentmem.errors import TrainingError
+
 
 def check_same_vocab(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase) -> int:
-    """The shared vocabulary size; raises ValueError naming the first difference when they differ."""
+    """The shared vocabulary size; raises TrainingError naming the first difference when they differ."""
     tv, sv = teacher.get_vocab(), student.get_vocab()
     if tv != sv:
         only_t = sorted(set(tv) - set(sv))[:3]
         moved = [t for t in tv if t in sv and tv[t] != sv[t]][:3]
         detail = f"tokens only in the teacher: {only_t}" if only_t else f"tokens with other ids: {moved}"
-        raise ValueError(f"teacher and student vocabularies differ ({len(tv)} vs {len(sv)} tokens; {detail}): "
+        raise TrainingError(f"teacher and student vocabularies differ ({len(tv)} vs {len(sv)} tokens; {detail}): "
                          "distillation needs the same tokenizer")
     return len(tv)
 
@@ -23,5 +25,5 @@ def vocab_size(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> in
     n = len(tokenizer)
     rows = model.get_output_embeddings().weight.shape[0]
     if rows < n:
-        raise ValueError(f"model output layer has {rows} rows but its tokenizer has {n} tokens")
+        raise TrainingError(f"model output layer has {rows} rows but its tokenizer has {n} tokens")
     return n

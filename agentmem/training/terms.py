@@ -1,0 +1,174 @@
+"""Loss terms: the parts of the training objective, each a function of one micro-batch of action tokens.
+
+An ``Objective`` is a weighted list of terms; the step loss is ``sum_k weight_k * term_k``, each term a
+token-weighted sum over the step's action tokens (weights normalised over the whole global step, see
+``objective.step_weights``), so micro-batches and processes add up to the step.
+
+Temperature convention (one for the whole project): every distribution a term compares is taken at
+``DistillConfig.temperature`` (T, default 1), the student's and the teacher's (or the frozen
+reference's) alike: ``p = softmax(logits / T)``. ``agentmem score`` stores its divergences at its own
+``ScoreConfig.temperature`` under the same rule. The one exception is the policy-gradient importance ratio,
+which compares with the sampler's stored log-probs and so uses each call's own sampling temperature.
+
+Terms:
+- ``DistillTerm``: divergence to the teacher at the action positions: full-vocabulary reverse KL,
+  forward KL or generalised JSD when the teacher source gives logits ``[A, V]``; the sampled-token
+  reverse-KL estimator (``losses.sampled_reverse_kl_loss``) when it gives only ``log p_t(a)`` ``[A]``;
+- ``PolicyGradientTerm``: PPO/GRPO clipped surrogate on the episode's group advantage;
+- ``CrossEntropyTerm``: ``-log p_s(a)`` of the sampled action (supervised fine-tuning on the calls);
+- ``AnchorTerm``: reverse KL(student || frozen reference), the reference being run on the student's own
+  aligned rows (a KL anchor to the starting model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from agentmem.config import DistillConfig, Divergence, TeacherSourceKind, Weighting
+from agentmem.errors import TrainingError
+from agentmem.training.losses import (
+    distill_loss,
+    policy_gradient_loss,
+    reverse_kl,
+    sampled_logprobs,
+    sampled_reverse_kl_loss,
+)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What every term sees for one packed micro-batch: one entry per action token, all on one device.
+
+    ``teacher`` is ``[A, V]`` teacher logits (or log-probs) or ``[A]`` teacher log-probs of the sampled
+    tokens; ``reference`` ``[A, V]`` logits of the frozen reference; each is None unless a term needs it.
+    """
+
+    logits: torch.Tensor  # float32 [A, V], the student's, with gradient
+    action_ids: torch.Tensor  # int64 [A]
+    sampler_logprobs: torch.Tensor  # float32 [A], stored with each call
+    sampling_temperature: torch.Tensor  # float32 [A], each call's own (greedy calls: 1)
+    advantages: torch.Tensor  # float32 [A], the call's episode group advantage
+    weights: torch.Tensor  # float32 [A], normalised over the whole global step
+    teacher: torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TermValue:
+    """A term's loss on one micro-batch and its metrics, each additive over micro-batches and processes
+    (means are pre-multiplied by the micro-batch's share of the step's weight)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+class LossTerm(Protocol):
+    """One part of the objective. ``name`` keys its value in step results (``{name}_loss``)."""
+
+    name: str
+    needs_teacher: bool
+    needs_reference: bool
+
+    def __call__(self, batch: MicroBatch) -> TermValue: ...
+
+
+@dataclass(frozen=True)
+class DistillTerm:
+    divergence: Divergence = Divergence.reverse_kl
+    beta: float = 0.5
+    temperature: float = 1.0
+    name: str = "kd"
+    needs_teacher: bool = True
+    needs_reference: bool = False
+
+    def __call__(self, batch: MicroBatch) -> TermValue:
+        teacher = batch.teacher
+        if teacher is None:
+            raise TrainingError("the distillation term has no teacher targets for this micro-batch")
+        if teacher.dim() == 1:  # sampled-token log-probs only: the reverse-KL estimator
+            if self.divergence != Divergence.reverse_kl:
+                raise TrainingError(f"loss={self.divergence}: needs the teacher's full distribution; sampled-token "
+                                    "teacher log-probs support only reverse_kl")
+            loss = sampled_reverse_kl_loss(batch.logits, batch.action_ids, teacher, batch.weights, self.temperature)
+        else:
+            loss = distill_loss(batch.logits, teacher, self.divergence.value, self.beta, batch.weights,
+                                self.temperature)
+        return TermValue(loss, {})
+
+
+@dataclass(frozen=True)
+class PolicyGradientTerm:
+    clip_eps: float = 0.2
+    name: str = "rl"
+    needs_teacher: bool = False
+    needs_reference: bool = False
+
+    def __call__(self, batch: MicroBatch) -> TermValue:
+        new = sampled_logprobs(batch.logits / batch.sampling_temperature[:, None], batch.action_ids)
+        loss, m = policy_gradient_loss(new, batch.sampler_logprobs, batch.advantages, self.clip_eps,
+                                       weights=batch.weights)
+        share = float(batch.weights.sum())
+        return TermValue(loss, {"clip_fraction": share * m.clip_fraction, "approx_kl": share * m.approx_kl,
+                                "ratio_mean": share * m.ratio_mean})
+
+
+@dataclass(frozen=True)
+class CrossEntropyTerm:
+    temperature: float = 1.0
+    name: str = "ce"
+    needs_teacher: bool = False
+    needs_reference: bool = False
+
+    def __call__(self, batch: MicroBatch) -> TermValue:
+        nll = -sampled_logprobs(batch.logits, batch.action_ids, self.temperature)
+        return TermValue((nll * batch.weights.to(nll.dtype)).sum(), {})
+
+
+@dataclass(frozen=True)
+class AnchorTerm:
+    temperature: float = 1.0
+    name: str = "anchor"
+    needs_teacher: bool = False
+    needs_reference: bool = True
+
+    def __call__(self, batch: MicroBatch) -> TermValue:
+        if batch.reference is None:
+            raise TrainingError("the anchor term needs the frozen reference model's logits (Models.reference)")
+        kl = reverse_kl(batch.logits, batch.reference, self.temperature)
+        return TermValue((kl * batch.weights.to(kl.dtype)).sum(), {})
+
+
+@dataclass(frozen=True)
+class Objective:
+    """``sum(weight * term)`` over ``terms`` (zero-weight terms are left out), tokens averaged as
+    ``weighting`` says over the whole global step."""
+
+    terms: tuple[tuple[float, LossTerm], ...]
+    weighting: Weighting = Weighting.token
+
+    @property
+    def needs_teacher(self) -> bool:
+        return any(t.needs_teacher for _, t in self.terms)
+
+    @property
+    def needs_reference(self) -> bool:
+        return any(t.needs_reference for _, t in self.terms)
+
+
+def objective_from_config(config: DistillConfig) -> Objective:
+    """The terms a ``DistillConfig`` asks for, in a fixed order: distillation, policy gradient,
+    cross-entropy, anchor. Raises TrainingError for a divergence the teacher source cannot give."""
+    if (config.teacher_source == TeacherSourceKind.scores and config.effective_kd_weight
+            and config.loss != Divergence.reverse_kl):
+        raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
+                            "log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
+    candidates: list[tuple[float, LossTerm]] = [
+        (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature)),
+        (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
+        (config.ce_weight, CrossEntropyTerm(config.temperature)),
+        (config.anchor_weight, AnchorTerm(config.temperature)),
+    ]
+    return Objective(tuple((w, t) for w, t in candidates if w), Weighting(config.weighting))
