@@ -66,10 +66,9 @@ def distill(
 ) -> None:
     """On-policy distillation from the store: the teacher scores each sampled token under the state the
     student saw (or another context), plus a clipped group-relative policy gradient on the final F1."""
-    from agentmem.jobs.distill import run_distill
-
     from agentmem.config import DistillConfig
     from agentmem.errors import ConfigError
+    from agentmem.jobs.distill import run_distill
     from cli.common import runtime, setup_logging
     from cli.training_progress import train_progress
     from store.engine import open_store

@@ -39,10 +39,10 @@ def score(
 ) -> None:
     """Score the sampled tokens of stored invocations with a teacher, under exactly the state the student
     saw (aligned), the flattened history (persistent) or with privileged context. Resumable."""
-    from agentmem.jobs.score import run_score
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentmem.config import ScoreConfig
+    from agentmem.jobs.score import run_score
     from cli.common import runtime, setup_logging
     from cli.console import console
     from store.engine import open_store
@@ -71,7 +71,7 @@ def score(
     with progress:
         result = run_score(store, config, rt, on_start=on_start, on_batch=on_batch)
     typer.echo(f"scored={result.scored} skipped_already_scored={result.skipped} fill={result.fill:.3f} "
-               f"teacher_truncated_calls={result.truncated_sequences} seconds={time.perf_counter() - t0:.1f} "
+               f"teacher_truncated_calls={result.teacher_truncated_calls} seconds={time.perf_counter() - t0:.1f} "
                f"score_run_id={result.run_id}")
     typer.echo("inspect: agentmem sql \"select invocation_id, context, n_tokens, mean_logprob, mean_reverse_kl, "
                f"mean_entropy, temperature from teacher_scores where run_id = '{result.run_id}'\"")

@@ -6,6 +6,8 @@ URL; the schema is the same on both and is created only by the alembic migration
 """
 
 from store.engine import DEFAULT_URL, open_store, resolve_url
-from store.errors import SchemaOutOfDate, StoreError, StoreUnavailable
+from store.errors import ReadOnlyDatabase, SchemaOutOfDate, StoreError, StoreUnavailable
 
-__all__ = ["DEFAULT_URL", "open_store", "resolve_url", "SchemaOutOfDate", "StoreError", "StoreUnavailable"]
+__all__ = [
+    "DEFAULT_URL", "open_store", "resolve_url", "ReadOnlyDatabase", "SchemaOutOfDate", "StoreError", "StoreUnavailable",
+]

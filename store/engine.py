@@ -3,6 +3,10 @@
 SQLite (the default) runs in WAL mode with foreign keys on and a busy timeout, so a reader never blocks
 the writer and two writer processes wait for each other instead of failing. Postgres is reached through
 psycopg 3 (``postgresql://`` URLs are mapped to ``postgresql+psycopg://``).
+
+A SQLite file is never created by accident: only ``open_store(create=True)`` (jobs that write) and
+``agentmem db upgrade`` create one. A read-only SQLite database fails with one ``ReadOnlyDatabase`` line
+naming the file: at open when a writer can tell, else at the first write.
 """
 
 from __future__ import annotations
@@ -43,15 +47,21 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def _sqlite_read_only(db: str):
-    """A ``handle_error`` hook: SQLite's "attempt to write a readonly database" becomes one line naming
-    the file, raised where the first write fails."""
+def _sqlite_errors(db: str):
+    """A ``handle_error`` hook: SQLite's "attempt to write a readonly database" (a file or folder without
+    write permission) and "unable to open database file" (e.g. no journal can be made in the folder)
+    become one line naming the file, raised where the first write fails."""
 
     def hook(context: sa.engine.ExceptionContext) -> None:
         orig = context.original_exception
-        if isinstance(orig, sqlite3.OperationalError) and "readonly database" in str(orig):
+        if not isinstance(orig, sqlite3.OperationalError):
+            return
+        if "readonly database" in str(orig):
             raise ReadOnlyDatabase(f"database {db} is read-only ({orig}): check the permissions of the file "
                                    "and its folder, or use another --db") from None
+        if "unable to open database file" in str(orig):
+            raise StoreUnavailable(f"cannot open database {db} ({orig}): check that the file and its folder "
+                                   "exist and are readable and writable") from None
 
     return hook
 
@@ -71,7 +81,7 @@ def make_engine(url: str | None = None) -> sa.Engine:
             raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder does not exist")
         engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
-        sa.event.listen(engine, "handle_error", _sqlite_read_only(db))
+        sa.event.listen(engine, "handle_error", _sqlite_errors(db))
         return engine
     try:
         return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
@@ -154,6 +164,8 @@ def _create_sqlite(engine: sa.Engine, path: Path) -> None:
     from store.migrations import upgrade
 
     check_writable(path)
+    if path.exists() and sa.inspect(engine).get_table_names():
+        return  # an existing store (up to date or not: check_schema tells)
     lock = FileLock(f"{path}.lock", timeout=CREATE_LOCK_TIMEOUT_S)
     try:
         with lock:

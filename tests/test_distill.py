@@ -6,24 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import register_policy
 from test_agent import SYNTH
 from tiny_models import tiny_llama, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
-from agentmem.agent.loop import AgentConfig
-from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
-from agentmem.config import Oversize, TeacherSourceKind
+from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TeacherSourceKind
+from agentmem.jobs.distill import load_distill_run, run_distill
+from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, TeacherContext
 from agentmem.replay import ReplayError, pack
-from agentmem.training.distill import (
-    DistillConfig,
-    Models,
-    advantages,
-    load_distill_run,
-    run_distill,
-    step_indices,
-)
+from agentmem.training.distill import Models, advantages, step_indices
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, accumulate_step
 from agentmem.training.selection import select, student_sequences
@@ -38,7 +32,7 @@ def rolled(sqlite_store):
     config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
                            agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, temperature=1.0, seed=7))
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    result = run_rollout(sqlite_store, config, TransformersBackend.from_model(tiny_llama(seed=3), tok), policy)
+    result = run_rollout(sqlite_store, config, backend=TransformersBackend.from_model(tiny_llama(seed=3), tok), policy=policy)
     # give the group different rewards so the RL term has a signal
     with sqlite_store.session() as s:
         for i, ep in enumerate(repo.list_episodes(s, result.run_id)):
@@ -63,7 +57,7 @@ def test_trains_every_parameter_and_registers_checkpoint(rolled, tmp_path):
     store, run_id, policy = rolled
     m = models(policy)
     before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
-    result = run_distill(store, config(run_id, tmp_path), m)
+    result = run_distill(store, config(run_id, tmp_path), models=m)
     assert len(result.history) == 2
     for step in result.history:
         assert np.isfinite(step.loss) and step.kd_loss > 0 and step.tokens > 0
@@ -128,22 +122,22 @@ class Interrupt(Exception):
 def test_resume_gives_the_same_next_steps(rolled, tmp_path):
     store, run_id, policy = rolled
     cfg = config(run_id, tmp_path, steps=4, save_every=2, invocations_per_step=3)
-    straight = run_distill(store, cfg, m_straight := models(policy))
+    straight = run_distill(store, cfg, models=(m_straight := models(policy)))
 
     def die_after_3(step):
         if step.step == 3:
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        run_distill(store, cfg, models(policy), on_step=die_after_3)
+        run_distill(store, cfg, models=models(policy), on_step=die_after_3)
     with store.session() as s:
-        killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "running"][0]
+        killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "failed"][0]
     full_id, stored_cfg, last = load_distill_run(store, killed_id[:8])
     assert full_id == killed_id
     assert stored_cfg == cfg and last.step == 2
     resumed_models = models(policy)
     resumed_models.student.load_state_dict(AutoModelForCausalLM.from_pretrained(last.path).state_dict())
-    resumed = run_distill(store, cfg, resumed_models, run_id=killed_id, resume_from=last)
+    resumed = run_distill(store, None, resume=killed_id, models=resumed_models)
     assert [h.step for h in resumed.history] == [3, 4]
     for a, b in zip(straight.history[2:], resumed.history, strict=True):
         assert a.loss == pytest.approx(b.loss, abs=1e-6, rel=1e-6)
@@ -157,13 +151,15 @@ def test_resume_gives_the_same_next_steps(rolled, tmp_path):
 def test_bad_inputs(rolled, tmp_path, sqlite_store):
     store, run_id, policy = rolled
     with pytest.raises(Exception, match="no run with id 'nopenope'"):
-        run_distill(store, config("nopenope", tmp_path), models(policy))
-    from agentmem.agent.rollout import RolloutConfig as RC
-    from agentmem.agent.rollout import start_run
+        run_distill(store, config("nopenope", tmp_path), models=models(policy))
+    from agentmem.records import Run, RunKind
 
-    empty = start_run(store, RC())
+    empty = Run(kind=RunKind.rollout)
+    with store.session() as s:
+        repo.start_run(s, empty)
+        s.commit()
     with pytest.raises(ValueError, match="no stored invocations"):
-        run_distill(store, config(empty.id, tmp_path), models(policy))
+        run_distill(store, config(empty.id, tmp_path), models=models(policy))
     from transformers import PreTrainedTokenizerFast
 
     tok = tiny_tokenizer()
@@ -171,7 +167,7 @@ def test_bad_inputs(rolled, tmp_path, sqlite_store):
     other.add_tokens(["<new>"])
     m = models(policy)
     with pytest.raises(ValueError, match="vocabularies differ"):
-        run_distill(store, config(run_id, tmp_path), Models(m.student, tok, policy, m.teacher, other))
+        run_distill(store, config(run_id, tmp_path), models=Models(m.student, tok, policy, m.teacher, other))
     assert all(e.status is not EpisodeStatus.running for e in select(store, [run_id]).episodes.values())
 
 
@@ -181,8 +177,8 @@ def test_distill_from_a_stored_run_on_each_database(store, tmp_path):
     cfg = RolloutConfig(model="tiny", episodes=1, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
                         agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, seed=1))
     policy = register_policy(store, "/models/tiny", "tiny")
-    rolled = run_rollout(store, cfg, TransformersBackend.from_model(tiny_llama(seed=3), tok), policy)
-    result = run_distill(store, config(rolled.run_id, tmp_path, steps=1), models(policy))
+    rolled = run_rollout(store, cfg, backend=TransformersBackend.from_model(tiny_llama(seed=3), tok), policy=policy)
+    result = run_distill(store, config(rolled.run_id, tmp_path, steps=1), models=models(policy))
     with store.session() as s:
         (step,) = repo.list_train_steps(s, result.run_id)
         assert repo.get_checkpoint(s, result.last_checkpoint.id).step == 1
@@ -192,7 +188,9 @@ def test_distill_from_a_stored_run_on_each_database(store, tmp_path):
 def test_distill_from_topk_shards(rolled, tmp_path):
     """With K = vocabulary the shards hold the whole teacher distribution: the same losses as the online
     teacher. With a small K the tail mass is spread evenly and every divergence stays finite."""
-    from agentmem.training.scoring import LoadedModel, ScoreConfig, run_score
+    from agentmem.config import ScoreConfig
+    from agentmem.jobs.score import run_score
+    from agentmem.training.scoring import LoadedModel
 
     store, run_id, policy = rolled
     tok = tiny_tokenizer()
@@ -200,18 +198,18 @@ def test_distill_from_topk_shards(rolled, tmp_path):
     cfg = config(run_id, tmp_path, steps=2, context=TeacherContext.aligned, rl="none")
     with pytest.raises(ValueError, match="run `agentmem score --topk K` first"):
         run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
-                    Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
+                    models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
     run_score(store, ScoreConfig(run_ids=[run_id], topk=len(tok), topk_dir=str(tmp_path / "full")),
-              LoadedModel(teacher, tok, "t-full"))
-    online = run_distill(store, cfg, Models(tiny_llama(seed=0).train(), tok, policy, teacher, tok))
+              teacher=LoadedModel(teacher, tok, "t-full"))
+    online = run_distill(store, cfg, models=Models(tiny_llama(seed=0).train(), tok, policy, teacher, tok))
     shards = run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
-                         Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
+                         models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
     for a, b in zip(online.history, shards.history, strict=True):
         assert a.kd_loss == pytest.approx(b.kd_loss, rel=1e-4, abs=1e-6)
     run_score(store, ScoreConfig(run_ids=[run_id], topk=4, topk_dir=str(tmp_path / "k4")),
-              LoadedModel(teacher, tok, "t-k4"))
+              teacher=LoadedModel(teacher, tok, "t-k4"))
     small = run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
-                        Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-k4"))
+                        models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-k4"))
     assert all(np.isfinite(h.kd_loss) and h.kd_loss > 0 for h in small.history)
 
 

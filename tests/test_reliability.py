@@ -211,6 +211,11 @@ def test_read_only_folder_is_refused_at_open_for_writing(tmp_path):
         folder.chmod(0o755)
 
 
+def test_a_folder_given_as_database_is_one_line(tmp_path):
+    with pytest.raises(StoreUnavailable, match=rf"^cannot open database {tmp_path} \(unable to open database file\)"):
+        open_store(str(tmp_path))
+
+
 def test_first_write_to_a_read_only_database_names_it(tmp_path):
     db = tmp_path / "a.db"
     open_store(str(db), create=True).dispose()

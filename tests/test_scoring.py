@@ -6,17 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import register_policy
 from safetensors.torch import load_file
 from test_agent import SYNTH
 from tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from agentmem.agent.loop import AgentConfig
-from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
-from agentmem.config import TeacherTruncation
+from agentmem.config import AgentConfig, RolloutConfig, ScoreConfig, TeacherTruncation
+from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
-from agentmem.training.scoring import LoadedModel, ScoreConfig, run_score
+from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import privileged_ids
 from store import repository as repo
 
@@ -32,7 +33,7 @@ def rolled(sqlite_store, model):
     config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
                            agent=AgentConfig(memory_tokens=10, answer_max_new_tokens=5, temperature=1.0, seed=5))
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    result = run_rollout(sqlite_store, config, TransformersBackend.from_model(model, tok), policy)
+    result = run_rollout(sqlite_store, config, backend=TransformersBackend.from_model(model, tok), policy=policy)
     return sqlite_store, result.run_id
 
 
@@ -57,8 +58,8 @@ def test_scores_equal_direct_computation(rolled, model, context):
     store, run_id = rolled
     tok = tiny_tokenizer()
     teacher = LoadedModel(model, tok, "tiny-teacher")
-    result = run_score(store, ScoreConfig(run_ids=[run_id], context=context, row_tokens=4096), teacher,
-                       LoadedModel(model, tok, "tiny-student"))
+    result = run_score(store, ScoreConfig(run_ids=[run_id], context=context, row_tokens=4096), teacher=teacher,
+                       student=LoadedModel(model, tok, "tiny-student"))
     invs, eps, got = scores_of(store, run_id, "tiny-teacher", context)
     assert result.scored == len(invs) == len(got)
     history: dict[str, list] = {}
@@ -86,8 +87,8 @@ def test_resumable_and_topk(rolled, model, tmp_path):
     tok = tiny_tokenizer()
     teacher = LoadedModel(model, tok, "t")
     config = ScoreConfig(run_ids=[run_id], topk=5, topk_dir=str(tmp_path), row_tokens=512)
-    first = run_score(store, config, teacher)
-    again = run_score(store, config, teacher)
+    first = run_score(store, config, teacher=teacher)
+    again = run_score(store, config, teacher=teacher)
     assert first.scored > 0 and again.scored == 0 and again.skipped == first.scored
     assert 0 < first.fill <= 1
     invs, _, got = scores_of(store, run_id, "t", TeacherContext.aligned)
@@ -106,15 +107,15 @@ def test_padded_embedding_is_cut_and_vocab_mismatch_is_an_error(rolled):
     store, run_id = rolled
     tok = tiny_tokenizer()
     padded = tiny_qwen2(vocab_size=len(tok) + 16)  # an output layer padded past the tokenizer
-    result = run_score(store, ScoreConfig(run_ids=[run_id]), LoadedModel(padded, tok, "padded"))
+    result = run_score(store, ScoreConfig(run_ids=[run_id]), teacher=LoadedModel(padded, tok, "padded"))
     assert result.scored > 0
     other = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token="<|im_end|>")
     other.add_tokens(["<extra_token>"])
     with pytest.raises(ValueError, match="vocabularies differ"):
-        run_score(store, ScoreConfig(run_ids=[run_id]), LoadedModel(padded, tok, "x"),
-                  LoadedModel(padded, other, "y"))
+        run_score(store, ScoreConfig(run_ids=[run_id]), teacher=LoadedModel(padded, tok, "x"),
+                  student=LoadedModel(padded, other, "y"))
     with pytest.raises(Exception, match="no run with id 'nopenope'"):
-        run_score(store, ScoreConfig(run_ids=["nopenope"]), LoadedModel(padded, tok, "x"))
+        run_score(store, ScoreConfig(run_ids=["nopenope"]), teacher=LoadedModel(padded, tok, "x"))
 
 
 def test_temperature_applies_to_both_distributions_and_is_stored(rolled, model):
@@ -122,8 +123,8 @@ def test_temperature_applies_to_both_distributions_and_is_stored(rolled, model):
     store, run_id = rolled
     tok = tiny_tokenizer()
     other = tiny_llama(seed=4)
-    run_score(store, ScoreConfig(run_ids=[run_id], temperature=2.0), LoadedModel(model, tok, "t2"),
-              LoadedModel(other, tok, "s"))
+    run_score(store, ScoreConfig(run_ids=[run_id], temperature=2.0), teacher=LoadedModel(model, tok, "t2"),
+              student=LoadedModel(other, tok, "s"))
     invs, _, got = scores_of(store, run_id, "t2", TeacherContext.aligned)
     for inv in invs[:4]:
         ids = torch.tensor(np.concatenate([inv.prompt_ids, inv.output_ids]), dtype=torch.long)[None]
@@ -144,7 +145,7 @@ def test_teacher_truncation_is_counted_in_the_result(rolled, model):
     tok = tiny_tokenizer()
     config = ScoreConfig(run_ids=[run_id], context=TeacherContext.persistent, row_tokens=64)
     with pytest.raises(Exception, match="exceed the row budget of 64"):
-        run_score(store, config, LoadedModel(model, tok, "cut"))
+        run_score(store, config, teacher=LoadedModel(model, tok, "cut"))
     result = run_score(store, config.model_copy(update={"teacher_truncation": TeacherTruncation.left}),
-                       LoadedModel(model, tok, "cut"))
+                       teacher=LoadedModel(model, tok, "cut"))
     assert result.teacher_truncated_calls >= 1 and result.teacher_truncated_tokens >= result.teacher_truncated_calls

@@ -7,17 +7,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import register_policy
 from test_agent import SYNTH
 from tiny_models import tiny_llama, tiny_tokenizer
 
-from agentmem.agent.loop import AgentConfig
-from agentmem.agent.rollout import RolloutConfig, register_policy, run_rollout
-from agentmem.config import DistillConfig, ScoreConfig, TeacherSourceKind, TeacherTruncation
+from agentmem.config import (
+    AgentConfig,
+    DistillConfig,
+    RolloutConfig,
+    ScoreConfig,
+    TeacherSourceKind,
+    TeacherTruncation,
+)
 from agentmem.errors import TrainingError
+from agentmem.jobs.distill import run_distill
+from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
-from agentmem.training.distill import Models, run_distill
-from agentmem.training.scoring import LoadedModel, run_score
+from agentmem.training.distill import Models
+from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import select, teacher_sequences
 from agentmem.training.teachers import OnlineTeacher, ShardTeacher, StoredScoresTeacher
 
@@ -35,7 +44,7 @@ def rolled(sqlite_store, teacher_model):
     config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
                            agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, temperature=1.0, seed=7))
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    result = run_rollout(sqlite_store, config, TransformersBackend.from_model(teacher_model, tok), policy)
+    result = run_rollout(sqlite_store, config, backend=TransformersBackend.from_model(teacher_model, tok), policy=policy)
     return sqlite_store, result.run_id, policy
 
 
@@ -80,7 +89,7 @@ def test_full_vocabulary_shards_equal_the_online_teacher(rolled, teacher_model, 
     store, run_id, _ = rolled
     tok = tiny_tokenizer()
     run_score(store, ScoreConfig(run_ids=[run_id], topk=len(tok), topk_dir=str(tmp_path), temperature=temperature),
-              LoadedModel(teacher_model, tok, "t-full"))
+              teacher=LoadedModel(teacher_model, tok, "t-full"))
     selection = select(store, [run_id])
     shards = ShardTeacher.from_store(store, "t-full", TeacherContext.aligned, selection.ids, len(tok))
     online = OnlineTeacher.for_selection(teacher_model, tok, "t", selection, TeacherContext.aligned, row_tokens=4096)
@@ -100,7 +109,7 @@ def test_stored_scores_teacher(rolled, teacher_model):
     missing = StoredScoresTeacher(store, "t", TeacherContext.aligned)
     with pytest.raises(TrainingError, match="has no stored score for teacher 't'"):
         missing.targets(selection.ids)
-    run_score(store, ScoreConfig(run_ids=[run_id]), LoadedModel(teacher_model, tok, "t"))
+    run_score(store, ScoreConfig(run_ids=[run_id]), teacher=LoadedModel(teacher_model, tok, "t"))
     got = missing.targets(selection.ids)
     assert not got.full_vocab
     online = OnlineTeacher.for_selection(teacher_model, tok, "t", selection, TeacherContext.aligned, row_tokens=4096)
@@ -116,11 +125,11 @@ def test_distill_from_stored_scores_of_the_student_itself_is_zero(rolled, teache
     """Teacher == student, aligned, T = 1: the sampled-token estimate of KL is 0 at the first step."""
     store, run_id, policy = rolled
     tok = tiny_tokenizer()
-    run_score(store, ScoreConfig(run_ids=[run_id]), LoadedModel(teacher_model, tok, "self"))
+    run_score(store, ScoreConfig(run_ids=[run_id]), teacher=LoadedModel(teacher_model, tok, "self"))
     cfg = DistillConfig(run_ids=[run_id], teacher="self", teacher_source=TeacherSourceKind.scores, rl="none",
                         steps=2, invocations_per_step=4, lr=1e-3, out=str(tmp_path))
     student = tiny_llama(seed=1).train()
-    result = run_distill(store, cfg, Models(student, tok, policy, teacher_name="self"))
+    result = run_distill(store, cfg, models=Models(student, tok, policy, teacher_name="self"))
     first, second = result.history
     assert first.kd_loss == pytest.approx(0.0, abs=1e-5) and first.metrics["grad_norm"] < 1e-4
     assert np.isfinite(second.kd_loss)

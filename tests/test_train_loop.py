@@ -1,27 +1,32 @@
-"""The on-policy loop on a tiny model folder: rounds chain checkpoints, and every stored call is tagged
-with the checkpoint that sampled it."""
+"""The on-policy loop on a tiny model folder: rounds chain checkpoints, every stored call is tagged with
+the checkpoint that sampled it, and a call over the row budget is left out and counted, never cut."""
 
 from __future__ import annotations
 
+import pytest
 from test_agent import SYNTH
 from tiny_models import save_tiny
 
-from agentmem.agent.loop import AgentConfig
-from agentmem.agent.rollout import RolloutConfig
+from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TrainConfig
+from agentmem.jobs.train import run_train
 from agentmem.records import TeacherContext
-from agentmem.training.loop import TrainConfig, run_train
 from store import repository as repo
+
+
+def tiny_train(folder: str, tmp_path, **distill) -> TrainConfig:
+    return TrainConfig(
+        rounds=2,
+        rollout=RolloutConfig(env_knobs=SYNTH, episodes=2, group_size=2, chunk_tokens=48,
+                              agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, max_batch=4)),
+        distill=DistillConfig(student=folder, teacher=folder, context=TeacherContext.privileged, steps=1,
+                              invocations_per_step=4, lr=1e-3, out=str(tmp_path / "ckpt"),
+                              oversize=Oversize.skip, **distill),
+    )
 
 
 def test_two_rounds_chain_checkpoints_and_tag_policy_versions(sqlite_store, tmp_path):
     folder = save_tiny(tmp_path / "tiny")
-    config = TrainConfig(
-        student=folder, teacher=folder, context=TeacherContext.privileged, rounds=2, steps_per_round=1,
-        invocations_per_step=4, lr=1e-3, out=str(tmp_path / "ckpt"),
-        rollout=RolloutConfig(env_knobs=SYNTH, episodes=2, group_size=2, chunk_tokens=48,
-                              agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, max_batch=4)),
-    )
-    run_id, rounds = run_train(sqlite_store, config)
+    run_id, rounds = run_train(sqlite_store, tiny_train(folder, tmp_path))
     assert len(rounds) == 2
     assert rounds[1].policy == rounds[0].checkpoint
     assert rounds[1].checkpoint.parent_id == rounds[0].checkpoint.id
@@ -32,3 +37,28 @@ def test_two_rounds_chain_checkpoints_and_tag_policy_versions(sqlite_store, tmp_
             versions = {i.policy_version for i in repo.stream_invocations(s, run_ids=[r.rollout_run_id])}
             assert versions == {r.policy.id}
             assert len(repo.list_train_steps(s, r.distill_run_id)) == 1
+
+
+def test_train_leaves_out_a_call_over_the_budget_and_counts_it(sqlite_store, tmp_path):
+    """Every call of these rollouts is longer than the row budget: each step trains on nothing, counts
+    every drawn call as skipped, and no call is ever cut to fit (the student never trains on a state it
+    did not see)."""
+    folder = save_tiny(tmp_path / "tiny")
+    config = tiny_train(folder, tmp_path, row_tokens=64, rl_weight=1.0)
+    run_id, rounds = run_train(sqlite_store, config.model_copy(update={"rounds": 1}))
+    with sqlite_store.session() as s:
+        invs = list(repo.stream_invocations(s, run_ids=[rounds[0].rollout_run_id]))
+        (step,) = repo.list_train_steps(s, rounds[0].distill_run_id)
+    assert all(i.prompt_tokens + i.output_tokens > 64 for i in invs)
+    assert step.metrics["skipped_calls"] == 4 and step.metrics["skipped_tokens"] > 4 * 64
+    assert step.tokens == 0 and step.metrics["actions"] == 0
+
+
+def test_train_config_composes_rollout_and_distill():
+    config = TrainConfig()
+    assert isinstance(config.rollout, RolloutConfig) and isinstance(config.distill, DistillConfig)
+    assert config.distill.oversize is Oversize.skip  # the loop never cuts a call
+    rollout, distill = config.round_configs(1, "ckpt-1")
+    assert (rollout.model, rollout.seed, distill.student, distill.seed) == ("ckpt-1", 1, "ckpt-1", 1)
+    with pytest.raises(ValueError, match="set by each round"):
+        TrainConfig(distill=DistillConfig(run_ids=["r"]))

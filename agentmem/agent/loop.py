@@ -170,7 +170,7 @@ class AgentLoop:
             answered = stored[-1] if last.final else None
         return EpisodeState(
             episode, task, memory=self.memory.resume(readable, stored), next_step=len(stored), calls=len(stored),
-            tokens=sum(i.prompt_tokens + i.output_tokens for i in stored), stored=stored, readable=readable,
+            tokens=sum(i.prompt_tokens + i.output_tokens for i in stored), readable=readable,
             answered=answered,
         )
 

@@ -1,5 +1,5 @@
-"""Distillation from stored invocations: the ``Trainer`` (library) and the ``agentmem distill`` job
-around it (run bookkeeping, checkpoints, resume).
+"""Distillation from stored invocations: the ``Trainer`` (the job around it, with run bookkeeping, model
+loading and resume, is ``agentmem.jobs.distill``).
 
 Each step takes ``invocations_per_step`` stored calls in a seeded order that depends only on
 (seed, step) (with several processes, each takes every ``world_size``-th of them), rebuilds them for
@@ -20,7 +20,6 @@ ratio at each call's sampling temperature.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,13 +27,12 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import DistillConfig, Oversize, TeacherSourceKind
-from agentmem.errors import RunError
-from agentmem.records import Checkpoint, Run, RunKind, TrainStep
+from agentmem.config import DistillConfig, Oversize
+from agentmem.records import Checkpoint, TrainStep
 from agentmem.replay import pack
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
-from agentmem.training.checkpoints import load_trainer_state, save_checkpoint
+from agentmem.training.checkpoints import save_checkpoint
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, StepResult, accumulate_step
 from agentmem.training.selection import Selection, select, student_sequences
@@ -44,8 +42,7 @@ from agentmem.training.vocab import check_same_vocab, vocab_size
 from store import repository as repo
 from store.engine import Store
 
-__all__ = ["DistillConfig", "DistillResult", "Models", "Trainer", "advantages", "load_distill_run", "load_models",
-           "run_distill", "start_distill_run", "step_indices"]
+__all__ = ["DistillConfig", "Models", "Trainer", "advantages", "step_indices"]
 
 
 @dataclass(frozen=True)
@@ -60,14 +57,6 @@ class Models:
     teacher_tokenizer: PreTrainedTokenizerBase | None = None
     teacher_name: str | None = None  # the teacher's resolved path, as `agentmem score` stores it
     reference: PreTrainedModel | None = None
-
-
-@dataclass(frozen=True)
-class DistillResult:
-    run_id: str
-    steps_done: int
-    last_checkpoint: Checkpoint | None
-    history: list[TrainStep]
 
 
 def step_indices(n: int, per_step: int, seed: int, step: int) -> np.ndarray:
@@ -175,84 +164,3 @@ class Trainer:
             repo.insert_checkpoint(s, ckpt)
             s.commit()
         return ckpt
-
-
-def start_distill_run(store: Store, config: DistillConfig) -> Run:
-    run = Run(kind=RunKind.distill, config=config.model_dump(mode="json"))
-    with store.session() as s:
-        repo.insert_run(s, run)
-        s.commit()
-    return run
-
-
-def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Checkpoint | None]:
-    """(full run id, stored config, latest checkpoint or None) of a distill run."""
-    with store.session() as s:
-        run = repo.get_run(s, run_id)
-        if run.kind is not RunKind.distill:
-            raise RunError(f"run {run.id} is a {run.kind.value} run, not a distill run")
-        ckpts = repo.list_checkpoints(s, run.id)
-    return run.id, DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
-
-
-def run_distill(
-    store: Store,
-    config: DistillConfig,
-    models: Models,
-    *,
-    run_id: str | None = None,
-    resume_from: Checkpoint | None = None,
-    on_step: Callable[[TrainStep], None] | None = None,
-    runtime: Runtime = CPU,
-) -> DistillResult:
-    """Train for ``config.steps`` steps (continuing after ``resume_from``'s step when given, whose weights
-    ``models.student`` must already hold)."""
-    rid = run_id or start_distill_run(store, config).id
-    trainer = Trainer(store, config, models, rid, runtime)
-    done, parent, last = 0, models.student_checkpoint, None
-    if resume_from is not None:
-        done = load_trainer_state(Path(resume_from.path), trainer.optimizer)
-        parent = last = resume_from
-    history = []
-    for step in range(done, config.steps):
-        record = trainer.step(step)
-        with store.session() as s:
-            repo.insert_train_step(s, record)
-            s.commit()
-        history.append(record)
-        if on_step:
-            on_step(record)
-        steps_done = step + 1
-        if steps_done == config.steps or (config.save_every and steps_done % config.save_every == 0):
-            last = parent = trainer.save(steps_done, parent)
-    with store.session() as s:
-        repo.finish_run(s, rid)
-        s.commit()
-    return DistillResult(rid, config.steps, last, history)
-
-
-def load_models(store: Store, config: DistillConfig, resume_from: Checkpoint | None = None,
-                runtime: Runtime = CPU) -> Models:
-    """Student (trainable; from ``resume_from`` when resuming), frozen teacher (when the teacher source is a
-    model) and frozen reference (when the anchor term is on), in the runtime's dtype for
-    ``config.dtype``, on its device, from the config's references (checkpoint ids, folders, 'default' or
-    hub names)."""
-    from agentmem.agent.models import resolve_model_ref
-    from agentmem.agent.rollout import register_policy
-    from agentmem.policy.models import load_model
-
-    dtype = str(runtime.dtype_for(config.dtype))
-    path, base = resolve_model_ref(store, config.student)
-    start = register_policy(store, path, base)
-    student, tokenizer = load_model(resume_from.path if resume_from else path, dtype=dtype, device=runtime.device)
-    student.requires_grad_(True)
-    teacher = teacher_tok = tpath = reference = None
-    if config.teacher:
-        tpath, _ = resolve_model_ref(store, config.teacher)
-        if config.teacher_source == TeacherSourceKind.model and config.effective_kd_weight:
-            teacher, teacher_tok = load_model(tpath, dtype=dtype, device=runtime.device)
-            teacher.requires_grad_(False)
-    if config.anchor_weight:
-        reference, _ = load_model(path, dtype=dtype, device=runtime.device)
-        reference.requires_grad_(False)
-    return Models(student, tokenizer, start, teacher, teacher_tok, tpath, reference)

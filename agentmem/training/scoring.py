@@ -1,4 +1,4 @@
-"""Teacher scoring of stored invocations: the ``Scorer`` (library) and the ``agentmem score`` job around it.
+"""Teacher scoring of stored invocations: the ``Scorer`` (the job around it is ``agentmem.jobs.score``).
 
 For every selected invocation, rebuilt under the chosen teacher context and packed into rows, the
 teacher's distribution over the full vocabulary is taken at the action positions only, and per action
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,18 +28,15 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.config import ScoreConfig, TeacherTruncation
-from agentmem.records import Run, RunKind, TeacherScore
+from agentmem.records import TeacherScore
 from agentmem.replay import Sequence
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.collate import PackedBatch
 from agentmem.training.forward import PackedModel, RowBatches, plan, split_actions
 from agentmem.training.losses import reverse_kl
-from agentmem.training.selection import Selection, select, student_sequences, teacher_sequences
 from agentmem.training.vocab import check_same_vocab
-from store import repository as repo
-from store.engine import Store
 
-__all__ = ["LoadedModel", "ScoreConfig", "ScoreProgress", "ScoreResult", "ScoredBatch", "Scorer", "run_score"]
+__all__ = ["LoadedModel", "ScoreConfig", "ScoreProgress", "ScoreResult", "ScoredBatch", "Scorer"]
 
 
 @dataclass(frozen=True)
@@ -64,10 +61,6 @@ class ScoreResult:
     fill: float
     teacher_truncated_calls: int = 0
     teacher_truncated_tokens: int = 0
-
-    @property
-    def truncated_sequences(self) -> int:  # the name the CLI printed before the split
-        return self.teacher_truncated_calls
 
 
 @dataclass(frozen=True)
@@ -134,60 +127,6 @@ class Scorer:
         rows = plan(seqs, max(self.config.row_tokens, max(len(s) for s in seqs))).batches
         parts = self.student.logits_by_invocation(rows)
         return torch.cat([parts[i] for i in teacher_batch.invocation_ids])
-
-
-def run_score(
-    store: Store,
-    config: ScoreConfig,
-    teacher: LoadedModel,
-    student: LoadedModel | None = None,
-    *,
-    on_start: Callable[[int, int], None] | None = None,
-    on_batch: Callable[[ScoreProgress], None] | None = None,
-    runtime: Runtime = CPU,
-) -> ScoreResult:
-    """The job: a ``score`` run scoring every selected invocation not yet scored by this teacher under
-    this context, written batch by batch."""
-    scorer = Scorer(config, teacher, student, runtime)
-    selection = select(store, config.run_ids, kinds=config.kinds)
-    with store.session() as s:
-        done = repo.scored_invocation_ids(s, teacher.name, config.context)
-    sequences = teacher_sequences(selection, config.context, teacher.tokenizer)
-    todo = [seq for seq in sequences if seq.invocation_id not in done]
-    skipped = len(sequences) - len(todo)
-    run = Run(kind=RunKind.score, config=config.model_dump(mode="json") | {"teacher_name": teacher.name})
-    with store.session() as s:
-        repo.insert_run(s, run)
-        s.commit()
-    if on_start:
-        on_start(len(sequences), skipped)
-    if not todo:
-        _finish(store, run.id)
-        return ScoreResult(run.id, 0, skipped, 0.0)
-    batches = scorer.plan(todo)
-    scored = 0
-    for part in scorer.score(batches, _student_seqs(selection, student, {s.invocation_id for s in todo}), run.id):
-        with store.session() as s:
-            repo.insert_teacher_scores(s, part.scores)
-            s.commit()
-        scored += len(part.scores)
-        if on_batch:
-            on_batch(ScoreProgress(len(part.scores), part.tokens, part.seconds))
-    _finish(store, run.id)
-    return ScoreResult(run.id, scored, skipped, batches.stats.fill, batches.stats.truncated_sequences,
-                       batches.stats.truncated_tokens)
-
-
-def _finish(store: Store, run_id: str) -> None:
-    with store.session() as s:
-        repo.finish_run(s, run_id)
-        s.commit()
-
-
-def _student_seqs(selection: Selection, student: LoadedModel | None, todo: set[str]) -> dict[str, Sequence] | None:
-    if student is None:
-        return None
-    return {s.invocation_id: s for s in student_sequences(selection) if s.invocation_id in todo}
 
 
 def _write_topk(config: ScoreConfig, run_id: str, index: int, batch, t_logp: torch.Tensor) -> str:

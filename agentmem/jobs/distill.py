@@ -1,0 +1,136 @@
+"""The distill job (``agentmem distill``): train a student from stored calls with the ``Trainer``.
+
+Order of work: the config, the run ids and the model references are checked first (no weights load for a
+bad flag or an unknown id); then the run is opened, the models load onto the runtime's device, and each
+step's metrics go to ``train_steps`` as it finishes. Checkpoints are model folders registered in
+``checkpoints`` with their parent; ``--resume`` continues from the last one and draws exactly the steps an
+uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentmem import models as model_refs
+from agentmem.config import DistillConfig, TeacherSourceKind
+from agentmem.errors import ConfigError, RunError
+from agentmem.jobs.runs import load_run, tracked_run
+from agentmem.records import Checkpoint, RunKind, TrainStep
+from agentmem.runtime import CPU, Runtime
+from agentmem.training.checkpoints import load_trainer_state
+from agentmem.training.distill import Models, Trainer
+from store import repository as repo
+from store.engine import Store
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    run_id: str
+    steps_done: int
+    last_checkpoint: Checkpoint | None
+    history: list[TrainStep]
+
+    def _total(self, key: str) -> int:
+        return int(sum(s.metrics.get(key, 0.0) for s in self.history))
+
+    @property
+    def skipped_calls(self) -> int:
+        """Calls left out because they exceed the row budget (``oversize=skip``), over the steps run."""
+        return self._total("skipped_calls")
+
+    @property
+    def teacher_truncated_calls(self) -> int:
+        return self._total("teacher_truncated_calls")
+
+
+def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Checkpoint | None]:
+    """(full run id, stored config, latest checkpoint or None) of a distill run."""
+    run = load_run(store, run_id, RunKind.distill)
+    with store.session() as s:
+        ckpts = repo.list_checkpoints(s, run.id)
+    return run.id, DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
+
+
+def check_runs(store: Store, run_ids: list[str]) -> list[str]:
+    """Full ids of the runs to train on; each must exist and hold stored calls."""
+    if not run_ids:
+        raise ConfigError("give at least one run to train on (--run RUN_ID; see `agentmem runs`)")
+    full = []
+    with store.session() as s:
+        for rid in run_ids:
+            run = repo.get_run(s, rid)
+            if repo.count_invocations(s, [run.id]) == 0:
+                raise RunError(f"run {run.id} ({run.kind.value}) has no stored invocations to train on")
+            full.append(run.id)
+    return full
+
+
+def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
+                resume_from: Checkpoint | None = None) -> Models:
+    """Student (trainable; from ``resume_from`` when resuming), frozen teacher (when the teacher source is a
+    model) and frozen reference (when the anchor term is on), on the runtime's device."""
+    start_ref = model_refs.resolve(store, config.student)
+    teacher_ref = model_refs.resolve(store, config.teacher) if config.teacher else None
+    start = model_refs.register(store, start_ref)
+    student, tokenizer = model_refs.load(resume_from.path if resume_from else start_ref.path, config.dtype, runtime,
+                                         trainable=True)
+    teacher = teacher_tok = reference = None
+    if teacher_ref and config.teacher_source is TeacherSourceKind.model and config.effective_kd_weight:
+        teacher, teacher_tok = model_refs.load(teacher_ref.path, config.dtype, runtime)
+    if config.anchor_weight:
+        reference, _ = model_refs.load(start_ref.path, config.dtype, runtime)
+    return Models(student, tokenizer, start, teacher, teacher_tok, teacher_ref.path if teacher_ref else None,
+                  reference)
+
+
+def run_distill(
+    store: Store,
+    config: DistillConfig | None,
+    runtime: Runtime = CPU,
+    *,
+    resume: str | None = None,
+    steps: int | None = None,
+    models: Models | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_step: Callable[[TrainStep], None] | None = None,
+) -> DistillResult:
+    """Train for ``config.steps`` steps, or with ``resume`` (a distill run id; ``config`` may be None)
+    continue a stored run from its last checkpoint, up to ``steps`` when given. ``models`` injects loaded
+    models (tests); ``models.student`` must then already hold the resumed weights."""
+    resumed_run, resume_from = None, None
+    if resume is not None:
+        resumed_run = load_run(store, resume, RunKind.distill)
+        _, stored, resume_from = load_distill_run(store, resumed_run.id)
+        config = stored if steps is None else stored.model_copy(update={"steps": steps})
+    if config is None:
+        raise ConfigError("run_distill needs a config or a run to resume")
+    config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    if models is None:  # every reference resolves before any weights load
+        model_refs.resolve(store, config.student)
+        if config.teacher:
+            model_refs.resolve(store, config.teacher)
+    with tracked_run(store, RunKind.distill, config, resume=resumed_run) as run:
+        loaded = models or load_models(store, config, runtime, resume_from)
+        trainer = Trainer(store, config, loaded, run.id, runtime)
+        done, parent, last = 0, loaded.student_checkpoint, None
+        if resume_from is not None:
+            done = load_trainer_state(Path(resume_from.path), trainer.optimizer)
+            parent = last = resume_from
+        if on_start:
+            on_start(config.steps, done)
+        history = []
+        for step in range(done, config.steps):
+            record = trainer.step(step)
+            with store.session() as s:
+                repo.insert_train_step(s, record)
+                s.commit()
+            run.beat()
+            history.append(record)
+            if on_step:
+                on_step(record)
+            steps_done = step + 1
+            if steps_done == config.steps or (config.save_every and steps_done % config.save_every == 0):
+                last = parent = trainer.save(steps_done, parent)
+    return DistillResult(run.id, config.steps, last, history)

@@ -1,0 +1,79 @@
+"""The score job (``agentmem score``): the teacher's judgement of stored calls, written batch by batch.
+
+Order of work: the run ids and model references are checked before any weights load; one ``score`` run
+records the job; already scored (invocation, teacher, context) rows are skipped, so a killed job resumes
+by running it again. Teacher contexts over the row budget are refused or cut from the left and counted
+(``ScoreResult.teacher_truncated_calls``); the student side is never cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agentmem import models as model_refs
+from agentmem.config import ScoreConfig
+from agentmem.jobs.distill import check_runs
+from agentmem.jobs.runs import tracked_run
+from agentmem.records import RunKind
+from agentmem.runtime import CPU, Runtime
+from agentmem.training.scoring import LoadedModel, ScoreProgress, Scorer, ScoreResult
+from agentmem.training.selection import select, student_sequences, teacher_sequences
+from store import repository as repo
+from store.engine import Store
+
+
+def load(store: Store, ref: str, config: ScoreConfig, runtime: Runtime) -> LoadedModel:
+    resolved = model_refs.resolve(store, ref)
+    model, tokenizer = model_refs.load(resolved.path, config.dtype, runtime)
+    return LoadedModel(model, tokenizer, resolved.path)
+
+
+def run_score(
+    store: Store,
+    config: ScoreConfig,
+    runtime: Runtime = CPU,
+    *,
+    teacher: LoadedModel | None = None,
+    student: LoadedModel | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_batch: Callable[[ScoreProgress], None] | None = None,
+) -> ScoreResult:
+    """Score every selected invocation not yet scored by this teacher under this context. ``teacher`` and
+    ``student`` inject loaded models (tests); otherwise ``config.teacher`` / ``config.student`` load."""
+    config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    if teacher is None:
+        teacher_path = model_refs.resolve(store, config.teacher).path
+        if config.student:
+            model_refs.resolve(store, config.student)
+    else:
+        teacher_path = teacher.name
+    with tracked_run(store, RunKind.score, config, extra={"teacher_name": teacher_path}) as run:
+        teacher = teacher or load(store, config.teacher, config, runtime)
+        if student is None and config.student:
+            student = load(store, config.student, config, runtime)
+        scorer = Scorer(config, teacher, student, runtime)
+        selection = select(store, config.run_ids, kinds=config.kinds)
+        with store.session() as s:
+            done = repo.scored_invocation_ids(s, teacher.name, config.context)
+        sequences = teacher_sequences(selection, config.context, teacher.tokenizer)
+        todo = [seq for seq in sequences if seq.invocation_id not in done]
+        skipped = len(sequences) - len(todo)
+        if on_start:
+            on_start(len(sequences), skipped)
+        if not todo:
+            return ScoreResult(run.id, 0, skipped, 0.0)
+        batches = scorer.plan(todo)
+        wanted = {s.invocation_id for s in todo}
+        student_seqs = ({s.invocation_id: s for s in student_sequences(selection) if s.invocation_id in wanted}
+                        if student is not None else None)
+        scored = 0
+        for part in scorer.score(batches, student_seqs, run.id):
+            with store.session() as s:
+                repo.insert_teacher_scores(s, part.scores)
+                s.commit()
+            run.beat()
+            scored += len(part.scores)
+            if on_batch:
+                on_batch(ScoreProgress(len(part.scores), part.tokens, part.seconds))
+    return ScoreResult(run.id, scored, skipped, batches.stats.fill, batches.stats.truncated_sequences,
+                       batches.stats.truncated_tokens)

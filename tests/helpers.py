@@ -1,0 +1,11 @@
+"""Small helpers shared by tests that drive jobs with injected models."""
+
+from __future__ import annotations
+
+from agentmem.models import ModelRef, register
+from agentmem.records import Checkpoint
+
+
+def register_policy(store, path: str, base_model: str) -> Checkpoint:
+    """The checkpoint row of a model that samples (as a job registers it), without loading anything."""
+    return register(store, ModelRef(base_model, path, base_model))
