@@ -10,7 +10,7 @@ so a killed job loses at most the calls in flight and ``resume`` finishes the ru
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agentmem import models
@@ -79,7 +79,7 @@ def run_rollout(
     *,
     resume: str | None = None,
     kind: RunKind = RunKind.rollout,
-    backend: Backend | None = None,
+    backend: Backend | Mapping[str, Backend] | None = None,
     policy: Checkpoint | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_round: Callable[[RoundStats], None] | None = None,
@@ -87,8 +87,9 @@ def run_rollout(
 ) -> RolloutResult:
     """Run a rollout, or with ``resume`` (a rollout run id; ``config`` may be None) finish a stored one.
 
-    ``backend`` and ``policy`` inject a ready backend and its checkpoint row (tests, benchmarks, the train
-    loop); otherwise the model named by ``config.model`` is resolved, registered and loaded.
+    ``backend`` and ``policy`` inject a ready backend (or a ``{call kind: backend}`` mapping with an optional
+    ``"*"`` default, as ``AgentLoop`` takes) and its checkpoint row (tests, benchmarks, the train loop);
+    otherwise the model named by ``config.model`` is resolved, registered and loaded.
     ``on_start(episodes_total, episodes_done)`` is called once the work is known, ``on_round`` after every
     batched round of calls. ``kind`` is the kind of a new run (evaluation runs this as ``RunKind.eval``)."""
     resumed_run = None
@@ -103,7 +104,7 @@ def run_rollout(
         ref = models.resolve(store, config.model)
         tokenizer = _tokenizer(ref.path)
     else:
-        tokenizer = backend.tokenizer
+        tokenizer = _main_backend(backend).tokenizer
     env = build_env(config, tokenizer)
     tasks = env.tasks(config.episodes)
     if not tasks:
@@ -138,6 +139,12 @@ def run_rollout(
     with store.session() as s:
         final = repo.list_episodes(s, rid)
     return RolloutResult(run_id=rid, episodes=final, resumed_episodes=resumed, policy=policy)
+
+
+def _main_backend(backend: Backend | Mapping[str, Backend]) -> Backend:
+    if isinstance(backend, Mapping):
+        return backend.get("*") or next(iter(backend.values()))
+    return backend
 
 
 def _tokenizer(path: str):
