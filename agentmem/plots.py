@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from agentmem.errors import ConfigError
 from agentmem.records import EvalResult
 
 PlotBy = Literal["step", "context_tokens"]
@@ -49,7 +50,7 @@ def plot_eval_results(results: Sequence[EvalResult], path: str | Path, *, by: Pl
 
     lines = series(results, by)
     if not lines:
-        raise ValueError(f"no eval results with a {by.replace('_', ' ')} to plot")
+        raise ConfigError(f"no eval results with a {by.replace('_', ' ')} to plot")
     fig = Figure(figsize=(7, 4.5), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -23,6 +23,7 @@ import numpy as np
 
 from agentmem.agent.loop import RoundStats
 from agentmem.config import HELD_OUT_SEED, EvalConfig
+from agentmem.errors import RunError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, EvalResult, InvocationKind, RunKind
@@ -53,7 +54,7 @@ def summarize(
 ) -> EvalResult:
     """The eval_results row for ``episodes``: means and bootstrap 95% intervals of F1, EM, substring EM."""
     if not episodes:
-        raise ValueError("no episodes to evaluate")
+        raise RunError("no episodes to evaluate")
     stats: dict[str, Any] = {}
     for name in ("f1", "em", "sub_em"):
         values = episode_scores(episodes, name)  # type: ignore[arg-type]

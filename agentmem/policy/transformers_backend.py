@@ -30,6 +30,7 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
@@ -54,7 +55,7 @@ class TransformersBackend:
         self.tokenizer = tokenizer
         self.stop_ids = eos_ids(model, tokenizer)
         if not self.stop_ids:
-            raise ValueError("neither the tokenizer nor the model's generation config names an eos token")
+            raise ModelError("neither the tokenizer nor the model's generation config names an eos token")
         pad = tokenizer.pad_token_id
         # Pad values never reach a real token (they are masked); any valid id will do.
         self.pad_id = pad if pad is not None else min(self.stop_ids)
