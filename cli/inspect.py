@@ -175,11 +175,11 @@ def export(
 ) -> None:
     """Export stored invocations (exact token ids and log-probs, texts, episode outcome) as a Hugging Face
     dataset, one row per invocation."""
-    from agentmem.replay.export import export_invocations
+    from agentmem.jobs.export import run_export
 
     from store.engine import open_store
 
-    ds = export_invocations(open_store(db), run, out)
+    ds = run_export(open_store(db), run, out)
     typer.echo(f"wrote {ds.num_rows} invocations to {out}")
 
 
