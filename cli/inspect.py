@@ -176,7 +176,6 @@ def export(
     """Export stored invocations (exact token ids and log-probs, texts, episode outcome) as a Hugging Face
     dataset, one row per invocation."""
     from agentmem.jobs.export import run_export
-
     from store.engine import open_store
 
     ds = run_export(open_store(db), run, out)
