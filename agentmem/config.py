@@ -96,6 +96,25 @@ class TeacherTruncation(Choice):
     left = "left"
 
 
+class Packing(Choice):
+    """How calls are laid out in rows: ``segments`` (each call whole, attention blocked at every boundary)
+    or ``shared_prefix`` (the calls of one (run, task, step) group share their longest common token
+    prefix: it is placed and computed once, each call's suffix attends to it and to itself only, at the
+    call's original positions; calls that share nothing fall back to segments)."""
+
+    segments = "segments"
+    shared_prefix = "shared_prefix"
+
+
+class PromptLayout(Choice):
+    """Order of the overwrite policy's update prompt: ``chunk-first`` (question, chunk, memory: the G
+    samples of a task share most of the prompt) or ``memory-first`` (question, memory, chunk: MemAgent's
+    order, the layout of stored runs made before the option existed)."""
+
+    chunk_first = "chunk-first"
+    memory_first = "memory-first"
+
+
 class TeacherSourceKind(Choice):
     """Where teacher targets come from: a model run online on packed rows, top-K shards written by
     ``agentmem score --topk``, or stored per-token teacher log-probs (sampled-token estimator)."""
@@ -115,7 +134,14 @@ class Frozen(BaseModel):
 
 
 class AgentConfig(Frozen):
-    """How the agent reads: memory budget, generation limits, sampling, memory policy."""
+    """How the agent reads: memory budget, generation limits, sampling, memory policy, prompt layout.
+
+    ``prompt_layout`` defaults to ``chunk-first``; a stored config that has no such field (a run made
+    before it existed) reads as ``memory-first``, the layout that run used (``AgentConfig.stored``)."""
+
+    @classmethod
+    def stored(cls, data: dict) -> AgentConfig:
+        return cls.model_validate({"prompt_layout": PromptLayout.memory_first.value, **data})
 
     memory_tokens: int = Field(256, ge=1)
     answer_max_new_tokens: int = Field(32, ge=1)
@@ -123,12 +149,20 @@ class AgentConfig(Frozen):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     memory_policy: str = "overwrite"
+    prompt_layout: PromptLayout = PromptLayout.chunk_first
     max_batch: int = Field(8, ge=1)
     seed: int = Field(0, ge=0)
 
 
 class RolloutConfig(Frozen):
     """Everything a rollout depends on; stored with the run so ``--resume`` needs only the run id."""
+
+    @classmethod
+    def stored(cls, data: dict) -> RolloutConfig:
+        """A config read back from a run row (see ``AgentConfig.stored`` for the one default that differs)."""
+        data = dict(data)
+        data["agent"] = AgentConfig.stored(data.get("agent") or {})
+        return cls.model_validate(data)
 
     env: str = "synthetic"
     data: str | None = None
@@ -181,6 +215,7 @@ class ScoreConfig(Frozen):
     topk: int = Field(0, ge=0)
     topk_dir: str = "agentmem_topk"
     path: AttentionPath = AttentionPath.fast
+    packing: Packing = Packing.segments
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     dtype: DType = DType.float32
     temperature: float = Field(1.0, gt=0)
@@ -228,6 +263,7 @@ class DistillConfig(Frozen):
     save_every: int | None = Field(None, ge=1)
     kinds: list[InvocationKind] | None = None
     path: AttentionPath = AttentionPath.fast
+    packing: Packing = Packing.segments
     oversize: Oversize = Oversize.error
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     dtype: DType = DType.float32

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import HELD_OUT_SEED, BackendKind, Device, DType, PlotBy
+from agentmem.config import HELD_OUT_SEED, BackendKind, Device, DType, PlotBy, PromptLayout
 from cli.common import parse_knobs
 from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
@@ -32,6 +32,9 @@ def evaluate(
     max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
     = None,
     memory_policy: Annotated[str, typer.Option(help="Memory policy (registered name).")] = "overwrite",
+    prompt_layout: Annotated[PromptLayout, typer.Option(
+        help="Update prompt order: chunk-first (question, chunk, memory: a task's samples share the prefix) "
+             "or memory-first (MemAgent's order).")] = PromptLayout.chunk_first,
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
@@ -56,7 +59,7 @@ def evaluate(
                         dtype=dtype, episodes=episodes, seed=seed, chunk_tokens=chunk_tokens,
                         agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                                           max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,
-                                          memory_policy=memory_policy))
+                                          memory_policy=memory_policy, prompt_layout=prompt_layout))
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import BackendKind, Device, DType
+from agentmem.config import BackendKind, Device, DType, PromptLayout
 from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
 
@@ -31,6 +31,9 @@ def rollout(
     max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
     = None,
     memory_policy: Annotated[str, typer.Option(help="Memory policy (registered name).")] = "overwrite",
+    prompt_layout: Annotated[PromptLayout, typer.Option(
+        help="Update prompt order: chunk-first (question, chunk, memory: a task's samples share the prefix) "
+             "or memory-first (MemAgent's order).")] = PromptLayout.chunk_first,
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
@@ -55,7 +58,7 @@ def rollout(
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,
-                              seed=seed, memory_policy=memory_policy),
+                              seed=seed, memory_policy=memory_policy, prompt_layout=prompt_layout),
         )
     rt = runtime(device, threads)
     setup_logging()

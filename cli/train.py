@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import Device, Divergence, RLKind
+from agentmem.config import Device, Divergence, PromptLayout, RLKind
 from agentmem.records import TeacherContext
 from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
@@ -34,6 +34,8 @@ def train(
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable).")] = [],  # noqa: B006
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk.")] = 192,
     memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens.")] = 48,
+    prompt_layout: Annotated[PromptLayout, typer.Option(help="Update prompt order (see `rollout --help`).")]
+    = PromptLayout.chunk_first,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
     out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
     seed: Annotated[int, typer.Option(help="Seed (rollout tasks, sampling, data order).")] = 0,
@@ -61,7 +63,8 @@ def train(
         rounds=rounds, seed=seed,
         rollout=RolloutConfig(env=env.value, data=data, env_knobs=knobs, episodes=episodes, group_size=group_size,
                               chunk_tokens=chunk_tokens,
-                              agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=12)),
+                              agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=12,
+                                                prompt_layout=prompt_layout)),
         distill=DistillConfig(student=student, teacher=teacher, context=context, loss=loss, rl=rl,
                               kd_weight=kd_weight, rl_weight=rl_weight, steps=steps_per_round,
                               invocations_per_step=invocations_per_step, row_tokens=row_tokens, lr=lr, out=out,

@@ -66,7 +66,8 @@ def _rollout(store):
 
     tok = tiny_tokenizer()
     config = RolloutConfig(model="tiny", episodes=3, group_size=2, chunk_tokens=48, env_knobs=SYNTH, seed=5,
-                           agent=AgentConfig(memory_tokens=12, answer_max_new_tokens=6, max_batch=4, seed=5))
+                           agent=AgentConfig(memory_tokens=12, answer_max_new_tokens=6, max_batch=4, seed=5,
+                                             prompt_layout="memory-first"))
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
     return run_rollout(store, config, backend=ScriptedBackend(tok, _respond(tok)), policy=policy).run_id
 

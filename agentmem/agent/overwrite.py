@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from agentmem.agent.memory import Call
 from agentmem.agent.prompts import answer_prompt, update_prompt
-from agentmem.config import AgentConfig
+from agentmem.config import AgentConfig, PromptLayout
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, InvocationKind, Task
 
@@ -36,16 +36,21 @@ class OverwritePolicy:
 
     name = "overwrite"
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int, answer_max_new_tokens: int = 32):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int, answer_max_new_tokens: int = 32,
+                 layout: PromptLayout | str = PromptLayout.memory_first):
         if memory_tokens < 1:
             raise AgentError(f"memory_tokens must be >= 1, got {memory_tokens}")
+        try:
+            self.layout = PromptLayout(layout)
+        except ValueError:
+            raise AgentError(f"unknown prompt layout {layout!r}: use memory-first or chunk-first") from None
         self.tokenizer = tokenizer
         self.memory_tokens = memory_tokens
         self.answer_max_new_tokens = answer_max_new_tokens
 
     @classmethod
     def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> OverwritePolicy:
-        return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens)
+        return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout)
 
     def initial_state(self, task: Task) -> OverwriteState:
         return OverwriteState()
@@ -54,7 +59,7 @@ class OverwritePolicy:
         i = state.chunks_read
         if i < len(task.chunks):
             chunk = task.chunks[i]
-            return Call(UPDATE, update_prompt(self.tokenizer, task.question, state.memory, chunk),
+            return Call(UPDATE, update_prompt(self.tokenizer, task.question, state.memory, chunk, self.layout.value),
                         self.memory_tokens, chunk_text=chunk, chunk_index=i)
         return Call(ANSWER, answer_prompt(self.tokenizer, task.question, state.memory),
                     self.answer_max_new_tokens, final=True)

@@ -17,6 +17,18 @@ UPDATE = (
     "the new section, and drop the rest. Write only the new memory."
 )
 
+# Chunk first: the G samples of a task read the same question and chunk at a step and differ only in their
+# memory, so everything before the memory is one shared token prefix (computed once per group: the
+# transformers backend and the shared-prefix packing both use it). The instruction comes before the memory
+# for the same reason.
+UPDATE_CHUNK_FIRST = (
+    "Question: {question}\n\n"
+    "New section of the text:\n{chunk}\n\n"
+    "Rewrite your memory. Keep every fact that may help answer the question, add the relevant facts from "
+    "the new section, and drop the rest. Write only the new memory.\n\n"
+    "Your memory so far:\n{memory}"
+)
+
 ANSWER = (
     "Question: {question}\n\n"
     "Your memory:\n{memory}\n\n"
@@ -39,8 +51,14 @@ def render(tokenizer: PreTrainedTokenizerBase, user: str, system: str | None = S
     return Prompt(ids=list(ids), text=text)
 
 
-def update_prompt(tokenizer: PreTrainedTokenizerBase, question: str, memory: str, chunk: str) -> Prompt:
-    return render(tokenizer, UPDATE.format(question=question, memory=memory or EMPTY_MEMORY, chunk=chunk))
+def update_prompt(tokenizer: PreTrainedTokenizerBase, question: str, memory: str, chunk: str,
+                  layout: str = "memory-first") -> Prompt:
+    """The update call's prompt; ``layout`` is ``memory-first`` (``UPDATE``: question, memory, chunk) or
+    ``chunk-first`` (``UPDATE_CHUNK_FIRST``: question, chunk, instruction, memory)."""
+    template = {"memory-first": UPDATE, "chunk-first": UPDATE_CHUNK_FIRST}.get(str(layout))
+    if template is None:
+        raise ValueError(f"unknown prompt layout {layout!r}: use memory-first or chunk-first")
+    return render(tokenizer, template.format(question=question, memory=memory or EMPTY_MEMORY, chunk=chunk))
 
 
 def answer_prompt(tokenizer: PreTrainedTokenizerBase, question: str, memory: str) -> Prompt:

@@ -69,7 +69,7 @@ class RolloutResult:
 def load_rollout_config(store: Store, run_id: str) -> tuple[str, RolloutConfig]:
     """(full run id, stored config) of a rollout run named by its id or an abbreviation of it."""
     run = load_run(store, run_id, RunKind.rollout)
-    return run.id, RolloutConfig.model_validate(run.config)
+    return run.id, RolloutConfig.stored(run.config)
 
 
 def run_rollout(
@@ -95,7 +95,7 @@ def run_rollout(
     resumed_run = None
     if resume is not None:
         resumed_run = load_run(store, resume, kind)
-        config = type(config or RolloutConfig()).model_validate(resumed_run.config)  # the stored config rules
+        config = type(config or RolloutConfig()).stored(resumed_run.config)  # the stored config rules
     if config is None:
         raise ConfigError("run_rollout needs a config or a run to resume")
     if (backend is None) != (policy is None):
