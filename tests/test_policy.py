@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 from tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 
 from agentmem.policy import Generation, SamplingParams, ScriptedBackend, TransformersBackend
 from agentmem.policy.transformers_backend import sample
+from agentmem.policy.vllm_backend import VLLMBackend
 from agentmem.records import FinishReason
 
 TEXTS = [
@@ -154,3 +158,20 @@ def test_scripted_backend(tok):
     (gen,) = echo.generate([tok.encode("Alice was born in Lyon")], SamplingParams(max_new_tokens=2))
     assert isinstance(gen, Generation) and len(gen.output_ids) == 2
     assert gen.finish_reason is FinishReason.length
+
+
+class FakeLLM:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def get_tokenizer(self):
+        return None
+
+
+def test_vllm_engine_turns_on_prefix_caching(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
+    default = VLLMBackend("/models/x").llm.kwargs
+    assert default["enable_prefix_caching"] is True
+    assert default["logprobs_mode"] == "processed_logprobs" and default["model"] == "/models/x"
+    off = VLLMBackend("/models/x", enable_prefix_caching=False, max_model_len=512).llm.kwargs
+    assert off["enable_prefix_caching"] is False and off["max_model_len"] == 512

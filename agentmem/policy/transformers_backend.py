@@ -8,6 +8,23 @@ ids that restart at 0 at each prompt's first real token (``cumsum(mask) - 1``), 
 output does not depend on how much padding it got. A row leaves the batch (its KV cache rows are
 dropped) as soon as it finishes, so short answers do not pay for long ones.
 
+Shared-prefix prefill (``share_prefix=True``, the default): GRPO sends the G siblings of a task
+together, and at one step they read the same question and chunk, so their prompts share a long
+token prefix. ``plan_shared_prefixes`` partitions the batch into groups whose members share at
+least ``MIN_SHARED_PREFIX`` leading tokens (a group's prefix is its members' longest common prefix,
+less one token when a member would be left with an empty suffix). Each distinct prefix is prefilled
+once; its KV cache rows are copied to the group's rows; then every row's suffix is prefilled on top,
+and the whole batch decodes together as before. Row layout in the cache:
+``[pad | prefix | pad | suffix]`` (mask 0 on the pads), with explicit position ids, so every token
+keeps the position it has in its own prompt and sees exactly its own earlier tokens: log-probs equal
+the unshared path's to float round-off. A prompt that shares nothing sits in the suffix region when it
+fits there, otherwise as its own one-row "prefix" (all but its last token). When the plan would not
+save padded prefill work, or no group forms (e.g. G = 1), the batch takes the plain path unchanged.
+Rows keep their order in the batch, so seeded sampling draws from the generator in the same order as
+without sharing (a token can still differ where two candidates' probabilities differ only by
+round-off). Models with sliding-window attention would count the middle pads against the window:
+leave ``share_prefix`` off for them.
+
 Log-probs: for each sampled token the backend stores ``log_softmax(logits / T)`` at that token,
 over the FULL vocabulary, computed in float32 from the model's logits. Top-p only restricts which
 tokens may be sampled (the smallest set of most likely tokens whose tempered probability reaches
@@ -25,8 +42,12 @@ prompts in the same order with the same seed give the same outputs (on the same 
 
 from __future__ import annotations
 
+import itertools
 import time
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -35,24 +56,62 @@ from agentmem.policy.models import DType, load_model
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a separate prefill
+
+
+@dataclass
+class PrefillStats:
+    """Prompt-side work of ``generate`` calls. ``prefill_tokens_total``: prompt tokens passed in;
+    ``prefill_tokens_computed``: real tokens run through the model (a shared prefix counts once);
+    ``prefill_tokens_padded``: positions run, padding included (what the forward passes cost)."""
+
+    calls: int = 0
+    prompts: int = 0
+    shared_groups: int = 0
+    prefill_tokens_total: int = 0
+    prefill_tokens_computed: int = 0
+    prefill_tokens_padded: int = 0
+
+    def add(self, other: PrefillStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass(frozen=True)
+class PrefixPlan:
+    """How a batch is prefilled with shared prefixes: ``prefixes`` are prefilled once each; row ``i``
+    reads ``prefixes[source[i]]`` (``-1``: none) and its prompt from ``split[i]`` on is its suffix."""
+
+    prefixes: list[list[int]]
+    source: list[int]
+    split: list[int]
+    groups: int  # groups of two or more rows sharing a prefix
+
 
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, model_path: str, *, dtype: DType = "bfloat16", device: str = "cpu") -> None:
+    def __init__(
+        self, model_path: str, *, dtype: DType = "bfloat16", device: str = "cpu", share_prefix: bool = True
+    ) -> None:
         model, tokenizer = load_model(model_path, dtype=dtype, device=device)
-        self._setup(model, tokenizer)
+        self._setup(model, tokenizer, share_prefix)
 
     @classmethod
-    def from_model(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TransformersBackend:
+    def from_model(
+        cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, share_prefix: bool = True
+    ) -> TransformersBackend:
         """Wrap an already loaded model (tests, or a trainer sampling from its live weights)."""
         backend = cls.__new__(cls)
-        backend._setup(model.eval(), tokenizer)
+        backend._setup(model.eval(), tokenizer, share_prefix)
         return backend
 
-    def _setup(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def _setup(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.share_prefix = share_prefix
+        self.stats = PrefillStats()  # all calls so far
+        self.last_stats = PrefillStats()  # the latest call
         self.stop_ids = eos_ids(model, tokenizer)
         if not self.stop_ids:
             raise ModelError("neither the tokenizer nor the model's generation config names an eos token")
@@ -73,14 +132,13 @@ class TransformersBackend:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
 
-        input_ids, mask = self._left_pad(prompts, device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
+        plan = plan_shared_prefixes(prompts) if self.share_prefix else None
+        if plan is None:
+            out, mask, next_pos = self._prefill(prompts, device)
+        else:
+            out, mask, next_pos = self._prefill_shared(prompts, plan, device)
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
-        next_pos = positions[:, -1] + 1
         rows = torch.arange(len(prompts), device=device)  # original index of each live row
 
         ids: list[list[int]] = [[] for _ in prompts]
@@ -118,6 +176,55 @@ class TransformersBackend:
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
 
+    def _prefill(self, prompts: list[list[int]], device: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One left-padded forward over whole prompts: (model output, attention mask, next positions)."""
+        input_ids, mask = self._left_pad(prompts, device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        total = sum(len(p) for p in prompts)
+        self._count(PrefillStats(1, len(prompts), 0, total, total, input_ids.numel()))
+        return out, mask, positions[:, -1] + 1
+
+    def _prefill_shared(self, prompts: list[list[int]], plan: PrefixPlan, device: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Prefill each shared prefix once, copy its cache rows to its group, then prefill the suffixes
+        on top with padding between prefix and suffix: cache row ``[pad | prefix | pad | suffix]``."""
+        pre_ids, pre_mask = self._left_pad(plan.prefixes, device)
+        out = self.model(
+            input_ids=pre_ids,
+            attention_mask=pre_mask,
+            position_ids=(pre_mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        source = torch.tensor(plan.source, device=device)
+        cache.batch_select_indices(source.clamp(min=0))  # rows without a prefix read row 0, fully masked
+        prefix_mask = pre_mask[source.clamp(min=0)] * (source >= 0)[:, None]
+        suffixes = [p[k:] for p, k in zip(prompts, plan.split, strict=True)]
+        suf_ids, suf_mask = self._left_pad(suffixes, device)
+        split = torch.tensor(plan.split, device=device)[:, None]
+        positions = split + (suf_mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([prefix_mask, suf_mask], dim=-1)
+        out = self.model(
+            input_ids=suf_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        computed = sum(map(len, plan.prefixes)) + sum(map(len, suffixes))
+        padded = pre_ids.numel() + suf_ids.numel()
+        total = sum(len(p) for p in prompts)
+        self._count(PrefillStats(1, len(prompts), plan.groups, total, computed, padded))
+        return out, mask, positions[:, -1] + 1
+
+    def _count(self, stats: PrefillStats) -> None:
+        self.last_stats = stats
+        self.stats.add(stats)
+
     def _left_pad(self, prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -126,6 +233,76 @@ class TransformersBackend:
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
         return input_ids.to(device), mask.to(device)
+
+
+def plan_shared_prefixes(prompts: list[list[int]], min_prefix: int = MIN_SHARED_PREFIX) -> PrefixPlan | None:
+    """Which rows share which prefix, or ``None`` when sharing would not cut padded prefill work.
+
+    Groups come from ``shared_prefix_groups``. A grouped row's suffix is what follows its group's
+    prefix. A row of no group goes to the suffix region when it fits in the longest grouped suffix
+    (it costs nothing extra there), otherwise it prefills all but its last token as its own prefix.
+    """
+    groups = [(rows, n) for rows, n in shared_prefix_groups(prompts, min_prefix) if len(rows) > 1]
+    if not groups:
+        return None
+    source, split = [-1] * len(prompts), [0] * len(prompts)
+    prefixes: list[list[int]] = []
+    for rows, n in groups:
+        for row in rows:
+            source[row], split[row] = len(prefixes), n
+        prefixes.append(prompts[rows[0]][:n])
+    suffix_width = max(len(prompts[row]) - n for rows, n in groups for row in rows)
+    for row, prompt in enumerate(prompts):
+        if source[row] < 0 and len(prompt) > suffix_width:
+            source[row], split[row] = len(prefixes), len(prompt) - 1
+            prefixes.append(prompt[:-1])
+    padded = len(prefixes) * max(map(len, prefixes)) + len(prompts) * max(
+        len(p) - k for p, k in zip(prompts, split, strict=True)
+    )
+    if padded >= len(prompts) * max(map(len, prompts)):
+        return None
+    return PrefixPlan(prefixes, source, split, len(groups))
+
+
+def shared_prefix_groups(prompts: list[list[int]], min_prefix: int) -> list[tuple[list[int], int]]:
+    """Partition the rows into groups ``(rows, shared)`` that minimise the prompt tokens computed
+    when each group's first ``shared`` tokens are computed once.
+
+    Rows are sorted by their tokens, so rows with long common prefixes are neighbours, and a
+    dynamic programme cuts the sorted order into runs. A run of two or more rows shares the longest
+    common prefix of its members, capped so that every member keeps at least one token of its own,
+    and only when that is at least ``min_prefix`` tokens; otherwise a row stands alone (``shared`` 0).
+    """
+    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    lens = [len(prompts[i]) for i in order]
+    lcp = [_common_prefix(prompts[a], prompts[b]) for a, b in itertools.pairwise(order)]
+    # best[j]: fewest tokens computed for sorted rows [0, j); start[j]: where its last run begins.
+    best, start = [0] * (len(order) + 1), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        best[j], start[j] = best[j - 1] + lens[j - 1], j - 1
+        shared, total = lens[j - 1] - 1, lens[j - 1]
+        for i in range(j - 2, -1, -1):  # the run is sorted rows [i, j)
+            shared = min(shared, lcp[i], lens[i] - 1)
+            if shared < min_prefix:
+                break
+            total += lens[i]
+            cost = best[i] + total - (j - 1 - i) * shared
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    groups: list[tuple[list[int], int]] = []
+    j = len(order)
+    while j > 0:
+        i = start[j]
+        shared = min([*lcp[i : j - 1], *(n - 1 for n in lens[i:j])]) if j - i > 1 else 0
+        groups.append((sorted(order[i:j]), shared))
+        j = i
+    return groups[::-1]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

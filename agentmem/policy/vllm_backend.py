@@ -11,6 +11,12 @@ every backend promises (see ``agentmem.policy.types``). With ``top_p < 1`` vLLM 
 the nucleus and the full-vocabulary value cannot be recovered from what it returns, so this backend
 refuses ``top_p < 1`` (``BackendError``) rather than store a different quantity.
 
+Prefix caching: the engine is built with ``enable_prefix_caching=True`` unless ``engine_kwargs`` say
+otherwise. The G siblings of a GRPO task at one step share the question and the chunk, most of the
+prompt, so their KV blocks are computed once and reused. The log-probs returned for sampled tokens
+are the same quantity either way (to kernel round-off); only prompt log-probs, which we never
+request, would be affected.
+
 Stopping: vLLM stops at the model's eos ids (generation config and tokenizer) and keeps the eos token
 in ``token_ids``, as the transformers backend does. Seeds: prompt ``i`` of a call is sampled with
 seed ``seed + i``, so identical prompts in one call still get independent samples.
@@ -33,7 +39,7 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
         """``engine_kwargs`` go to ``vllm.LLM`` as they are (e.g. ``gpu_memory_utilization``,
-        ``max_model_len``, ``enforce_eager``)."""
+        ``max_model_len``, ``enforce_eager``, or ``enable_prefix_caching=False`` to turn it off)."""
         try:
             import vllm
         except ImportError:
@@ -44,7 +50,7 @@ class VLLMBackend:
             dtype=dtype,
             logprobs_mode="processed_logprobs",
             seed=0,
-            **engine_kwargs,
+            **{"enable_prefix_caching": True, **engine_kwargs},
         )
         self.tokenizer = self.llm.get_tokenizer()
 

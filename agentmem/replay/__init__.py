@@ -1,7 +1,7 @@
 """Replay: rebuild stored invocations per teacher context and pack them into rows. Pure numpy, no torch."""
 
 from agentmem.replay.errors import ReplayError
-from agentmem.replay.pack import OverBudget, PackingStats, Row, pack, truncate_left
+from agentmem.replay.pack import OverBudget, PackingStats, Row, pack, shareable_prefix, truncate_left
 from agentmem.replay.rebuild import (
     Sequence,
     rebuild,
@@ -21,5 +21,6 @@ __all__ = [
     "rebuild_aligned",
     "rebuild_persistent",
     "rebuild_privileged",
+    "shareable_prefix",
     "truncate_left",
 ]

@@ -11,7 +11,7 @@ Invariants (see DESIGN.md, "state alignment"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -27,7 +27,9 @@ class Sequence:
 
     ``action_ids`` (the sampled tokens, one per True in ``action_mask``, in order) and ``sampler_logprobs``
     are the stored ``output_ids`` / ``output_logprobs``. ``truncated_tokens`` counts prompt tokens cut from
-    the left by packing (0 when the sequence is whole)."""
+    the left by packing (0 when the sequence is whole). ``group``: the calls that may share a prompt
+    prefix when packed with ``shared_prefix=True`` carry the same key (the training layer sets it to the
+    call's (run, task, step)); None packs the sequence as an ordinary segment."""
 
     invocation_id: str
     input_ids: np.ndarray  # int32 [L]
@@ -36,6 +38,7 @@ class Sequence:
     action_ids: np.ndarray  # int32 [O]
     sampler_logprobs: np.ndarray  # float32 [O]
     truncated_tokens: int = 0
+    group: Hashable | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

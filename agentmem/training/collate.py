@@ -2,7 +2,9 @@
 
 Invariant: the real tokens of the batch, read row-major (``input_ids[token_mask]``), are the segments in
 row order; ``cu_seqlens`` marks their boundaries in that flat layout (the flash-attention varlen layout),
-and ``action_mask[token_mask]`` picks the actions in the order of ``action_ids``.
+and ``action_mask[token_mask]`` picks the actions in the order of ``action_ids``. A "segment" here is a
+row's block (``Row.cu_seqlens``): a whole invocation, or in the shared-prefix layout a shared prefix or
+one invocation's suffix; ``context_blocks`` says which prefix block each block also attends to.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class PackedBatch:
         action_ids       [a2, b1, c2]           # int64
         sampler_logprobs [...]                  # float32, one per action
         invocation_ids   ("a", "b", "c");  action_counts (1, 1, 1)
+        context_blocks   None                   # segments layout
+
+    Shared-prefix layout (``Row.context`` set in some row): ``context_blocks`` is int64 ``[S]``, the global
+    index of the prefix block each block attends to before itself, or -1; prefix blocks hold no invocation,
+    so ``invocation_ids`` / ``action_counts`` list the other blocks only, in row order.
     """
 
     input_ids: torch.Tensor  # int64 [B, T]
@@ -48,6 +55,7 @@ class PackedBatch:
     sampler_logprobs: torch.Tensor  # float32 [A]
     invocation_ids: tuple[str, ...]
     action_counts: tuple[int, ...]
+    context_blocks: torch.Tensor | None = None  # int64 [S]
 
     @property
     def num_tokens(self) -> int:
@@ -80,9 +88,17 @@ def collate_rows(rows: Seq[Row], pad_id: int) -> PackedBatch:
         segment_ids[b, n:] = -(b + 1)
         first_segment += len(row.seq_lens)
     seq_lens = np.concatenate([r.seq_lens for r in rows]).astype(np.int32)
-    action_counts = [
-        int(m.sum()) for r in rows for m in np.split(r.action_mask, r.cu_seqlens[1:-1])
+    action_counts = [  # per invocation block (a shared prefix holds none)
+        int(n) for r in rows
+        for n in np.add.reduceat(r.action_mask.astype(np.int64), r.cu_seqlens[:-1])[r.invocation_blocks]
     ]
+    context_blocks = None
+    if any(r.context is not None for r in rows):
+        offsets = np.cumsum([0] + [len(r.seq_lens) for r in rows])[:-1]
+        context_blocks = torch.from_numpy(np.concatenate([
+            np.where(r.context >= 0, r.context + o, -1) if r.context is not None else np.full(len(r.seq_lens), -1)
+            for r, o in zip(rows, offsets, strict=True)
+        ]).astype(np.int64))
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids),
         position_ids=torch.from_numpy(position_ids),
@@ -96,4 +112,5 @@ def collate_rows(rows: Seq[Row], pad_id: int) -> PackedBatch:
         sampler_logprobs=torch.from_numpy(np.concatenate([r.sampler_logprobs for r in rows])),
         invocation_ids=tuple(i for r in rows for i in r.invocation_ids),
         action_counts=tuple(action_counts),
+        context_blocks=context_blocks,
     )

@@ -13,6 +13,10 @@ invocation, its length and the budget) or left out of the step and of the teache
 never trained on truncated. Teacher contexts are cut from the left only with ``teacher_truncation=left``,
 counted in ``teacher_truncated_calls`` / ``teacher_truncated_tokens``.
 
+Packing: ``config.packing`` lays out the student's rows, the online teacher's and (through the student's
+batch) the anchor reference's; with ``shared_prefix`` the calls of one (run, task, step) group compute
+their common prompt prefix once, and the step's loss and gradient are those of ``segments``.
+
 Temperature: every compared distribution at ``config.temperature`` (see ``terms``); the policy-gradient
 ratio at each call's sampling temperature.
 """
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import DistillConfig, Oversize
+from agentmem.config import DistillConfig, Oversize, Packing
 from agentmem.records import Checkpoint, TrainStep
 from agentmem.replay import pack
 from agentmem.runtime import CPU, Runtime
@@ -110,7 +114,8 @@ class Trainer:
         step_episodes = list(dict.fromkeys(self.episode_of[self.student_seqs[i].invocation_id] for i in drawn))
         mine = [self.student_seqs[i] for i in drawn[self.runtime.rank :: self.runtime.world_size]]
         over = "skip" if self.config.oversize == Oversize.skip else "error"
-        rows, stats = pack(mine, self.config.row_tokens, over_budget=over)
+        rows, stats = pack(mine, self.config.row_tokens, over_budget=over,
+                           shared_prefix=self.config.packing is Packing.shared_prefix)
         skipped = set(stats.skipped_ids)
         kept = [s.invocation_id for s in mine if s.invocation_id not in skipped]
         targets = self.teacher.targets(kept) if self.teacher is not None and kept else None

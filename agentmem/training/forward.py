@@ -1,10 +1,12 @@
 """The one pack -> collate -> forward path shared by scoring, distillation and every teacher.
 
 ``plan`` packs rebuilt sequences into batches of rows (``replay.pack``: whole sequences, positions
-restarting per segment, over-budget handling named explicitly); a ``PackedModel`` collates rows onto its
-device and returns logits at the action positions only, per invocation, cut to the tokenizer's
-vocabulary. Scoring, the online teacher, the frozen anchor reference and the student's training forward
-all go through ``PackedModel.action_logits``, so a packed row means the same thing everywhere.
+restarting per segment, over-budget handling named explicitly; with ``Packing.shared_prefix`` the
+calls of one ``Sequence.group`` share their common prompt prefix, placed and computed once); a
+``PackedModel`` collates rows onto its device and returns logits at the action positions only, per
+invocation, cut to the tokenizer's vocabulary. Scoring, the online teacher, the frozen anchor reference
+and the student's training forward all go through ``PackedModel.action_logits``, so a packed row means
+the same thing everywhere.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import AttentionPath
+from agentmem.config import AttentionPath, Packing
 from agentmem.replay import OverBudget, PackingStats, Row, pack
 from agentmem.replay import Sequence as Rebuilt
 from agentmem.runtime import CPU, Runtime
@@ -37,8 +39,9 @@ class RowBatches:
 
 
 def plan(sequences: Sequence[Rebuilt], row_tokens: int, rows_per_batch: int = 1,
-         over_budget: OverBudget = "error") -> RowBatches:
-    rows, stats = pack(sequences, row_tokens, over_budget=over_budget)
+         over_budget: OverBudget = "error", packing: Packing = Packing.segments) -> RowBatches:
+    rows, stats = pack(sequences, row_tokens, over_budget=over_budget,
+                       shared_prefix=Packing(packing) is Packing.shared_prefix)
     return RowBatches([rows[i : i + rows_per_batch] for i in range(0, len(rows), rows_per_batch)], stats)
 
 

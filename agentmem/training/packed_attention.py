@@ -13,6 +13,16 @@ Two paths give the logits each invocation would get alone (DESIGN.md, points 2-4
   no compute is spent on cross-segment pairs. Custom names have no mask function, so transformers builds
   no mask for them.
 
+Shared prefixes (``Row.context``, the shared-prefix packing): a suffix block attends to its prefix block
+and to its own earlier tokens, never to a sibling. ``reference`` adds the prefix to the 4-D mask. ``fast``
+passes a ``BlockLayout`` (block bounds and each block's prefix) as the ``agentmem_layout`` kwarg to
+``agentmem_blocks``, registered here: causal SDPA per prefix or plain block, and per suffix queries =
+its tokens, keys = prefix + its tokens with the causal diagonal offset by the prefix length. On CUDA with
+flash-attn and a half dtype, ``agentmem_blocks_flash`` makes it one varlen call instead (keys gathered per
+block; flash-attn's causal mask is bottom-right aligned, which is the offset): written, not yet run here.
+The prefix's hidden states are computed once and read by every suffix, so autograd sums the suffixes'
+gradients through it, which is the exact gradient of the per-call computation.
+
 Why not position ids alone: transformers infers packing from restarting ``position_ids`` only when no 2-D
 mask and no cache are given; ``use_cache`` defaults to True, and then segments silently attend to each
 other (``tests/test_packed_attention.py`` shows it).
@@ -27,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -36,6 +48,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from agentmem.training.collate import PackedBatch
 
 SEGMENT_ATTENTION = "agentmem_segments"
+BLOCK_ATTENTION = "agentmem_blocks"
+BLOCK_FLASH_ATTENTION = "agentmem_blocks_flash"
 # On CPU a forward over a few thousand tokens runs slower per token than over about a thousand (the
 # activations leave the caches): the fast path runs a row as consecutive groups of whole segments.
 CPU_GROUP_TOKENS = 1024
@@ -80,11 +94,115 @@ def fast_attention_implementation(device: torch.device) -> str:
     return SEGMENT_ATTENTION
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """The blocks of one packed ``[1, N]`` forward: block ``b`` is tokens ``bounds[b]:bounds[b + 1]``; it
+    attends causally to itself and, when ``context[b] >= 0``, fully to the earlier block ``context[b]``
+    (its shared prefix)."""
+
+    bounds: tuple[int, ...]
+    context: tuple[int, ...]
+
+    def keys(self, b: int) -> tuple[int, int, int, int]:
+        """(prefix start, prefix end, own start, own end) of block ``b``'s keys; an empty prefix when none."""
+        s, e, c = self.bounds[b], self.bounds[b + 1], self.context[b]
+        cs, ce = (self.bounds[c], self.bounds[c + 1]) if c >= 0 else (s, s)
+        return cs, ce, s, e
+
+    @cached_property
+    def varlen(self) -> tuple[list[int], list[int], int, int]:
+        """For a varlen kernel: key token indices (each block's prefix, then itself), ``cu_seqlens_k``,
+        and the longest query and key blocks."""
+        index, cu_k, longest_q, longest_k = [], [0], 0, 0
+        for b in range(len(self.context)):
+            cs, ce, s, e = self.keys(b)
+            index.extend(range(cs, ce))
+            index.extend(range(s, e))
+            cu_k.append(len(index))
+            longest_q, longest_k = max(longest_q, e - s), max(longest_k, ce - cs + e - s)
+        return index, cu_k, longest_q, longest_k
+
+
+def block_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    agentmem_layout: BlockLayout | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """SDPA per block of a packed ``[1, heads, N, dim]`` row (``BlockLayout``); returns ``[1, N, heads, dim]``."""
+    if agentmem_layout is None or query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError(f"{BLOCK_ATTENTION} needs one packed row, no mask, and a BlockLayout")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    outputs = []
+    for b in range(len(agentmem_layout.context)):
+        cs, ce, s, e = agentmem_layout.keys(b)
+        q = query[:, :, s:e]
+        if ce == cs:
+            outputs.append(F.scaled_dot_product_attention(q, key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
+                                                          is_causal=True, scale=scaling))
+            continue
+        k = torch.cat([key[:, :, cs:ce], key[:, :, s:e]], dim=2)
+        v = torch.cat([value[:, :, cs:ce], value[:, :, s:e]], dim=2)
+        visible = torch.ones(e - s, k.shape[2], dtype=torch.bool, device=q.device).tril(ce - cs)
+        outputs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout, scale=scaling))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def block_flash_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    agentmem_layout: BlockLayout | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The ``BlockLayout`` as one flash-attn varlen call (CUDA, fp16/bf16): the queries are the row's
+    tokens in block order, each block's keys are gathered as (its prefix, itself), and flash-attn's causal
+    mask, aligned bottom-right when keys outnumber queries, lets a suffix see its whole prefix."""
+    from flash_attn import flash_attn_varlen_func
+
+    if agentmem_layout is None or query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError(f"{BLOCK_FLASH_ATTENTION} needs one packed row, no mask, and a BlockLayout")
+    index, cu_k, longest_q, longest_k = agentmem_layout.varlen
+    device = query.device
+    gather = torch.tensor(index, dtype=torch.long, device=device)
+    cu_q = torch.tensor(agentmem_layout.bounds, dtype=torch.int32, device=device)
+    q = query[0].transpose(0, 1)  # [N, heads, dim]
+    k = key[0].transpose(0, 1).index_select(0, gather)  # [K, kv heads, dim]: flash-attn handles GQA itself
+    v = value[0].transpose(0, 1).index_select(0, gather)
+    out = flash_attn_varlen_func(q, k, v, cu_q, torch.tensor(cu_k, dtype=torch.int32, device=device), longest_q,
+                                 longest_k, dropout_p=dropout, softmax_scale=scaling, causal=True)
+    return out[None], None
+
+
+def shared_attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    """For rows with shared prefixes: flash-attn varlen on CUDA in fp16/bf16 where installed, else SDPA per block."""
+    if (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+            and importlib.util.find_spec("flash_attn") is not None):
+        return BLOCK_FLASH_ATTENTION
+    return BLOCK_ATTENTION
+
+
+_CUSTOM = {SEGMENT_ATTENTION: segment_sdpa_attention, BLOCK_ATTENTION: block_sdpa_attention,
+           BLOCK_FLASH_ATTENTION: block_flash_attention}
+
+
 @contextlib.contextmanager
 def attention_implementation(model: PreTrainedModel, name: str) -> Iterator[None]:
     """Swap the model's attention implementation for the block; every submodule reads the shared config."""
-    if name == SEGMENT_ATTENTION:
-        AttentionInterface.register(SEGMENT_ATTENTION, segment_sdpa_attention)
+    if name in _CUSTOM:
+        AttentionInterface.register(name, _CUSTOM[name])
     previous = model.config._attn_implementation
     model.config._attn_implementation = name
     try:
@@ -94,11 +212,16 @@ def attention_implementation(model: PreTrainedModel, name: str) -> Iterator[None
 
 
 def block_causal_mask(batch: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, 1, T, T]`` additive mask: 0 where query i may see key j (same segment, j <= i), else min."""
+    """``[B, 1, T, T]`` additive mask: 0 where query i may see key j (j <= i, and j in i's segment or in the
+    shared prefix that i's segment continues), else min."""
     seg = batch.segment_ids
     width = seg.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
-    allowed = (seg[:, :, None] == seg[:, None, :]) & causal
+    same = seg[:, :, None] == seg[:, None, :]
+    if batch.context_blocks is not None:
+        prefix = torch.where(seg >= 0, batch.context_blocks[seg.clamp(min=0)], -1)
+        same |= (prefix[:, :, None] == seg[:, None, :]) & (prefix[:, :, None] >= 0)
+    allowed = same & causal
     mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
@@ -116,6 +239,8 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
         return out.last_hidden_state[batch.token_mask]
     if path != "fast":
         raise ValueError(f"unknown path {path!r}: use 'fast' or 'reference'")
+    if batch.context_blocks is not None:
+        return _shared_prefix_hidden(model, batch)
     cu = batch.cu_seqlens
     ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
     parts = []
@@ -137,17 +262,40 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def segment_groups(cu_seqlens: torch.Tensor, max_tokens: int | None) -> list[tuple[int, int]]:
+def _shared_prefix_hidden(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
+    """The fast path for rows with shared prefixes: forward passes over consecutive blocks, never
+    separating a prefix from its suffixes, each with its ``BlockLayout``."""
+    base = model.get_decoder()
+    cu = batch.cu_seqlens
+    bounds, context = cu.tolist(), batch.context_blocks.tolist()
+    ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
+    parts = []
+    name = shared_attention_implementation(cu.device, model.dtype)
+    limit = CPU_GROUP_TOKENS if cu.device.type == "cpu" else None
+    with attention_implementation(model, name):
+        for lo, hi in segment_groups(cu, limit, [c < 0 for c in context]):
+            start, end = bounds[lo], bounds[hi]
+            layout = BlockLayout(tuple(b - start for b in bounds[lo : hi + 1]),
+                                 tuple(c - lo if c >= 0 else -1 for c in context[lo:hi]))
+            out = base(input_ids=ids[start:end][None], position_ids=pos[start:end][None], use_cache=False,
+                       agentmem_layout=layout)
+            parts.append(out.last_hidden_state[0])
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def segment_groups(cu_seqlens: torch.Tensor, max_tokens: int | None,
+                   breakable: list[bool] | None = None) -> list[tuple[int, int]]:
     """Consecutive segment ranges ``[lo, hi)`` of at most ``max_tokens`` tokens (a longer segment alone);
     one range for everything when ``max_tokens`` is None. Attention never crosses a segment, so running
-    the groups as separate forward passes gives the same hidden states."""
+    the groups as separate forward passes gives the same hidden states. ``breakable[k]`` False: a range
+    may not start at segment ``k`` (a suffix stays with its shared prefix, which may then exceed the limit)."""
     bounds = cu_seqlens.tolist()
     n = len(bounds) - 1
     if max_tokens is None:
         return [(0, n)]
     groups, lo = [], 0
     for hi in range(1, n + 1):
-        if bounds[hi] - bounds[lo] > max_tokens and hi - 1 > lo:
+        if bounds[hi] - bounds[lo] > max_tokens and hi - 1 > lo and (breakable is None or breakable[hi - 1]):
             groups.append((lo, hi - 1))
             lo = hi - 1
     groups.append((lo, n))

@@ -13,6 +13,8 @@ entropy, reverse KL, top-K) is taken with both distributions at ``config.tempera
 
 Teacher contexts over ``row_tokens`` are refused, or cut from the left with ``teacher_truncation=left``
 (counted in the result). The student reads its own aligned state, packed on its own and never cut.
+``config.packing`` lays out both sides' rows (``shared_prefix``: the G calls of a (run, task, step) group
+share their common prompt prefix; the scores are the same).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Scorer:
 
     def plan(self, sequences: list[Sequence]) -> RowBatches:
         over = "left" if self.config.teacher_truncation == TeacherTruncation.left else "error"
-        return plan(sequences, self.config.row_tokens, self.config.rows_per_batch, over)
+        return plan(sequences, self.config.row_tokens, self.config.rows_per_batch, over, self.config.packing)
 
     def score(self, batches: RowBatches, student_seqs: dict[str, Sequence] | None, run_id: str
               ) -> Iterator[ScoredBatch]:
@@ -124,7 +126,8 @@ class Scorer:
         if self.student is None or student_seqs is None:
             return None
         seqs = [student_seqs[i] for i in teacher_batch.invocation_ids]
-        rows = plan(seqs, max(self.config.row_tokens, max(len(s) for s in seqs))).batches
+        rows = plan(seqs, max(self.config.row_tokens, max(len(s) for s in seqs)),
+                    packing=self.config.packing).batches
         parts = self.student.logits_by_invocation(rows)
         return torch.cat([parts[i] for i in teacher_batch.invocation_ids])
 

@@ -2,13 +2,16 @@
 
 The student always reads its own state (``aligned``); the teacher reads the state its context names.
 Both rebuilds of one invocation have the same action tokens in the same order, so per-invocation action
-slices of the two forward passes line up one to one.
+slices of the two forward passes line up one to one. Every rebuilt sequence carries its group key
+``(run id, task id, step)`` (``Sequence.group``): the G samples of a task at one step, which the
+shared-prefix packing lets share their common prompt prefix (found on token ids only, in ``replay.pack``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
@@ -34,6 +37,11 @@ class Selection:
     @property
     def ids(self) -> list[str]:
         return [i.id for i in self.invocations]
+
+    def group_of(self, inv: Invocation) -> tuple[str, str, int]:
+        """The shared-prefix group of a call: (run id, task id, step)."""
+        episode = self.episodes[inv.episode_id]
+        return episode.run_id, episode.task_id, inv.step
 
 
 def select(
@@ -81,11 +89,16 @@ def teacher_sequences(
                 cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
             return cache[inv.episode_id]
 
-    return list(rebuild(selection.invocations, context, privileged=privileged))
+    return _grouped(selection, rebuild(selection.invocations, context, privileged=privileged))
 
 
 def student_sequences(selection: Selection) -> list[Sequence]:
-    return list(rebuild(selection.invocations, TeacherContext.aligned))
+    return _grouped(selection, rebuild(selection.invocations, TeacherContext.aligned))
+
+
+def _grouped(selection: Selection, sequences: Iterable[Sequence]) -> list[Sequence]:
+    return [replace(seq, group=selection.group_of(inv))
+            for inv, seq in zip(selection.invocations, sequences, strict=True)]
 
 
 def _check_whole_episodes(selection: Selection) -> None:

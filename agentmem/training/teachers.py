@@ -34,6 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from agentmem.config import (
     AttentionPath,
     DistillConfig,
+    Packing,
     TeacherSourceKind,
     TeacherTruncation,
 )
@@ -74,19 +75,21 @@ class OnlineTeacher:
     sequences: Mapping[str, Rebuilt]  # the selection rebuilt under the teacher context
     row_tokens: int
     truncation: TeacherTruncation = TeacherTruncation.error
+    packing: Packing = Packing.segments
 
     @classmethod
     def for_selection(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str,
                       selection: Selection, context: TeacherContext, *, row_tokens: int,
                       truncation: TeacherTruncation = TeacherTruncation.error,
-                      path: AttentionPath = AttentionPath.fast, runtime: Runtime = CPU) -> OnlineTeacher:
+                      path: AttentionPath = AttentionPath.fast, runtime: Runtime = CPU,
+                      packing: Packing = Packing.segments) -> OnlineTeacher:
         seqs = teacher_sequences(selection, context, tokenizer)
         return cls(PackedModel.create(model, tokenizer, path, runtime), name,
-                   {s.invocation_id: s for s in seqs}, row_tokens, TeacherTruncation(truncation))
+                   {s.invocation_id: s for s in seqs}, row_tokens, TeacherTruncation(truncation), Packing(packing))
 
     def targets(self, invocation_ids: Sequence[str]) -> TeacherTargets:
         over = "left" if self.truncation == TeacherTruncation.left else "error"
-        batches = plan([self.sequences[i] for i in invocation_ids], self.row_tokens, 1, over)
+        batches = plan([self.sequences[i] for i in invocation_ids], self.row_tokens, 1, over, self.packing)
         return TeacherTargets(True, self.model.logits_by_invocation(batches.batches),
                               batches.stats.truncated_sequences, batches.stats.truncated_tokens)
 
@@ -156,7 +159,7 @@ def teacher_source(config: DistillConfig, store: Store, selection: Selection, *,
             raise TrainingError("teacher_source=model needs the teacher model and tokenizer loaded (Models.teacher)")
         return OnlineTeacher.for_selection(model, tokenizer, name, selection, config.context,
                                            row_tokens=config.row_tokens, truncation=config.teacher_truncation,
-                                           path=config.path, runtime=runtime)
+                                           path=config.path, runtime=runtime, packing=config.packing)
     if config.teacher_source == TeacherSourceKind.shards:
         return ShardTeacher.from_store(store, name, config.context, selection.ids, vocab)
     return StoredScoresTeacher(store, name, config.context, config.temperature)

@@ -1,0 +1,115 @@
+"""bf16 against fp32 on this CPU, for each job's hot loop, measured in one run.
+
+The project's earlier figures disagreed (one measured bf16 at 1.6x fp32 for a single 2048-token forward;
+the rollout benchmark measured it slower for 8 x 300 prefills). This measures, on the default model
+(SmolLM2-135M-Instruct, the prepared folder), with the same inputs in both dtypes:
+
+  score   teacher scoring: one packed row of 2048 tokens (4 calls), logits at action positions only
+  train   a distill step's student forward + backward on the same row
+  prefill rollout prefill: 8 prompts x 300 tokens, one left-padded batch
+  decode  rollout decode: 8 rows, 32 steps with the KV cache
+
+Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shared). The last line is
+``score_bf16_vs_fp32=<r> train_bf16_vs_fp32=<r> prefill_bf16_vs_fp32=<r> decode_bf16_vs_fp32=<r>``
+(above 1: bf16 is faster).
+
+  .venv/bin/python bench/dtype.py --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
+from agentmem.records import Invocation  # noqa: E402
+from agentmem.replay import pack, rebuild_aligned  # noqa: E402
+from agentmem.training.collate import collate_rows  # noqa: E402
+from agentmem.training.packed_attention import action_logits  # noqa: E402
+
+
+def row(vocab: int):
+    rng = np.random.default_rng(0)
+    invs = [Invocation(id=f"i{k}", episode_id="e", step=k, kind="memory_update",
+                       prompt_ids=rng.integers(0, vocab, 452), output_ids=rng.integers(0, vocab, 60),
+                       output_logprobs=np.zeros(60)) for k in range(4)]
+    rows, _ = pack([rebuild_aligned(i) for i in invs], 2048)
+    return collate_rows(rows[:1], 0)
+
+
+def timed(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = prepare_default_model()
+    models = {d: load_model(folder, dtype=d)[0] for d in ("float32", "bfloat16")}
+    vocab = models["float32"].config.vocab_size
+    batch = row(vocab)
+    rng = np.random.default_rng(1)
+    prompts = torch.tensor(rng.integers(0, vocab, (8, 300)), dtype=torch.long)
+    mask = torch.ones_like(prompts)
+
+    def score(m):
+        with torch.inference_mode():
+            action_logits(m, batch, "fast")
+
+    def train(m):
+        m.requires_grad_(True)
+        logits = action_logits(m, batch, "fast")
+        logits.float().logsumexp(-1).mean().backward()
+        m.zero_grad(set_to_none=True)
+        m.requires_grad_(False)
+
+    def prefill(m):
+        with torch.inference_mode():
+            m(input_ids=prompts, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+    def decode(m):
+        with torch.inference_mode():
+            out = m(input_ids=prompts[:, :64], attention_mask=mask[:, :64], use_cache=True, logits_to_keep=1)
+            cache, am = out.past_key_values, mask[:, :64]
+            tok = out.logits[:, -1].argmax(-1)
+            for step in range(32):
+                am = torch.cat([am, am.new_ones((8, 1))], -1)
+                out = m(input_ids=tok[:, None], attention_mask=am, past_key_values=cache, use_cache=True,
+                        position_ids=torch.full((8, 1), 64 + step))
+                cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1)
+
+    work = {"score": (score, 2048), "train": (train, 2048), "prefill": (prefill, 8 * 300), "decode": (decode, 8 * 32)}
+    results: dict[str, dict[str, float]] = {k: {} for k in work}
+    for _ in range(args.repeats):  # interleaved rounds: a busy neighbour hits both dtypes alike
+        for name, (fn, _tokens) in work.items():
+            for d, m in models.items():
+                fn(m)  # warm-up of this shape
+                results[name][d] = min(results[name].get(d, float("inf")), timed(lambda fn=fn, m=m: fn(m), 1))
+    print(f"default model, {args.threads} thread(s), best of {args.repeats}")
+    print(f"{'work':<9}{'tokens':>8}{'fp32 s':>9}{'bf16 s':>9}{'fp32 tok/s':>12}{'bf16 tok/s':>12}{'bf16/fp32':>11}")
+    ratios = {}
+    for name, (_fn, tokens) in work.items():
+        f, b = results[name]["float32"], results[name]["bfloat16"]
+        ratios[name] = f / b
+        print(f"{name:<9}{tokens:>8}{f:>9.3f}{b:>9.3f}{tokens / f:>12.0f}{tokens / b:>12.0f}{f / b:>11.2f}")
+    print(" ".join(f"{k}_bf16_vs_fp32={v:.2f}" for k, v in ratios.items()))
+
+
+if __name__ == "__main__":
+    main()
