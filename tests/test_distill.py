@@ -236,7 +236,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
     """A call over the row budget is left out of the step (student and teacher) and counted; the other
     calls' loss equals a step without it. The longer privileged teacher contexts are cut from the left
     (teacher_truncation=left) and counted."""
-    from agentmem.training.distill import Trainer
+    from agentmem.training.distill import Trainer, draw_units
 
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
@@ -254,6 +254,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
 
     without = Trainer(store, cfg, models(policy), "b")
     without.student_seqs = [s for s in without.student_seqs if s.invocation_id not in long]
+    without.units = draw_units(without.student_seqs, cfg.packing)
     expected = without.step(0)
     assert expected.metrics["skipped_calls"] == 0
     assert (step.loss, step.kd_loss, step.rl_loss, step.tokens) == (
@@ -266,7 +267,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
 
 
 def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_path):
-    from agentmem.training.distill import Trainer
+    from agentmem.training.distill import Trainer, draw_units
 
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
@@ -274,3 +275,20 @@ def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_pat
     cfg = config(run_id, tmp_path, invocations_per_step=len(seqs), row_tokens=budget)
     with pytest.raises(ReplayError, match="exceed the row budget"):
         Trainer(store, cfg, models(policy), "a").step(0)
+
+
+def test_shared_prefix_steps_draw_whole_sibling_groups(rolled, tmp_path):
+    """With shared-prefix packing a step takes whole (run, task, step) groups, so siblings share a step;
+    every call is still drawn exactly once per epoch."""
+    from agentmem.config import Packing
+    from agentmem.training.distill import draw_units, step_units
+
+    store, run_id, policy = rolled
+    seqs = student_sequences(select(store, [run_id]))
+    units = draw_units(seqs, Packing.shared_prefix)
+    assert all(len({seqs[i].group for i in u}) == 1 for u in units)
+    assert sorted(i for u in units for i in u) == list(range(len(seqs)))
+    assert max(len(u) for u in units) == 2  # group_size=2 in the fixture
+    per_epoch = [step_units(units, 4, 0, s) for s in range(-(-len(units) // 2))]
+    assert sorted(sum(per_epoch, [])) == list(range(len(units)))
+    assert draw_units(seqs, Packing.segments) == [[i] for i in range(len(seqs))]

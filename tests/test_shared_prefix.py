@@ -209,6 +209,8 @@ def test_fast_path_keeps_a_prefix_with_its_suffixes_when_rows_are_long(monkeypat
     seqs = group_sequences()
     rows, _ = pack(seqs, row_tokens=400, shared_prefix=True)
     batch = collate_rows(rows, pad_id=0)
+    ranges = pa.segment_groups(batch.cu_seqlens, 20, [c < 0 for c in batch.context_blocks.tolist()])
+    assert len(ranges) > 2 and all(batch.context_blocks[lo] < 0 for lo, _ in ranges)
     by_id = {s.invocation_id: s for s in seqs}
     model = tiny_llama(attn="sdpa")
     with torch.no_grad():

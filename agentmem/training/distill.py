@@ -72,6 +72,25 @@ def step_indices(n: int, per_step: int, seed: int, step: int) -> np.ndarray:
     return np.sort(perm[pos * per_step : (pos + 1) * per_step])
 
 
+def draw_units(seqs: list, packing: Packing) -> list[list[int]]:
+    """What a step draws, as lists of indices into ``seqs``: single calls with ``segments`` packing; with
+    ``shared_prefix``, whole (run, task, step) groups, so the siblings that share a prompt prefix are
+    trained on in the same step (and on the same process) and the prefix is computed once."""
+    if packing is not Packing.shared_prefix:
+        return [[i] for i in range(len(seqs))]
+    groups: dict = {}
+    for i, seq in enumerate(seqs):
+        groups.setdefault(seq.group if seq.group is not None else ("call", i), []).append(i)
+    return list(groups.values())
+
+
+def step_units(units: list[list[int]], calls_per_step: int, seed: int, step: int) -> list[int]:
+    """The units (see ``draw_units``) of step ``step``: a seeded permutation per epoch, as many units as
+    make ``calls_per_step`` calls on average (at least one)."""
+    mean = sum(len(u) for u in units) / len(units)
+    return step_indices(len(units), max(1, round(calls_per_step / mean)), seed, step).tolist()
+
+
 def advantages(selection: Selection, normalize_std: bool) -> dict[str, float]:
     """Per-invocation advantage: its episode's final reward (F1; failed or unscored = 0) minus the mean of
     the episodes sampled for the same task in the same run."""
@@ -99,6 +118,7 @@ class Trainer:
                           if models.reference is not None and self.objective.needs_reference else None)
         self.selection = select(store, config.run_ids, kinds=config.kinds)
         self.student_seqs = student_sequences(self.selection)
+        self.units = draw_units(self.student_seqs, config.packing)
         self.teacher = teacher if teacher is not None else teacher_source(
             config, store, self.selection, model=models.teacher, tokenizer=models.teacher_tokenizer,
             name=models.teacher_name, vocab=self.student.vocab, runtime=runtime)
@@ -110,9 +130,11 @@ class Trainer:
 
     def step(self, step: int) -> TrainStep:
         t0 = time.perf_counter()
-        drawn = step_indices(len(self.student_seqs), self.config.invocations_per_step, self.config.seed, step)
+        units = step_units(self.units, self.config.invocations_per_step, self.config.seed, step)
+        drawn = [i for u in units for i in self.units[u]]
         step_episodes = list(dict.fromkeys(self.episode_of[self.student_seqs[i].invocation_id] for i in drawn))
-        mine = [self.student_seqs[i] for i in drawn[self.runtime.rank :: self.runtime.world_size]]
+        mine = [self.student_seqs[i] for u in units[self.runtime.rank :: self.runtime.world_size]
+                for i in self.units[u]]
         over = "skip" if self.config.oversize == Oversize.skip else "error"
         rows, stats = pack(mine, self.config.row_tokens, over_budget=over,
                            shared_prefix=self.config.packing is Packing.shared_prefix)
