@@ -267,7 +267,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
 
 
 def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_path):
-    from agentmem.training.distill import Trainer, draw_units
+    from agentmem.training.distill import Trainer
 
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
