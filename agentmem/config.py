@@ -215,7 +215,8 @@ class ScoreConfig(Frozen):
     topk: int = Field(0, ge=0)
     topk_dir: str = "agentmem_topk"
     path: AttentionPath = AttentionPath.fast
-    packing: Packing = Packing.segments
+    # shared_prefix: the same scores (exact up to float round-off, tested), a group's prefix computed once
+    packing: Packing = Packing.shared_prefix
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     dtype: DType = DType.float32
     temperature: float = Field(1.0, gt=0)
@@ -306,7 +307,7 @@ def _train_distill() -> DistillConfig:
     # privileged: the same base model sees the gold answer and evidence, so one small model runs the loop;
     # skip: a call over the row budget is left out and counted, never cut (train_steps.metrics).
     return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
-                         teacher_truncation=TeacherTruncation.left)
+                         teacher_truncation=TeacherTruncation.left, packing=Packing.shared_prefix)
 
 
 class TrainConfig(Frozen):

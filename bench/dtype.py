@@ -57,7 +57,7 @@ def timed(fn, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = prepare_default_model()
@@ -96,10 +96,12 @@ def main() -> None:
 
     work = {"score": (score, 2048), "train": (train, 2048), "prefill": (prefill, 8 * 300), "decode": (decode, 8 * 32)}
     results: dict[str, dict[str, float]] = {k: {} for k in work}
+    for name, (fn, _tokens) in work.items():  # warm-up of every shape and dtype
+        for m in models.values():
+            fn(m)
     for _ in range(args.repeats):  # interleaved rounds: a busy neighbour hits both dtypes alike
         for name, (fn, _tokens) in work.items():
             for d, m in models.items():
-                fn(m)  # warm-up of this shape
                 results[name][d] = min(results[name].get(d, float("inf")), timed(lambda fn=fn, m=m: fn(m), 1))
     print(f"default model, {args.threads} thread(s), best of {args.repeats}")
     print(f"{'work':<9}{'tokens':>8}{'fp32 s':>9}{'bf16 s':>9}{'fp32 tok/s':>12}{'bf16 tok/s':>12}{'bf16/fp32':>11}")

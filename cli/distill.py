@@ -11,6 +11,7 @@ from agentmem.config import (
     Device,
     Divergence,
     Oversize,
+    Packing,
     RLKind,
     TeacherSourceKind,
     TeacherTruncation,
@@ -58,6 +59,9 @@ def distill(
     save_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps (and at the end).")]
     = None,
     attention: Annotated[AttentionPath, typer.Option(help="Packed attention path.")] = AttentionPath.fast,
+    packing: Annotated[Packing, typer.Option(
+        help="Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common "
+             "prompt prefix placed and computed once; exact).")] = Packing.segments,
     resume: Annotated[str | None, typer.Option(help="Continue distill run RUN_ID from its last checkpoint.")]
     = None,
     device: DeviceOption = Device.auto,
@@ -84,7 +88,7 @@ def distill(
             normalize_std=normalize_std, weighting=weighting, steps=steps or 10,
             invocations_per_step=invocations_per_step, row_tokens=row_tokens, oversize=oversize,
             teacher_truncation=teacher_truncation, lr=lr, seed=seed, out=out, save_every=save_every,
-            path=attention,
+            path=attention, packing=packing,
         )
     rt = runtime(device, threads)
     setup_logging()

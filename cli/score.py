@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import AttentionPath, Device, DType, TeacherTruncation
+from agentmem.config import AttentionPath, Device, DType, Packing, TeacherTruncation
 from agentmem.records import TeacherContext
 from cli.options import DbOption, DeviceOption, ThreadsOption
 
@@ -27,6 +27,9 @@ def score(
     = 0,
     topk_dir: Annotated[str, typer.Option(help="Folder for the top-K shards.")] = "agentmem_topk",
     attention: Annotated[AttentionPath, typer.Option(help="Packed attention path.")] = AttentionPath.fast,
+    packing: Annotated[Packing, typer.Option(
+        help="Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common "
+             "prompt prefix placed and computed once; exact).")] = Packing.shared_prefix,
     teacher_truncation: Annotated[TeacherTruncation, typer.Option(
         help="A teacher context longer than --row-tokens: error, or left (cut from the left; counted and "
              "shown).")] = TeacherTruncation.error,
@@ -49,7 +52,7 @@ def score(
 
     config = ScoreConfig(run_ids=run, teacher=teacher, student=student, context=context, kinds=kind or None,
                          row_tokens=row_tokens, rows_per_batch=rows_per_batch, topk=topk, topk_dir=topk_dir,
-                         path=attention, teacher_truncation=teacher_truncation, temperature=temperature,
+                         path=attention, packing=packing, teacher_truncation=teacher_truncation, temperature=temperature,
                          dtype=dtype)
     rt = runtime(device, threads)
     setup_logging()

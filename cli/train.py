@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import Device, Divergence, PromptLayout, RLKind
+from agentmem.config import Device, Divergence, Packing, PromptLayout, RLKind
 from agentmem.records import TeacherContext
 from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
@@ -27,6 +27,9 @@ def train(
     invocations_per_step: Annotated[int, typer.Option(help="Stored calls per optimizer step.")] = 8,
     row_tokens: Annotated[int, typer.Option(help="Tokens per packed row; a longer call is left out and "
                                                  "counted, never cut.")] = 4096,
+    packing: Annotated[Packing, typer.Option(
+        help="Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common "
+             "prompt prefix placed and computed once; exact).")] = Packing.shared_prefix,
     episodes: Annotated[int, typer.Option(help="Tasks per rollout.")] = 4,
     group_size: Annotated[int, typer.Option(help="Samples per task (GRPO groups).")] = 2,
     env: Annotated[EnvName, typer.Option(help="Environment.")] = EnvName("synthetic"),
@@ -68,7 +71,7 @@ def train(
         distill=DistillConfig(student=student, teacher=teacher, context=context, loss=loss, rl=rl,
                               kd_weight=kd_weight, rl_weight=rl_weight, steps=steps_per_round,
                               invocations_per_step=invocations_per_step, row_tokens=row_tokens, lr=lr, out=out,
-                              oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left),
+                              packing=packing, oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left),
     )
     rt = runtime(device, threads)
     setup_logging()

@@ -180,7 +180,10 @@ def test_plan_only_shares_long_enough_prefixes():
     short = [head + [1, 2, 3], head + [4, 5, 6], head + [7, 8, 9]]
     assert plan_shared_prefixes(short) is None  # 15 common tokens: below the minimum
     assert plan_shared_prefixes([[1, 2, 3], [4, 5], [6]]) is None
+    head = list(range(100, 140))
     long = [[7, *head, 1, 2], [7, *head, 3], [5, 6]]
     plan = plan_shared_prefixes(long)
     assert plan is not None and plan.groups == 1
-    assert plan.prefixes == [[7, *head]] and plan.source == [0, 0, -1] and plan.split == [16, 16, 0]
+    assert plan.prefixes == [[7, *head]] and plan.source == [0, 0, -1] and plan.split == [41, 41, 0]
+    # sharing 16 tokens of 40 does not save MIN_SHARED_PREFIX padded positions a row
+    assert plan_shared_prefixes([[*head[:16], *range(k, k + 24)] for k in (1000, 2000)]) is None

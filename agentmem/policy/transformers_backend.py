@@ -259,7 +259,8 @@ def plan_shared_prefixes(prompts: list[list[int]], min_prefix: int = MIN_SHARED_
     padded = len(prefixes) * max(map(len, prefixes)) + len(prompts) * max(
         len(p) - k for p, k in zip(prompts, split, strict=True)
     )
-    if padded >= len(prompts) * max(map(len, prompts)):
+    # The extra forward pass must pay for itself: save at least MIN_SHARED_PREFIX positions a row.
+    if padded > len(prompts) * (max(map(len, prompts)) - min_prefix):
         return None
     return PrefixPlan(prefixes, source, split, len(groups))
 
