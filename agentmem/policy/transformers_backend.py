@@ -19,7 +19,8 @@ and the whole batch decodes together as before. Row layout in the cache:
 keeps the position it has in its own prompt and sees exactly its own earlier tokens: log-probs equal
 the unshared path's to float round-off. A prompt that shares nothing sits in the suffix region when it
 fits there, otherwise as its own one-row "prefix" (all but its last token). When the plan would not
-save padded prefill work, or no group forms (e.g. G = 1), the batch takes the plain path unchanged.
+save a tenth of the padded prefill positions, or no group forms (e.g. G = 1 with prompts that share
+little), the batch takes the plain path unchanged.
 Rows keep their order in the batch, so seeded sampling draws from the generator in the same order as
 without sharing (a token can still differ where two candidates' probabilities differ only by
 round-off). Models with sliding-window attention would count the middle pads against the window:
@@ -176,7 +177,9 @@ class TransformersBackend:
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
 
-    def _prefill(self, prompts: list[list[int]], device: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def _prefill(
+        self, prompts: list[list[int]], device: torch.device
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """One left-padded forward over whole prompts: (model output, attention mask, next positions)."""
         input_ids, mask = self._left_pad(prompts, device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -187,7 +190,9 @@ class TransformersBackend:
         self._count(PrefillStats(1, len(prompts), 0, total, total, input_ids.numel()))
         return out, mask, positions[:, -1] + 1
 
-    def _prefill_shared(self, prompts: list[list[int]], plan: PrefixPlan, device: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def _prefill_shared(
+        self, prompts: list[list[int]], plan: PrefixPlan, device: torch.device
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Prefill each shared prefix once, copy its cache rows to its group, then prefill the suffixes
         on top with padding between prefix and suffix: cache row ``[pad | prefix | pad | suffix]``."""
         pre_ids, pre_mask = self._left_pad(plan.prefixes, device)
@@ -236,7 +241,7 @@ class TransformersBackend:
 
 
 def plan_shared_prefixes(prompts: list[list[int]], min_prefix: int = MIN_SHARED_PREFIX) -> PrefixPlan | None:
-    """Which rows share which prefix, or ``None`` when sharing would not cut padded prefill work.
+    """Which rows share which prefix, or ``None`` when sharing would not cut padded prefill work by a tenth.
 
     Groups come from ``shared_prefix_groups``. A grouped row's suffix is what follows its group's
     prefix. A row of no group goes to the suffix region when it fits in the longest grouped suffix
@@ -259,8 +264,9 @@ def plan_shared_prefixes(prompts: list[list[int]], min_prefix: int = MIN_SHARED_
     padded = len(prefixes) * max(map(len, prefixes)) + len(prompts) * max(
         len(p) - k for p, k in zip(prompts, split, strict=True)
     )
-    # The extra forward pass must pay for itself: save at least MIN_SHARED_PREFIX positions a row.
-    if padded > len(prompts) * (max(map(len, prompts)) - min_prefix):
+    # Share only to save at least a tenth of the padded positions: below that the extra forward pass
+    # and the cache copy eat the gain (a 4% saving measured within noise of the plain path).
+    if padded > 0.9 * len(prompts) * max(map(len, prompts)):
         return None
     return PrefixPlan(prefixes, source, split, len(groups))
 
