@@ -96,7 +96,7 @@ def main() -> None:
 
     work = {"score": (score, 2048), "train": (train, 2048), "prefill": (prefill, 8 * 300), "decode": (decode, 8 * 32)}
     results: dict[str, dict[str, float]] = {k: {} for k in work}
-    for name, (fn, _tokens) in work.items():  # warm-up of every shape and dtype
+    for fn, _tokens in work.values():  # warm-up of every shape and dtype
         for m in models.values():
             fn(m)
     for _ in range(args.repeats):  # interleaved rounds: a busy neighbour hits both dtypes alike
