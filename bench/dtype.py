@@ -4,10 +4,10 @@ The project's earlier figures disagreed (one measured bf16 at 1.6x fp32 for a si
 the rollout benchmark measured it slower for 8 x 300 prefills). This measures, on the default model
 (SmolLM2-135M-Instruct, the prepared folder), with the same inputs in both dtypes:
 
-  score   teacher scoring: one packed row of 2048 tokens (4 calls), logits at action positions only
+  score   teacher scoring: one packed row of ``--tokens`` tokens (512-token calls), logits at actions only
   train   a distill step's student forward + backward on the same row
   prefill rollout prefill: 8 prompts x 300 tokens, one left-padded batch
-  decode  rollout decode: 8 rows, 32 steps with the KV cache
+  decode  rollout decode: 8 rows, ``--steps`` steps with the KV cache after a 64-token prompt
 
 Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shared). The last line is
 ``score_bf16_vs_fp32=<r> train_bf16_vs_fp32=<r> prefill_bf16_vs_fp32=<r> decode_bf16_vs_fp32=<r>``
@@ -36,12 +36,13 @@ from agentmem.training.collate import collate_rows  # noqa: E402
 from agentmem.training.packed_attention import action_logits  # noqa: E402
 
 
-def row(vocab: int):
+def row(vocab: int, tokens: int):
+    """One packed row of ``tokens`` tokens: calls of 512 tokens (452 prompt + 60 sampled)."""
     rng = np.random.default_rng(0)
     invs = [Invocation(id=f"i{k}", episode_id="e", step=k, kind="memory_update",
                        prompt_ids=rng.integers(0, vocab, 452), output_ids=rng.integers(0, vocab, 60),
-                       output_logprobs=np.zeros(60)) for k in range(4)]
-    rows, _ = pack([rebuild_aligned(i) for i in invs], 2048)
+                       output_logprobs=np.zeros(60)) for k in range(tokens // 512)]
+    rows, _ = pack([rebuild_aligned(i) for i in invs], tokens)
     return collate_rows(rows[:1], 0)
 
 
@@ -58,12 +59,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=2048, help="tokens of the scored / trained row (x512)")
+    ap.add_argument("--steps", type=int, default=32, help="decode steps")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = prepare_default_model()
     models = {d: load_model(folder, dtype=d)[0] for d in ("float32", "bfloat16")}
     vocab = models["float32"].config.vocab_size
-    batch = row(vocab)
+    batch = row(vocab, args.tokens)
     rng = np.random.default_rng(1)
     prompts = torch.tensor(rng.integers(0, vocab, (8, 300)), dtype=torch.long)
     mask = torch.ones_like(prompts)
@@ -88,17 +91,20 @@ def main() -> None:
             out = m(input_ids=prompts[:, :64], attention_mask=mask[:, :64], use_cache=True, logits_to_keep=1)
             cache, am = out.past_key_values, mask[:, :64]
             tok = out.logits[:, -1].argmax(-1)
-            for step in range(32):
+            for step in range(args.steps):
                 am = torch.cat([am, am.new_ones((8, 1))], -1)
                 out = m(input_ids=tok[:, None], attention_mask=am, past_key_values=cache, use_cache=True,
                         position_ids=torch.full((8, 1), 64 + step))
                 cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1)
 
-    work = {"score": (score, 2048), "train": (train, 2048), "prefill": (prefill, 8 * 300), "decode": (decode, 8 * 32)}
+    work = {"score": (score, args.tokens), "train": (train, args.tokens), "prefill": (prefill, 8 * 300),
+            "decode": (decode, 8 * args.steps)}
     results: dict[str, dict[str, float]] = {k: {} for k in work}
-    for fn, _tokens in work.values():  # warm-up of every shape and dtype
-        for m in models.values():
+    for name, (fn, _tokens) in work.items():  # warm-up of every shape and dtype
+        for d, m in models.items():
+            t0 = time.perf_counter()
             fn(m)
+            print(f"warm-up {name} {d}: {time.perf_counter() - t0:.2f}s", flush=True)
     for _ in range(args.repeats):  # interleaved rounds: a busy neighbour hits both dtypes alike
         for name, (fn, _tokens) in work.items():
             for d, m in models.items():
