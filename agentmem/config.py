@@ -321,7 +321,7 @@ class TrainConfig(Frozen):
     distill: DistillConfig = Field(default_factory=_train_distill)
 
     @model_validator(mode="after")
-    def _no_left_cut(self) -> TrainConfig:
+    def _run_ids_per_round(self) -> TrainConfig:
         if self.distill.run_ids:
             raise ValueError("distill.run_ids is set by each round of the loop: leave it empty")
         return self

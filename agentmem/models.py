@@ -70,6 +70,19 @@ def register_trained(store: Store, *, run_id: str, parent: Checkpoint, step: int
     return ckpt
 
 
+def load_tokenizer(path: str):
+    """The tokenizer alone (cheap: jobs build environments from it before any weights load)."""
+    from transformers import AutoTokenizer
+
+    from agentmem.policy.errors import ModelError
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load the tokenizer of model {path!r}: {first}") from e
+
+
 def load(path: str | Path, dtype: DType | str, runtime: Runtime, *, trainable: bool = False):
     """(model, tokenizer) on the runtime's device, in eval mode; frozen unless ``trainable``."""
     model, tokenizer = load_model(path, dtype=str(runtime.dtype_for(dtype)), device=runtime.device)

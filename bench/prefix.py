@@ -51,7 +51,7 @@ from agentmem.policy.models import load_model, prepare_default_model  # noqa: E4
 from agentmem.policy.transformers_backend import TransformersBackend  # noqa: E402
 from agentmem.policy.types import SamplingParams  # noqa: E402
 from agentmem.records import Invocation  # noqa: E402
-from agentmem.replay import rebuild_aligned  # noqa: E402
+from agentmem.replay import rebuild_aligned, shareable_prefix  # noqa: E402
 from agentmem.training.forward import PackedModel, plan  # noqa: E402
 from envs import load_env  # noqa: E402
 
@@ -116,14 +116,6 @@ def sequences(invs: list[Invocation]):
     return seqs
 
 
-def lcp(group: list[list[int]]) -> int:
-    n = min(len(p) for p in group) - 1
-    for i in range(n):
-        if any(p[i] != group[0][i] for p in group[1:]):
-            return i
-    return n
-
-
 def best(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -141,7 +133,10 @@ def measure(args, model, tok, g: int) -> dict:
     seqs = sequences(invs)
     call_tokens = sum(len(s) for s in seqs)
     prompt_tokens = sum(len(p) for grp in groups for p in grp)
-    shared = sum(lcp(grp) * (len(grp) - 1) for grp in groups if len(grp) > 1)
+    by_group: dict[str, list] = {}
+    for seq in seqs:
+        by_group.setdefault(seq.group, []).append(seq)
+    shared = sum(shareable_prefix(grp) * (len(grp) - 1) for grp in by_group.values() if len(grp) > 1)
     ceiling = call_tokens / (call_tokens - shared)
     packed = PackedModel.create(model, tok)
     plans = {mode: plan(seqs, args.row_tokens, packing=mode) for mode in (Packing.segments, Packing.shared_prefix)}

@@ -71,7 +71,6 @@ def main() -> None:
     from agentmem.errors import AgentmemError
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _DEBUG["on"] = "--debug" in sys.argv[1:] or bool(os.environ.get("AGENTMEM_DEBUG"))
     try:
         app()
     except KeyboardInterrupt:

@@ -16,7 +16,6 @@ class TrainProgress:
     progress: Progress
     label: str
     task: int | None = None
-    offset: int = 0  # steps of earlier jobs (the train loop numbers its steps across rounds)
     counts: dict[str, float] = field(default_factory=dict)
 
     def on_start(self, total: int, done: int = 0) -> None:
@@ -30,7 +29,7 @@ class TrainProgress:
         for key in ("skipped_calls", "teacher_truncated_calls"):
             self.counts[key] = self.counts.get(key, 0.0) + float(step.metrics.get(key, 0.0))
         notes = " ".join(f"{k}={int(v)}" for k, v in self.counts.items() if v)
-        self.progress.update(self.task, completed=self.offset + step.step, loss=step.loss, kd=step.kd_loss,
+        self.progress.update(self.task, completed=step.step, loss=step.loss, kd=step.kd_loss,
                              rl=step.rl_loss, tps=step.tokens / max(step.seconds, 1e-9), notes=notes)
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from helpers import register_policy
 from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.config import AgentConfig, EvalConfig
 from agentmem.jobs.eval import run_eval
 from agentmem.jobs.rollout import build_env
-from agentmem.models import ModelRef, register
 from agentmem.plots import plot_eval_results, series
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
@@ -34,10 +34,6 @@ def tiny_config(answer_max_new_tokens: int = 32, **kw) -> EvalConfig:
                         seed=1000)
     fields = {"model": "tiny", "episodes": 4, "chunk_tokens": 48, "env_knobs": SYNTH, "agent": agent}
     return EvalConfig(**{**fields, **kw})
-
-
-def register_policy(store, path, base):
-    return register(store, ModelRef(base, path, base))
 
 
 def test_eval_config_is_a_greedy_single_sample_rollout():

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from agentmem import models as model_refs
 from agentmem.config import DistillConfig, TeacherSourceKind
-from agentmem.errors import ConfigError, RunError
-from agentmem.jobs.runs import load_run, tracked_run
+from agentmem.errors import ConfigError
+from agentmem.jobs.runs import check_runs, load_run, tracked_run
+from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.checkpoints import load_trainer_state
@@ -53,26 +54,19 @@ def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Che
     return run.id, DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
 
 
-def check_runs(store: Store, run_ids: list[str]) -> list[str]:
-    """Full ids of the runs to train on; each must exist and hold stored calls."""
-    if not run_ids:
-        raise ConfigError("give at least one run to train on (--run RUN_ID; see `agentmem runs`)")
-    full = []
-    with store.session() as s:
-        for rid in run_ids:
-            run = repo.get_run(s, rid)
-            if repo.count_invocations(s, [run.id]) == 0:
-                raise RunError(f"run {run.id} ({run.kind.value}) has no stored invocations to train on")
-            full.append(run.id)
-    return full
+def resolve_models(store: Store, config: DistillConfig) -> tuple[ModelRef, ModelRef | None]:
+    """The student's and the teacher's references, resolved without loading weights."""
+    return (model_refs.resolve(store, config.student),
+            model_refs.resolve(store, config.teacher) if config.teacher else None)
 
 
 def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
-                resume_from: Checkpoint | None = None) -> Models:
+                resume_from: Checkpoint | None = None,
+                refs: tuple[ModelRef, ModelRef | None] | None = None) -> Models:
     """Student (trainable; from ``resume_from`` when resuming), frozen teacher (when the teacher source is a
-    model) and frozen reference (when the anchor term is on), on the runtime's device."""
-    start_ref = model_refs.resolve(store, config.student)
-    teacher_ref = model_refs.resolve(store, config.teacher) if config.teacher else None
+    model) and frozen reference (when the anchor term is on), on the runtime's device. ``refs``: the
+    references ``resolve_models`` gave (resolved here when absent)."""
+    start_ref, teacher_ref = refs or resolve_models(store, config)
     start = model_refs.register(store, start_ref)
     student, tokenizer = model_refs.load(resume_from.path if resume_from else start_ref.path, config.dtype, runtime,
                                          trainable=True)
@@ -99,20 +93,16 @@ def run_distill(
     """Train for ``config.steps`` steps, or with ``resume`` (a distill run id; ``config`` may be None)
     continue a stored run from its last checkpoint, up to ``steps`` when given. ``models`` injects loaded
     models (tests); ``models.student`` must then already hold the resumed weights."""
-    resumed_run, resume_from = None, None
+    resumed, resume_from = None, None
     if resume is not None:
-        resumed_run = load_run(store, resume, RunKind.distill)
-        _, stored, resume_from = load_distill_run(store, resumed_run.id)
+        resumed, stored, resume_from = load_distill_run(store, resume)
         config = stored if steps is None else stored.model_copy(update={"steps": steps})
     if config is None:
         raise ConfigError("run_distill needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
-    if models is None:  # every reference resolves before any weights load
-        model_refs.resolve(store, config.student)
-        if config.teacher:
-            model_refs.resolve(store, config.teacher)
-    with tracked_run(store, RunKind.distill, config, resume=resumed_run) as run:
-        loaded = models or load_models(store, config, runtime, resume_from)
+    refs = resolve_models(store, config) if models is None else None  # before any weights load
+    with tracked_run(store, RunKind.distill, config, resume=resumed) as run:
+        loaded = models or load_models(store, config, runtime, resume_from, refs)
         trainer = Trainer(store, config, loaded, run.id, runtime)
         done, parent, last = 0, loaded.student_checkpoint, None
         if resume_from is not None:

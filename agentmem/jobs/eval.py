@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agentmem import models
 from agentmem.agent.loop import RoundStats
 from agentmem.config import HELD_OUT_SEED, EvalConfig
 from agentmem.errors import RunError
@@ -98,7 +99,7 @@ def run_eval(
     result = run_rollout(store, config, runtime, kind=RunKind.eval, backend=backend, policy=policy,
                          on_start=on_start, on_round=on_round)
     policy = result.policy
-    tokenizer = backend.tokenizer if backend is not None else _tokenizer_of(policy.path)
+    tokenizer = backend.tokenizer if backend is not None else models.load_tokenizer(policy.path)
     context_tokens = _context_tokens(store, result.run_id, result.episodes, tokenizer)
     metrics = {"base_model": policy.base_model, "context_tokens": context_tokens, "env_knobs": config.env_knobs,
                "chunk_tokens": config.chunk_tokens, "memory_tokens": config.agent.memory_tokens,
@@ -109,9 +110,3 @@ def run_eval(
         repo.insert_eval_result(s, row)
         s.commit()
     return row
-
-
-def _tokenizer_of(path: str):
-    from agentmem.jobs.rollout import _tokenizer
-
-    return _tokenizer(path)

@@ -92,17 +92,18 @@ def run_rollout(
     otherwise the model named by ``config.model`` is resolved, registered and loaded.
     ``on_start(episodes_total, episodes_done)`` is called once the work is known, ``on_round`` after every
     batched round of calls. ``kind`` is the kind of a new run (evaluation runs this as ``RunKind.eval``)."""
-    resumed_run = None
+    resumed = None
     if resume is not None:
-        resumed_run = load_run(store, resume, kind)
-        config = type(config or RolloutConfig()).stored(resumed_run.config)  # the stored config rules
+        run_row = load_run(store, resume, kind)
+        resumed = run_row.id
+        config = type(config or RolloutConfig()).stored(run_row.config)  # the stored config rules
     if config is None:
         raise ConfigError("run_rollout needs a config or a run to resume")
     if (backend is None) != (policy is None):
         raise ConfigError("give both backend and policy, or neither")
     if backend is None:
         ref = models.resolve(store, config.model)
-        tokenizer = _tokenizer(ref.path)
+        tokenizer = models.load_tokenizer(ref.path)
     else:
         tokenizer = _main_backend(backend).tokenizer
     env = build_env(config, tokenizer)
@@ -113,7 +114,7 @@ def run_rollout(
         policy = models.register(store, ref)
         backend = models.backend(config.backend, ref.path, config.dtype, runtime)
     assert policy is not None
-    with tracked_run(store, kind, config, resume=resumed_run) as run:
+    with tracked_run(store, kind, config, resume=resumed) as run:
         rid = run.id
         episodes = [
             Episode(id=episode_id(rid, t.task_id, g), run_id=rid, env=env.name, task_id=t.task_id, sample_index=g,
@@ -145,15 +146,3 @@ def _main_backend(backend: Backend | Mapping[str, Backend]) -> Backend:
     if isinstance(backend, Mapping):
         return backend.get("*") or next(iter(backend.values()))
     return backend
-
-
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    from agentmem.policy.errors import ModelError
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot load the tokenizer of model {path!r}: {first}") from e

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from agentmem.errors import RunError
+from agentmem.errors import ConfigError, RunError
 from agentmem.records import Run, RunKind
 from store import repository as repo
 from store.engine import Store
@@ -55,18 +55,32 @@ def load_run(store: Store, run_id: str, kind: RunKind) -> Run:
     return run
 
 
+def check_runs(store: Store, run_ids: list[str]) -> list[str]:
+    """Full ids of the runs to train on; each must exist and hold stored calls."""
+    if not run_ids:
+        raise ConfigError("give at least one run to train on (--run RUN_ID; see `agentmem runs`)")
+    full = []
+    with store.session() as s:
+        for rid in run_ids:
+            run = repo.get_run(s, rid)
+            if repo.count_invocations(s, [run.id]) == 0:
+                raise RunError(f"run {run.id} ({run.kind.value}) has no stored invocations to train on")
+            full.append(run.id)
+    return full
+
+
 @contextlib.contextmanager
-def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: Run | None = None,
+def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str | None = None,
                 extra: dict | None = None) -> Iterator[RunHandle]:
-    """Open (or, with ``resume``, take over) a run and end it on exit as finished, failed or interrupted."""
+    """Open (or, with ``resume``, take over the run of that full id) a run and end it on exit as finished,
+    failed or interrupted."""
     with store.session() as s:
         if resume is None:
             run = Run(kind=kind, config=config.model_dump(mode="json") | (extra or {}))
             repo.start_run(s, run)
             rid = run.id
         else:
-            repo.claim_run(s, resume.id)
-            rid = resume.id
+            rid = repo.claim_run(s, resume).id
         s.commit()
     handle = RunHandle(store, rid)
     try:

@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 from agentmem import models as model_refs
 from agentmem.config import ScoreConfig
-from agentmem.jobs.distill import check_runs
-from agentmem.jobs.runs import tracked_run
+from agentmem.jobs.runs import check_runs, tracked_run
 from agentmem.records import RunKind
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.scoring import LoadedModel, ScoreProgress, Scorer, ScoreResult
