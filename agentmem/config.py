@@ -129,6 +129,14 @@ class PlotBy(Choice):
     context_tokens = "context_tokens"
 
 
+class PolicySource(Choice):
+    """Who writes a rollout's outputs: the ``model`` (sampled, with log-probs) or the ``oracle`` (scripted
+    from the task's evidence and gold answer, no model, no log-probs; ``agentmem.agent.oracle``)."""
+
+    model = "model"
+    oracle = "oracle"
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
@@ -168,6 +176,7 @@ class RolloutConfig(Frozen):
     data: str | None = None
     env_knobs: dict[str, Any] = Field(default_factory=dict)
     model: str = "default"
+    policy: PolicySource = PolicySource.model  # oracle: ``model`` gives only the tokenizer and chat template
     backend: BackendKind = BackendKind.transformers
     # fp32 by default: on CPU it is faster end to end for long prompts (prefill dominates), and the stored
     # sampler log-probs then match the fp32 training recompute (bf16 differs by ~0.03 on average).

@@ -131,11 +131,21 @@ class Checkpoint(Record):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+class Fact(Record):
+    """One piece of evidence as text (a supporting sentence, a dialogue turn) and ``chunk``, the index of
+    the chunk after which a reader has read all of it. The oracle policy writes these into its memory."""
+
+    text: str
+    chunk: int = Field(ge=0)
+
+
 class Task(Record):
     """One question over a long input, as an environment hands it to the agent.
 
     ``chunks`` are the pieces the agent reads one per call, in order; ``evidence`` is the supporting
-    text (or ids) where the source has it; ``evidence_chunks`` the indices of chunks that contain it."""
+    text (or ids) where the source has it; ``evidence_chunks`` the indices of chunks that contain it;
+    ``facts`` the evidence as text with the chunk where each is complete, in reading order (empty where
+    the source has no evidence annotation)."""
 
     task_id: str
     env: str
@@ -144,6 +154,7 @@ class Task(Record):
     answers: list[str]
     evidence: list[str] = Field(default_factory=list)
     evidence_chunks: list[int] = Field(default_factory=list)
+    facts: list[Fact] = Field(default_factory=list)
     category: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 

@@ -47,6 +47,14 @@ def chunk_indices(chunks: Sequence[Chunk], unit_ids: set[int]) -> list[int]:
     return [i for i, chunk in enumerate(chunks) if unit_ids.intersection(chunk.units)]
 
 
+def last_chunk_of(chunks: Sequence[Chunk], unit_id: int) -> int:
+    """Index of the last chunk holding (part of) unit ``unit_id``: where a reader has read all of it."""
+    found = [i for i, chunk in enumerate(chunks) if unit_id in chunk.units]
+    if not found:
+        raise EnvError(f"unit {unit_id} is in no chunk (a blank unit?)")
+    return found[-1]
+
+
 class _Packer:
     def __init__(self, count_tokens: Callable[[str], int], budget: int, header: str) -> None:
         self._count = count_tokens

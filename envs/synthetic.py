@@ -9,7 +9,13 @@ Invariants:
 - task ``i`` is a pure function of (seed, i, knobs, count_tokens, chunk_tokens);
 - entity names are distinct within a task, so the answer is unambiguous; filler names no entity;
 - ``evidence`` holds the chain's fact sentences in chain order, ``metadata["evidence_sentences"]`` their
-  sentence positions in the context, and ``evidence_chunks`` the chunks that hold them.
+  sentence positions in the context, and ``evidence_chunks`` the chunks that hold them; ``facts`` the same
+  sentences in reading order, each with the chunk where it ends.
+
+The task ladder: ``level`` (0..4, ``LEVELS``) names a difficulty, from one fact in one short chunk (level
+0) to three hops among many distractors over a long context (level 4). A level sets ``context_tokens``,
+``hops`` and ``distractors``; a knob given explicitly beside it wins. The chunk counts in ``LEVELS`` are
+those at 128-token chunks (``--chunk-tokens 128``), the ladder's reference set-up.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentmem.records import Task
-from envs.chunking import Unit, chunk_indices, pack
+from agentmem.records import Fact, Task
+from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError, check_int
 from envs.metrics import Scores, score_answer
 from envs.selection import take, task_rng
@@ -71,6 +77,24 @@ _FILLER = (
 )
 
 
+@dataclass(frozen=True)
+class Level:
+    context_tokens: int
+    hops: int
+    distractors: int
+    about: str  # one line for the docs
+
+
+LEVELS: dict[int, Level] = {
+    0: Level(48, 1, 0, "one fact in one short chunk, no distractor"),
+    1: Level(160, 1, 1, "one fact, one distractor fact, 2 chunks"),
+    2: Level(384, 1, 3, "one fact among 3 distractor facts, about 4 chunks"),
+    3: Level(640, 2, 3, "two hops, 3 distractor chains, about 6 chunks"),
+    4: Level(1024, 3, 4, "three hops, 4 distractor chains, about 9 chunks"),
+}
+_DEFAULT = Level(1024, 2, 4, "the default without a level")
+
+
 class SyntheticEnv:
     name = "synthetic"
 
@@ -80,11 +104,18 @@ class SyntheticEnv:
         count_tokens: CountTokens,
         chunk_tokens: int,
         seed: int,
-        context_tokens: int = 1024,
-        hops: int = 2,
-        distractors: int = 4,
+        level: int | None = None,
+        context_tokens: int | None = None,
+        hops: int | None = None,
+        distractors: int | None = None,
         num_tasks: int = 1000,
     ) -> None:
+        if level is not None and (isinstance(level, bool) or level not in LEVELS):
+            raise EnvError(f"synthetic: knob level must be one of {', '.join(map(str, LEVELS))}, got {level!r}")
+        base = LEVELS[level] if level is not None else _DEFAULT
+        context_tokens = base.context_tokens if context_tokens is None else context_tokens
+        hops = base.hops if hops is None else hops
+        distractors = base.distractors if distractors is None else distractors
         for knob, value, low in (
             ("context_tokens", context_tokens, 1),
             ("distractors", distractors, 0),
@@ -121,6 +152,7 @@ class SyntheticEnv:
         sentences, positions = self._scatter(rng, evidence + distractor_facts)
         chunks = pack([Unit(s) for s in sentences], self._count, self._chunk_tokens)
         evidence_positions = positions[: self._hops]
+        facts = sorted((last_chunk_of(chunks, p), p, sentences[p]) for p in evidence_positions)
         return Task(
             task_id=f"synthetic-{self._seed}-{index}",
             env=self.name,
@@ -129,6 +161,7 @@ class SyntheticEnv:
             answers=[chain[self._hops]],
             evidence=evidence,
             evidence_chunks=chunk_indices(chunks, set(evidence_positions)),
+            facts=[Fact(text=text, chunk=chunk) for chunk, _, text in facts],
             category=f"{self._hops}-hop",
             metadata={"evidence_sentences": evidence_positions, "seed": self._seed, "index": index},
         )

@@ -79,7 +79,8 @@ def test_every_env_rejects_unknown_knobs_and_bad_budgets(name, tmp_path):
 
 def test_names_and_knobs():
     assert ENV_NAMES == ("synthetic", "hotpotqa", "squad", "locomo", "longmemeval")
-    assert knobs_of("synthetic") == {"context_tokens": 1024, "hops": 2, "distractors": 4, "num_tasks": 1000}
+    assert knobs_of("synthetic") == {"level": None, "context_tokens": None, "hops": None, "distractors": None,
+                                     "num_tasks": 1000}
     assert knobs_of("hotpotqa") == {"docs": 20, "context_tokens": None}
     assert knobs_of("squad") == {"docs": 10, "context_tokens": None}
     assert knobs_of("locomo") == {"categories": None}
