@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentmem.records import InvocationKind, TeacherContext
 
@@ -339,3 +339,66 @@ class TrainConfig(Frozen):
         seed = self.seed + round_index
         rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
         return rollout, self.distill.model_copy(update={"student": policy_id, "seed": seed})
+
+
+# LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+KIND_ALIASES = {"update": InvocationKind.memory_update.value}
+
+
+class SftConfig(Frozen):
+    """Supervised fine-tuning on stored calls (``agentmem sft``): cross-entropy on the action tokens only,
+    on the distill job's rebuild -> pack -> forward path (``distill_config`` gives the ``DistillConfig``
+    the ``Trainer`` runs: the cross-entropy term alone, no teacher, no RL). The calls are those of
+    ``run_ids`` (oracle runs, a teacher's runs or the student's own), of ``kinds`` (``update`` is an alias
+    of ``memory_update``; a comma-separated string is accepted), of episodes with ``f1 >= min_f1`` when
+    given. ``lora_rank``: train LoRA adapters on ``lora_targets`` instead of every weight (the saved
+    checkpoints hold the merged weights)."""
+
+    run_ids: list[str] = Field(min_length=1)
+    student: str = "default"
+    min_f1: float | None = Field(None, ge=0, le=1)
+    kinds: list[InvocationKind] | None = None
+    lora_rank: int | None = Field(None, ge=1)
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    steps: int = Field(10, ge=1)
+    invocations_per_step: int = Field(8, ge=1)
+    row_tokens: int = Field(4096, ge=16)
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    seed: int = 0
+    out: str = "checkpoints"
+    save_every: int | None = Field(None, ge=1)
+    weighting: Weighting = Weighting.token
+    path: AttentionPath = AttentionPath.fast
+    packing: Packing = Packing.segments
+    oversize: Oversize = Oversize.error
+    dtype: DType = DType.float32
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kind_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            return value
+        allowed = [k.value for k in InvocationKind]
+        names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
+        bad = [v for v in names if isinstance(v, str) and v not in allowed]
+        if bad or not names:
+            raise ValueError(f"unknown call kind(s) {bad or value}: give comma-separated {', '.join(allowed)} "
+                             f"(update = memory_update)")
+        return names
+
+    def distill_config(self) -> DistillConfig:
+        """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only."""
+        return DistillConfig(
+            run_ids=self.run_ids, student=self.student, teacher=None, rl=RLKind.none, kd_weight=0.0,
+            rl_weight=0.0, ce_weight=1.0, weighting=self.weighting, steps=self.steps,
+            invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens, lr=self.lr,
+            weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
+            save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
+            oversize=self.oversize, dtype=self.dtype)

@@ -103,6 +103,7 @@ class RunKind(str, enum.Enum):
     eval = "eval"
     train = "train"
     bench = "bench"
+    sft = "sft"  # supervised fine-tuning on stored calls (cross-entropy on the action tokens)
 
 
 class Run(Record):
@@ -189,7 +190,11 @@ class Invocation(Record):
 
     ``prompt_ids`` are the ids the backend consumed, ``output_ids`` the ids it sampled and
     ``output_logprobs[i]`` the sampler's log-prob of ``output_ids[i]`` under the temperature-scaled
-    full-vocabulary distribution. Replay rebuilds from the ids, never from the text."""
+    full-vocabulary distribution. Replay rebuilds from the ids, never from the text.
+
+    ``role`` says who wrote the outputs: ``model`` (sampled; ``output_logprobs`` set) or ``oracle``
+    (scripted by ``agentmem.agent.oracle`` from the task's evidence and gold answer; ``output_logprobs``
+    is None: nothing sampled them, so they train by cross-entropy or distillation, never by RL)."""
 
     id: str = Field(default_factory=new_id)
     episode_id: str
@@ -199,7 +204,8 @@ class Invocation(Record):
     policy_version: str | None = None
     prompt_ids: IntArray
     output_ids: IntArray
-    output_logprobs: FloatArray
+    output_logprobs: FloatArray | None
+    role: str = "model"  # model | oracle
     prompt_text: str = ""
     output_text: str = ""
     memory_before: str = ""

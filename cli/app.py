@@ -21,6 +21,7 @@ from cli import inspect as inspect_commands
 from cli import models as models_commands
 from cli import rollout as rollout_commands
 from cli import score as score_commands
+from cli import sft as sft_commands
 from cli import train as train_commands
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ inspect_commands.register(app)
 models_commands.register(app)
 rollout_commands.register(app)
 score_commands.register(app)
+sft_commands.register(app)
 train_commands.register(app)
 
 _DEBUG = {"on": False}

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import BackendKind, Device, DType, PromptLayout
+from agentmem.config import BackendKind, Device, DType, PolicySource, PromptLayout
 from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
 
 
@@ -17,6 +17,10 @@ def rollout(
                                                  "context_tokens=4096, docs=20.")] = [],  # noqa: B006
     model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
                                             "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
+    policy: Annotated[PolicySource, typer.Option(
+        help="Who writes the outputs: the model (sampled, with log-probs) or the oracle (scripted from the "
+             "task's evidence and gold answer: no model, no log-probs; --model gives only the tokenizer and "
+             "chat template).")] = PolicySource.model,
     backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
     dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
     episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
@@ -54,7 +58,8 @@ def rollout(
     config = None
     if not resume:
         config = RolloutConfig(
-            env=env.value, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend, dtype=dtype,
+            env=env.value, data=data, env_knobs=parse_knobs(knob), model=model, policy=policy, backend=backend,
+            dtype=dtype,
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,

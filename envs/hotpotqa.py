@@ -6,7 +6,9 @@ questions, to ``docs`` documents or ``context_tokens`` tokens, in a seeded shuff
 
 Invariants: the file is fully checked when the environment is built; ``evidence`` holds the supporting
 sentences (supporting facts that point past a paragraph's end, a known quirk of the official files, are
-skipped) and ``evidence_chunks`` the chunks that hold them; ``category`` is the question type.
+skipped) and ``evidence_chunks`` the chunks that hold them; ``facts`` the same sentences (without the
+title a document's first sentence carries in the chunk), in reading order, each with the last chunk
+holding it; ``category`` is the question type.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmem.records import Task
-from envs.chunking import Unit, chunk_indices, pack
+from agentmem.records import Fact, Task
+from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.documents import check_size_knobs, choose_documents
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
@@ -141,6 +143,8 @@ class HotpotQAEnv:
         chunks = pack(units, self._count, self._chunk_tokens)
         found = [(t, k) for t, k in q.support if (t, k) in where_sentence]
         by_title = {self._corpus[d].title: self._corpus[d] for d in order}
+        read = {where_sentence[f]: by_title[f[0]].sentences[f[1]].strip() for f in found}
+        facts = sorted((last_chunk_of(chunks, u), u, text) for u, text in read.items() if text)
         return Task(
             task_id=q.qid,
             env=self.name,
@@ -149,6 +153,7 @@ class HotpotQAEnv:
             answers=[q.answer],
             evidence=[by_title[t].sentences[k].strip() for t, k in found],
             evidence_chunks=chunk_indices(chunks, {where_sentence[f] for f in found}),
+            facts=[Fact(text=text, chunk=chunk) for chunk, _, text in facts],
             category=q.qtype,
             metadata={
                 "level": q.level,

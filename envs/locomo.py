@@ -9,7 +9,9 @@ Invariants: the file is fully checked when the environment is built; ``category`
 category 5 (adversarial) has the gold answer "Not mentioned in the conversation" whatever the file
 stores (its ``answer`` or ``adversarial_answer`` is kept in ``metadata``); ``evidence`` holds the dia ids
 as the file has them and ``evidence_chunks`` the chunks holding the turns they name (ids that name no
-turn are kept in ``evidence`` but map to no chunk). ``score`` uses LoCoMo's rules for the question's
+turn are kept in ``evidence`` but map to no chunk); ``facts`` those turns as the chunks render them, in
+reading order, each with the last chunk holding it. Dia ids are compared by number, so ``D30:05`` names
+turn ``D30:5``. ``score`` uses LoCoMo's rules for the question's
 category for F1 (no stemming; see ``envs.metrics``), and for category 5 all three scores are 1 exactly
 when the prediction says the answer is not mentioned.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentmem.records import Task
+from agentmem.records import Fact, Task
 from envs.chunking import Chunk, Unit, pack
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
@@ -47,6 +49,22 @@ class _Session:
     number: int
     date: str
     turns: tuple[tuple[str, str], ...]  # (dia_id, rendered text)
+
+
+@dataclass(frozen=True)
+class _Turn:
+    order: int  # position in the conversation's reading order
+    text: str  # as the chunk renders it
+    chunks: tuple[int, ...]  # the chunks holding it (more than one when it was split)
+
+
+DiaKey = tuple[int, int] | str
+
+
+def _dia_key(dia_id: str) -> DiaKey:
+    """A turn's id by number (``D30:05`` and ``D30:5`` are one turn); an id of another shape as it is."""
+    match = _DIA_ID.fullmatch(dia_id.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else dia_id
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,7 @@ class LocomoEnv:
             wanted = {str(c) for c in categories}
             questions = [q for q in questions if q.category in wanted]
         self._questions = questions
-        self._chunks: dict[int, tuple[list[Chunk], dict[str, list[int]]]] = {}
+        self._chunks: dict[int, tuple[list[Chunk], dict[DiaKey, _Turn]]] = {}
 
     def tasks(self, n: int | None = None) -> list[Task]:
         return [self._build(i) for i in take(len(self._questions), n, self._seed)]
@@ -111,24 +129,30 @@ class LocomoEnv:
                 questions.append(_read_question(qa, c, k, f"{place} qa[{k}]"))
         return questions
 
-    def _conversation(self, c: int) -> tuple[list[Chunk], dict[str, list[int]]]:
+    def _conversation(self, c: int) -> tuple[list[Chunk], dict[DiaKey, _Turn]]:
+        """The conversation's chunks and its turns by dia id (the first turn of an id that repeats)."""
         if c not in self._chunks:
             chunks: list[Chunk] = []
-            by_dia: dict[str, list[int]] = {}
-            for session in self._sessions[c]:
+            held: dict[tuple[int, int], list[int]] = {}  # (session, turn) -> chunk indices
+            for s, session in enumerate(self._sessions[c]):
                 header = f"Session {session.number}, {session.date}:"
                 units = [Unit(text, sep="\n") for _, text in session.turns]
                 for chunk in pack(units, self._count, self._chunk_tokens, header=header):
                     for u in chunk.units:
-                        by_dia.setdefault(session.turns[u][0], []).append(len(chunks))
+                        held.setdefault((s, u), []).append(len(chunks))
                     chunks.append(chunk)
-            self._chunks[c] = (chunks, by_dia)
+            turns: dict[DiaKey, _Turn] = {}
+            for order, ((s, u), where) in enumerate(sorted(held.items())):
+                dia_id, text = self._sessions[c][s].turns[u]
+                turns.setdefault(_dia_key(dia_id), _Turn(order, text.strip(), tuple(where)))
+            self._chunks[c] = (chunks, turns)
         return self._chunks[c]
 
     def _build(self, index: int) -> Task:
         q = self._questions[index]
-        chunks, by_dia = self._conversation(q.conversation)
-        hits = {i for ev in q.evidence for a, b in _DIA_ID.findall(ev) for i in by_dia.get(f"D{a}:{b}", [])}
+        chunks, turns = self._conversation(q.conversation)
+        keys = ((int(a), int(b)) for ev in q.evidence for a, b in _DIA_ID.findall(ev))
+        named = sorted({turns[k].order: turns[k] for k in keys if k in turns}.items())
         return Task(
             task_id=f"{self._sample_ids[q.conversation]}/qa{q.index}",
             env=self.name,
@@ -136,7 +160,8 @@ class LocomoEnv:
             chunks=[chunk.text for chunk in chunks],
             answers=[q.answer],
             evidence=list(q.evidence),
-            evidence_chunks=sorted(hits),
+            evidence_chunks=sorted({i for _, turn in named for i in turn.chunks}),
+            facts=[Fact(text=turn.text, chunk=turn.chunks[-1]) for _, turn in named],
             category=q.category,
             metadata={"sample_id": self._sample_ids[q.conversation], **q.raw},
         )

@@ -10,7 +10,9 @@ sorted by date. Session ids are never shown to the agent (they can spell "answer
 Invariants: the file is fully checked when the environment is built; answers that are numbers become
 strings; the question carries its date ("... (asked on <date>)") because temporal questions need it;
 ``category`` is the question type; ``evidence`` is ``answer_session_ids`` and ``evidence_chunks`` the
-chunks holding the answer sessions' ``has_answer`` turns (all of a session's chunks when it marks none).
+chunks holding the answer sessions' ``has_answer`` turns (all of a session's chunks when it marks none);
+``facts`` those turns as the chunks render them, in reading order, each with the last chunk holding it
+(none for a session that marks none).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentmem.records import Task
-from envs.chunking import Unit, chunk_indices, pack
+from agentmem.records import Fact, Task
+from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError, check_int
 from envs.files import answer_text, field, need_list, read_json, where
 from envs.metrics import Scores, score_answer
@@ -135,7 +137,7 @@ class LongMemEvalEnv:
     def _build(self, index: int) -> Task:
         q = self._questions[index]
         chosen = sorted(self._with_filler(index, q), key=lambda s: self._sessions[s].when)
-        chunks, evidence_chunks = [], set()
+        chunks, evidence_chunks, facts = [], set(), []
         for s in chosen:
             session = self._sessions[s]
             packed = pack(
@@ -148,6 +150,8 @@ class LongMemEvalEnv:
                 marked = {u for u, (_, has_answer) in enumerate(session.turns) if has_answer}
                 local = chunk_indices(packed, marked) if marked else range(len(packed))
                 evidence_chunks.update(len(chunks) + i for i in local)
+                facts += [Fact(text=session.turns[u][0].strip(), chunk=len(chunks) + last_chunk_of(packed, u))
+                          for u in sorted(marked)]
             chunks.extend(c.text for c in packed)
         return Task(
             task_id=q.qid,
@@ -157,6 +161,7 @@ class LongMemEvalEnv:
             answers=[q.answer],
             evidence=list(q.answer_sessions),
             evidence_chunks=sorted(evidence_chunks),
+            facts=facts,
             category=q.qtype,
             metadata={
                 "question": q.question,

@@ -8,7 +8,10 @@ paragraph only between sentences unless one sentence is over the budget.
 Invariants: the file is fully checked when the environment is built (a question without answers, as in
 SQuAD 2.0's unanswerable ones, is an error); ``answers`` are all gold texts, first occurrence order,
 without repeats; ``evidence`` is the question's paragraph and ``evidence_chunks`` the chunks of that
-paragraph that contain a gold answer (all its chunks if a split cuts through every answer).
+paragraph that contain a gold answer (all its chunks if a split cuts through every answer); ``facts`` is
+the sentence of the paragraph (as cut above, without the title) holding the first answer's
+``answer_start`` offset, through the sentence where that answer ends when a cut falls inside it, with the
+last chunk holding it (no fact when the offset is missing or outside the paragraph).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmem.records import Task
-from envs.chunking import Unit, chunk_indices, pack
+from agentmem.records import Fact, Task
+from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.documents import check_size_knobs, choose_documents
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
@@ -35,6 +38,7 @@ class _Question:
     question: str
     answers: tuple[str, ...]
     paragraph: int  # index into the corpus
+    answer_start: int | None  # the first answer's character offset in the paragraph, when the file has one
 
 
 class SquadEnv:
@@ -85,12 +89,14 @@ class SquadEnv:
                     ]
                     if not golds:
                         raise EnvError(f"{q_place}: field 'answers' is empty")
+                    start = qa["answers"][0].get("answer_start")
                     questions.append(
                         _Question(
                             qid=field(qa, "id", str, q_place),
                             question=field(qa, "question", str, q_place),
                             answers=tuple(dict.fromkeys(golds)),
                             paragraph=len(self._paragraphs) - 1,
+                            answer_start=start if type(start) is int and 0 <= start < len(context) else None,
                         )
                     )
         return questions
@@ -118,10 +124,12 @@ class SquadEnv:
         )
         units: list[Unit] = []
         own: set[int] = set()
+        facts: list[tuple[int, str]] = []  # (unit, text) of the sentence holding the answer
         for p in order:
             sentences = _SENTENCE_END.split(self._text(p))
             if p == q.paragraph:
                 own = set(range(len(units), len(units) + len(sentences)))
+                facts = [(len(units) + k, text) for k, text in self._answer_sentence(q)]
             units += [Unit(sentences[0], sep="\n"), *(Unit(s) for s in sentences[1:])]
         chunks = pack(units, self._count, self._chunk_tokens)
         own_chunks = chunk_indices(chunks, own)
@@ -134,5 +142,24 @@ class SquadEnv:
             answers=list(q.answers),
             evidence=[self._paragraphs[q.paragraph][1]],
             evidence_chunks=with_answer or own_chunks,
+            facts=[Fact(text=text, chunk=last_chunk_of(chunks, u)) for u, text in facts],
             metadata={"title": self._paragraphs[q.paragraph][0], "paragraphs": order},
         )
+
+    def _answer_sentence(self, q: _Question) -> list[tuple[int, str]]:
+        """[(index among the paragraph's sentences, text without the title)] of the sentence holding the
+        first answer's offset, extended to the sentence where that answer ends (the splitter also cuts
+        after abbreviations such as "John D."); the index is the last sentence's. Empty without an
+        offset."""
+        if q.answer_start is None:
+            return []
+        title, _ = self._paragraphs[q.paragraph]
+        text, prefix = self._text(q.paragraph), len(title) + 2  # "title: " precedes the paragraph
+        first = prefix + q.answer_start
+        last = min(first + max(len(q.answers[0]), 1) - 1, len(text) - 1)
+        ends = list(_SENTENCE_END.finditer(text))
+        i, j = (sum(1 for m in ends if m.end() <= offset) for offset in (first, last))
+        start = ends[i - 1].end() if i else 0
+        stop = ends[j].start() if j < len(ends) else len(text)
+        sentence = text[max(start, prefix) : stop].strip()
+        return [(j, sentence)] if sentence else []

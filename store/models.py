@@ -90,7 +90,8 @@ class InvocationRow(Base):
     policy_version: Mapped[str | None] = mapped_column(sa.ForeignKey("checkpoints.id"), index=True)
     prompt_ids: Mapped[bytes]
     output_ids: Mapped[bytes]
-    output_logprobs: Mapped[bytes]
+    output_logprobs: Mapped[bytes | None]  # NULL: no sampler wrote the outputs (role 'oracle')
+    role: Mapped[str] = mapped_column(sa.String(16), server_default="model")
     prompt_text: Mapped[str] = mapped_column(sa.Text)
     output_text: Mapped[str] = mapped_column(sa.Text)
     memory_before: Mapped[str] = mapped_column(sa.Text)

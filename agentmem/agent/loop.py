@@ -2,15 +2,16 @@
 
 The memory policy (``agentmem.agent.memory``) says which call each episode wants next and how its output
 changes the episode's state; the loop batches those calls across episodes, routes each call kind to a
-backend, stores every call as an Invocation and decides each episode's outcome. At every round, the next
+backend (or every call, with its task, to the oracle writer: ``agentmem.agent.oracle``, no model), stores
+every call as an Invocation and decides each episode's outcome. At every round, the next
 call of every live episode goes to the backends together: in slices of ``max_batch`` episodes, each slice
 grouped by (call kind, max_new_tokens) -- the kind picks the backend -- with the round's sampling seed
 ``seed * 1_000_003 + round``.
 
 Invariants:
 - the ``prompt_ids`` of every emitted Invocation are exactly the ids passed to the backend, and
-  ``output_ids``/``output_logprobs`` exactly what it returned; ``kind`` is the call's kind and
-  ``memory_policy`` the policy's name; ``memory_before``/``memory_after`` are the policy's memory text;
+  ``output_ids``/``output_logprobs`` exactly what it returned (the oracle returns no log-probs: None);
+  ``kind`` is the call's kind, ``memory_policy`` the policy's name and ``role`` ``model`` or ``oracle``; ``memory_before``/``memory_after`` are the policy's memory text;
 - a policy sees only the chunks ``max_chunks`` lets it read; the outcome is ``truncated`` when chunks
   were left unread or the answer hit its token limit, ``answered`` otherwise;
 - an episode's state is rebuilt from its stored calls (``AgentLoop.start``), so a resumed episode
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentmem.agent.memory import Call, MemoryPolicy
+from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.registry import memory_policy, register_memory_policy
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
@@ -107,7 +109,11 @@ class RoundStats:
     seconds: float
 
 
-def _routes(backend: Backend | Mapping[str, Backend]) -> dict[str, Backend]:
+def _routes(backend: Backend | Mapping[str, Backend] | None, oracle: OracleWriter | None) -> dict[str, Backend]:
+    if (backend is None) == (oracle is None):
+        raise AgentError("give a backend (or a mapping {call kind: Backend}) or an oracle writer, not both")
+    if backend is None:
+        return {}
     routes = dict(backend) if isinstance(backend, Mapping) else {DEFAULT_ROUTE: backend}
     if not routes:
         raise AgentError("no backend: give a Backend or a mapping {call kind: Backend}")
@@ -119,22 +125,30 @@ class AgentLoop:
 
     ``backend`` is one Backend for every call, or a mapping from call kind to Backend with an optional
     ``"*"`` default. Every routed backend must consume the same token ids (one tokenizer: the default's,
-    else the first's); the policy renders prompts with it."""
+    else the first's); the policy renders prompts with it. With ``oracle`` instead (``backend`` None), the
+    oracle writes every call's output from the (call, task) pair, with no model; the policy renders
+    prompts with the oracle's tokenizer, and the calls are stored with role ``oracle``."""
 
     def __init__(
         self,
-        backend: Backend | Mapping[str, Backend],
+        backend: Backend | Mapping[str, Backend] | None,
         config: AgentConfig,
         score: Callable[[str, Task], Scores],
         policy_version: str | None = None,
         *,
         memory: MemoryPolicy | None = None,
+        oracle: OracleWriter | None = None,
     ):
-        self.backends = _routes(backend)
+        self.backends = _routes(backend, oracle)
+        self.oracle = oracle
+        self.role = "model" if oracle is None else oracle.name
         self.config = config
         self.score = score
         self.policy_version = policy_version
-        self.tokenizer = self.backends.get(DEFAULT_ROUTE, next(iter(self.backends.values()))).tokenizer
+        if oracle is not None:
+            self.tokenizer = oracle.tokenizer
+        else:
+            self.tokenizer = self.backends.get(DEFAULT_ROUTE, next(iter(self.backends.values()))).tokenizer
         if memory is None:
             memory = memory_policy(config.memory_policy, self.tokenizer, config)
         elif memory.name != config.memory_policy:
@@ -208,17 +222,30 @@ class AgentLoop:
         except AgentError as exc:
             return exc
 
-    def _run_calls(self, calls: list[Call | AgentError]) -> dict[int, Generation | Exception]:
-        """Every planned call's generation (or error), by position; one backend call per (kind, limit)."""
+    def _write(self, oracle: OracleWriter, pairs: list[tuple[Call, Task]]) -> list[Generation | Exception]:
+        out: list[Generation | Exception] = []
+        for pair in pairs:  # one at a time: a call the oracle cannot write fails its episode only
+            try:
+                out.extend(oracle.generate([pair]))
+            except AgentError as exc:
+                out.append(exc)
+        return out
+
+    def _run_calls(self, calls: list[Call | AgentError], tasks: list[Task]) -> dict[int, Generation | Exception]:
+        """Every planned call's generation (or error), by position; one backend (or oracle) call per
+        (kind, limit)."""
         groups: dict[tuple[str, int], list[int]] = {}
         for i, call in enumerate(calls):
             if isinstance(call, Call):
                 groups.setdefault((call.kind, call.max_new_tokens), []).append(i)
         results: dict[int, Generation | Exception] = {}
         for (kind, max_new_tokens), idx in groups.items():
-            prompts = [calls[i].prompt.ids for i in idx]  # type: ignore[union-attr]
-            results.update(zip(idx, self._generate(self._backend(kind), prompts, self._params(max_new_tokens)),
-                               strict=True))
+            if self.oracle is not None:
+                gens = self._write(self.oracle, [(calls[i], tasks[i]) for i in idx])  # type: ignore[misc]
+            else:
+                prompts = [calls[i].prompt.ids for i in idx]  # type: ignore[union-attr]
+                gens = self._generate(self._backend(kind), prompts, self._params(max_new_tokens))
+            results.update(zip(idx, gens, strict=True))
         return results
 
     def step(self, live: list[EpisodeState], sink: Sink) -> tuple[list[EpisodeState], RoundStats]:
@@ -231,14 +258,15 @@ class AgentLoop:
         for lo in range(0, len(live), self.config.max_batch):
             batch = live[lo : lo + self.config.max_batch]
             calls = [self._plan(s) for s in batch]
-            results = self._run_calls(calls)
+            results = self._run_calls(calls, [s.readable or s.task for s in batch])
             for i, (s, call) in enumerate(zip(batch, calls, strict=True)):
                 if isinstance(call, AgentError):
                     finished.append(self._end(s, "memory policy error", f"AgentError: {call}"))
                     continue
                 gen = results[i]
                 if isinstance(gen, Exception):
-                    finished.append(self._end(s, "backend error", f"{type(gen).__name__}: {gen}"))
+                    reason = "backend error" if self.oracle is None else "oracle error"
+                    finished.append(self._end(s, reason, f"{type(gen).__name__}: {gen}"))
                     continue
                 try:
                     inv = self._advance(s, call, gen)
@@ -265,7 +293,7 @@ class AgentLoop:
         inv = Invocation(
             episode_id=s.episode.id, step=s.next_step, kind=call.kind, memory_policy=self.memory.name,
             policy_version=self.policy_version, prompt_ids=call.prompt.ids, output_ids=gen.output_ids,
-            output_logprobs=gen.logprobs, prompt_text=call.prompt.text, output_text=output_text,
+            output_logprobs=gen.logprobs, role=self.role, prompt_text=call.prompt.text, output_text=output_text,
             memory_before=self.memory.memory_text(s.memory), memory_after=self.memory.memory_text(after),
             chunk_text=call.chunk_text, chunk_index=call.chunk_index, finish_reason=gen.finish_reason,
             temperature=self.config.temperature, latency_s=gen.latency_s,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmem import models as model_refs
-from agentmem.config import DistillConfig, TeacherSourceKind
+from agentmem.config import DistillConfig, PolicySource, TeacherSourceKind
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import check_runs, load_run, tracked_run
 from agentmem.models import ModelRef
@@ -79,6 +79,17 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
                   reference)
 
 
+def check_rl_runs(store: Store, config: DistillConfig) -> None:
+    """Refuse the RL term on oracle runs before any weights load: their calls have no sampler log-probs."""
+    if not config.effective_rl_weight:
+        return
+    with store.session() as s:
+        for rid in config.run_ids:
+            if repo.get_run(s, rid).config.get("policy") == PolicySource.oracle.value:
+                raise ConfigError(f"run {rid} is an oracle rollout (no sampler log-probs): the RL term cannot "
+                                  "train on it; use rl_weight 0 / --rl none, or agentmem sft")
+
+
 def run_distill(
     store: Store,
     config: DistillConfig | None,
@@ -100,6 +111,7 @@ def run_distill(
     if config is None:
         raise ConfigError("run_distill needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    check_rl_runs(store, config)
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     with tracked_run(store, RunKind.distill, config, resume=resumed) as run:
         loaded = models or load_models(store, config, runtime, resume_from, refs)

@@ -1,6 +1,7 @@
 """The export job: stored invocations as a Hugging Face ``datasets`` table (Parquet or a saved dataset folder), one
 row per invocation with its episode's outcome, for analysis or training outside agentmem. Token ids and
-log-probs are exported exactly (int32 / float32 lists)."""
+log-probs are exported exactly (int32 / float32 lists); a call stored without sampler log-probs (``role``
+``oracle``) has ``output_logprobs`` null."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ FEATURES = datasets.Features({
     "invocation_id": datasets.Value("string"), "run_id": datasets.Value("string"),
     "episode_id": datasets.Value("string"), "task_id": datasets.Value("string"),
     "sample_index": datasets.Value("int32"), "step": datasets.Value("int32"), "kind": datasets.Value("string"),
-    "memory_policy": datasets.Value("string"),
+    "memory_policy": datasets.Value("string"), "role": datasets.Value("string"),
     "policy_version": datasets.Value("string"),
     "prompt_ids": datasets.Sequence(datasets.Value("int32")),
     "output_ids": datasets.Sequence(datasets.Value("int32")),
@@ -40,7 +41,8 @@ def _rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
             ep = episodes[inv.episode_id]
             yield {
                 "invocation_id": inv.id, "run_id": ep.run_id, "episode_id": ep.id, "task_id": ep.task_id,
-                "sample_index": ep.sample_index, "step": inv.step, "kind": str(inv.kind), "memory_policy": inv.memory_policy,
+                "sample_index": ep.sample_index, "step": inv.step, "kind": str(inv.kind),
+                "memory_policy": inv.memory_policy, "role": inv.role,
                 "policy_version": inv.policy_version, "prompt_ids": inv.prompt_ids, "output_ids": inv.output_ids,
                 "output_logprobs": inv.output_logprobs, "prompt_text": inv.prompt_text,
                 "output_text": inv.output_text, "memory_before": inv.memory_before, "memory_after": inv.memory_after,

@@ -5,6 +5,10 @@ environment built from the tokenizer alone, so a bad flag, id or data file fails
 Then the run (with its full config) and every episode are written, each round's calls in one short
 transaction, and each episode's outcome as it finishes. Episode ids are derived from (run, task, sample),
 so a killed job loses at most the calls in flight and ``resume`` finishes the run without duplicating a row.
+
+With ``policy: oracle`` no weights load at all: the model reference gives only the tokenizer and its chat
+template, ``agentmem.agent.oracle`` writes every output from the task's facts and gold answer, and the
+calls are stored with role ``oracle``, no log-probs and no policy version (no checkpoint sampled them).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from dataclasses import dataclass
 
 from agentmem import models
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
-from agentmem.config import RolloutConfig
+from agentmem.agent.oracle import OracleWriter
+from agentmem.agent.overwrite import OverwritePolicy
+from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, load_run, tracked_run
 from agentmem.policy.types import Backend
@@ -63,7 +69,7 @@ class RolloutResult:
     run_id: str
     episodes: list[Episode]
     resumed_episodes: int
-    policy: Checkpoint
+    policy: Checkpoint | None  # the checkpoint that sampled; None for an oracle rollout
 
 
 def load_rollout_config(store: Store, run_id: str) -> tuple[str, RolloutConfig]:
@@ -89,7 +95,8 @@ def run_rollout(
 
     ``backend`` and ``policy`` inject a ready backend (or a ``{call kind: backend}`` mapping with an optional
     ``"*"`` default, as ``AgentLoop`` takes) and its checkpoint row (tests, benchmarks, the train loop);
-    otherwise the model named by ``config.model`` is resolved, registered and loaded.
+    otherwise the model named by ``config.model`` is resolved, registered and loaded. An oracle rollout
+    (``config.policy``) takes neither and loads only the tokenizer of ``config.model``.
     ``on_start(episodes_total, episodes_done)`` is called once the work is known, ``on_round`` after every
     batched round of calls. ``kind`` is the kind of a new run (evaluation runs this as ``RunKind.eval``)."""
     resumed = None
@@ -101,6 +108,9 @@ def run_rollout(
         raise ConfigError("run_rollout needs a config or a run to resume")
     if (backend is None) != (policy is None):
         raise ConfigError("give both backend and policy, or neither")
+    oracle = config.policy is PolicySource.oracle
+    if oracle:
+        _check_oracle(config, kind, backend)
     if backend is None:
         ref = models.resolve(store, config.model)
         tokenizer = models.load_tokenizer(ref.path)
@@ -110,10 +120,10 @@ def run_rollout(
     tasks = env.tasks(config.episodes)
     if not tasks:
         raise ConfigError(f"environment {config.env!r} produced no tasks")
-    if backend is None:
+    writer = OracleWriter(tokenizer) if oracle else None
+    if backend is None and not oracle:
         policy = models.register(store, ref)
         backend = models.backend(config.backend, ref.path, config.dtype, runtime)
-    assert policy is not None
     with tracked_run(store, kind, config, resume=resumed) as run:
         rid = run.id
         episodes = [
@@ -123,7 +133,8 @@ def run_rollout(
             for t in tasks for g in range(config.group_size)
         ]
         by_task = {t.task_id: t for t in tasks}
-        loop = AgentLoop(backend, config.agent, env.score, policy_version=policy.id)
+        loop = AgentLoop(backend, config.agent, env.score, policy_version=policy.id if policy else None,
+                         oracle=writer)
         with store.session() as s:
             repo.insert_episodes(s, episodes)
             s.commit()
@@ -140,6 +151,16 @@ def run_rollout(
     with store.session() as s:
         final = repo.list_episodes(s, rid)
     return RolloutResult(run_id=rid, episodes=final, resumed_episodes=resumed, policy=policy)
+
+
+def _check_oracle(config: RolloutConfig, kind: RunKind, backend: object) -> None:
+    if backend is not None:
+        raise ConfigError("an oracle rollout runs no model: give no backend (config.model names the tokenizer)")
+    if kind is not RunKind.rollout:
+        raise ConfigError(f"policy 'oracle' is for rollouts; a {kind.value} run measures a model")
+    if config.agent.memory_policy != OverwritePolicy.name:
+        raise ConfigError(f"policy 'oracle' writes the {OverwritePolicy.name!r} memory policy's calls, not "
+                          f"{config.agent.memory_policy!r}'s")
 
 
 def _main_backend(backend: Backend | Mapping[str, Backend]) -> Backend:

@@ -47,13 +47,14 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion. ``output_ids`` and ``logprobs`` have the same length; ``finish_reason`` is
+    """One completion. ``output_ids`` and ``logprobs`` have the same length (``logprobs`` is None when no
+    sampler wrote the ids: the oracle, ``agentmem.agent.oracle``); ``finish_reason`` is
     ``stop`` when the last token is an end-of-sequence token, ``length`` when ``max_new_tokens`` was
     reached. ``latency_s`` is the wall time from the start of the batched call until this sequence
     finished."""
 
     output_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None
     finish_reason: FinishReason
     latency_s: float
 

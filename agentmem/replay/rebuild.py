@@ -26,7 +26,8 @@ class Sequence:
     """One rebuilt invocation: what the scoring model reads, and which of its predictions are actions.
 
     ``action_ids`` (the sampled tokens, one per True in ``action_mask``, in order) and ``sampler_logprobs``
-    are the stored ``output_ids`` / ``output_logprobs``. ``truncated_tokens`` counts prompt tokens cut from
+    are the stored ``output_ids`` / ``output_logprobs`` (all NaN for a call stored without log-probs, an
+    oracle call: cross-entropy and distillation use only the ids; the RL term refuses NaN). ``truncated_tokens`` counts prompt tokens cut from
     the left by packing (0 when the sequence is whole). ``group``: the calls that may share a prompt
     prefix when packed with ``shared_prefix=True`` carry the same key (the training layer sets it to the
     call's (run, task, step)); None packs the sequence as an ordinary segment."""
@@ -51,7 +52,7 @@ class Sequence:
 def _checked(inv: Invocation) -> None:
     if inv.prompt_tokens == 0:
         raise ReplayError(f"invocation {inv.id}: empty prompt_ids, the first action has no state to predict from")
-    if inv.output_logprobs.shape[0] != inv.output_tokens:
+    if inv.output_logprobs is not None and inv.output_logprobs.shape[0] != inv.output_tokens:
         raise ReplayError(
             f"invocation {inv.id}: {inv.output_tokens} output_ids but {inv.output_logprobs.shape[0]} output_logprobs"
         )
@@ -68,8 +69,14 @@ def _sequence(inv: Invocation, context_ids: np.ndarray) -> Sequence:
         position_ids=np.arange(input_ids.shape[0], dtype=np.int32),
         action_mask=mask,
         action_ids=inv.output_ids.copy(),
-        sampler_logprobs=inv.output_logprobs.copy(),
+        sampler_logprobs=_sampler_logprobs(inv),
     )
+
+
+def _sampler_logprobs(inv: Invocation) -> np.ndarray:
+    if inv.output_logprobs is None:
+        return np.full(inv.output_tokens, np.nan, dtype=np.float32)
+    return inv.output_logprobs.copy()
 
 
 def rebuild_aligned(inv: Invocation) -> Sequence:

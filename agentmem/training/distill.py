@@ -104,10 +104,12 @@ class Trainer:
     """Steps of one distill job on a selection: ``step(i) -> TrainStep`` (the optimiser step included)
     and ``save(steps_done, parent) -> Checkpoint``. Every tensor goes to ``runtime.device``; the models
     must already be there. ``teacher``: a source to use instead of the one ``config.teacher_source``
-    names (built from ``models``)."""
+    names (built from ``models``); ``selection``: the calls to train on, instead of every call of
+    ``config.run_ids`` of ``config.kinds`` (``agentmem sft --min-f1`` filters by episode outcome)."""
 
     def __init__(self, store: Store, config: DistillConfig, models: Models, run_id: str,
-                 runtime: Runtime = CPU, *, teacher: TeacherSource | None = None):
+                 runtime: Runtime = CPU, *, teacher: TeacherSource | None = None,
+                 selection: Selection | None = None):
         self.store, self.config, self.models, self.run_id, self.runtime = store, config, models, run_id, runtime
         self.objective = objective_from_config(config)
         self.student = PackedModel.create(models.student, models.tokenizer, config.path, runtime)
@@ -116,7 +118,7 @@ class Trainer:
             vocab_size(models.teacher, models.teacher_tokenizer)
         self.reference = (PackedModel.create(models.reference, models.tokenizer, config.path, runtime)
                           if models.reference is not None and self.objective.needs_reference else None)
-        self.selection = select(store, config.run_ids, kinds=config.kinds)
+        self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)
         self.student_seqs = student_sequences(self.selection)
         self.units = draw_units(self.student_seqs, config.packing)
         self.teacher = teacher if teacher is not None else teacher_source(

@@ -22,6 +22,7 @@ from agentmem.replay import OverBudget, PackingStats, Row, pack
 from agentmem.replay import Sequence as Rebuilt
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.collate import PackedBatch, collate_rows
+from agentmem.training.lora import base_model
 from agentmem.training.packed_attention import action_logits
 from agentmem.training.vocab import vocab_size
 
@@ -63,8 +64,11 @@ class PackedModel:
     device: str = "cpu"
 
     @classmethod
-    def create(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    def create(cls, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU) -> PackedModel:
+        """``model``: a transformers model, or one wrapped with LoRA adapters (peft), of which the packed
+        forward runs the transformers model inside: the adapters are injected into it, so they apply."""
+        model = base_model(model)
         return cls(model, vocab_size(model, tokenizer), tokenizer.pad_token_id or 0, AttentionPath(path),
                    runtime.device)
 

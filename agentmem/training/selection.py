@@ -50,16 +50,23 @@ def select(
     *,
     kinds: Seq[InvocationKind] | None = None,
     policy_versions: Seq[str] | None = None,
+    min_f1: float | None = None,
 ) -> Selection:
     """Every stored invocation of ``run_ids`` matching the filters; raises TrainingError when empty or when a
-    run does not exist."""
+    run does not exist. ``min_f1``: only calls of episodes whose F1 is at least this (an unscored episode,
+    F1 None, never passes)."""
     with store.session() as s:
         run_ids = [repo.get_run(s, rid).id for rid in run_ids]  # full ids (abbreviations allowed)
         episodes = {e.id: e for e in repo.list_episodes(s, run_ids)}
-        invocations = list(repo.stream_invocations(s, run_ids=run_ids, kinds=kinds, policy_versions=policy_versions))
+        if min_f1 is not None:
+            episodes = {k: e for k, e in episodes.items() if e.f1 is not None and e.f1 >= min_f1}
+        invocations = [i for i in repo.stream_invocations(s, run_ids=run_ids, kinds=kinds,
+                                                          policy_versions=policy_versions)
+                       if i.episode_id in episodes]
     if not invocations:
         raise TrainingError(f"no stored invocations match run(s) {', '.join(run_ids)}"
-                         + (f" and kinds {[str(k) for k in kinds]}" if kinds else ""))
+                            + (f" and kinds {[str(k) for k in kinds]}" if kinds else "")
+                            + (f" in episodes with f1 >= {min_f1} (--min-f1)" if min_f1 is not None else ""))
     return Selection(invocations, episodes)
 
 

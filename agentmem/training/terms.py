@@ -14,7 +14,8 @@ Terms:
 - ``DistillTerm``: divergence to the teacher at the action positions: full-vocabulary reverse KL,
   forward KL or generalised JSD when the teacher source gives logits ``[A, V]``; the sampled-token
   reverse-KL estimator (``losses.sampled_reverse_kl_loss``) when it gives only ``log p_t(a)`` ``[A]``;
-- ``PolicyGradientTerm``: PPO/GRPO clipped surrogate on the episode's group advantage;
+- ``PolicyGradientTerm``: PPO/GRPO clipped surrogate on the episode's group advantage (it needs the
+  sampler's log-probs: a call stored without them, an oracle call, is refused);
 - ``CrossEntropyTerm``: ``-log p_s(a)`` of the sampled action (supervised fine-tuning on the calls);
 - ``AnchorTerm``: reverse KL(student || frozen reference), the reference being run on the student's own
   aligned rows (a KL anchor to the starting model).
@@ -107,6 +108,9 @@ class PolicyGradientTerm:
     needs_reference: bool = False
 
     def __call__(self, batch: MicroBatch) -> TermValue:
+        if bool(torch.isnan(batch.sampler_logprobs).any()):
+            raise TrainingError("calls without sampler log-probs (oracle calls) cannot be trained with the RL term; "
+                                "use rl_weight 0 / --rl none, or agentmem sft")
         new = sampled_logprobs(batch.logits / batch.sampling_temperature[:, None], batch.action_ids)
         loss, m = policy_gradient_loss(new, batch.sampler_logprobs, batch.advantages, self.clip_eps,
                                        weights=batch.weights)

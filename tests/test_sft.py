@@ -1,0 +1,189 @@
+"""Supervised fine-tuning on stored calls: the loss is exactly the mean -log p of the stored outputs given
+their prompts (the prompt carries no loss), it goes down, --min-f1 keeps exactly the calls of good episodes,
+LoRA trains only the adapters and saves a plain merged model folder, resume is exact, and bad input fails
+before any model loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import register_policy
+from test_agent import SYNTH
+from tiny_models import save_tiny, tiny_tokenizer
+from transformers import AutoModelForCausalLM
+
+from agentmem.config import AgentConfig, RolloutConfig, SftConfig
+from agentmem.errors import TrainingError
+from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.sft import load_student, run_sft
+from agentmem.models import resolve
+from agentmem.policy.scripted import ScriptedBackend
+from agentmem.records import InvocationKind, RunKind
+from agentmem.runtime import CPU
+from agentmem.training import lora
+from agentmem.training.distill import Trainer
+from agentmem.training.selection import select
+from store import repository as repo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def stored(sqlite_store, tmp_path):
+    """A scripted rollout (4 episodes, F1 0, 0.8, 0, 0.8) and a tiny student folder."""
+    tok = tiny_tokenizer()
+    config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
+                           agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4))
+    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
+    result = run_rollout(sqlite_store, config, backend=ScriptedBackend(tok, lambda p: "Bob lives in Oslo."),
+                         policy=policy)
+    with sqlite_store.session() as s:
+        for i, ep in enumerate(repo.list_episodes(s, result.run_id)):
+            repo.update_episode(s, ep.model_copy(update={"f1": 0.8 * (i % 2), "reward": 0.8 * (i % 2)}))
+        s.commit()
+    return sqlite_store, result.run_id, save_tiny(tmp_path / "tiny")
+
+
+def sft_config(run_id, folder, tmp_path, **kw) -> SftConfig:
+    base = dict(run_ids=[run_id], student=folder, steps=2, invocations_per_step=64, lr=1e-3,
+                out=str(tmp_path / "ckpt"))
+    return SftConfig(**(base | kw))
+
+
+def mean_nll(model, invocations) -> float:
+    """Mean -log p(output token | prompt, earlier outputs) over every output token, one plain forward
+    pass per call (no packing)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for inv in invocations:
+            ids = torch.tensor(np.concatenate([inv.prompt_ids, inv.output_ids]), dtype=torch.long)[None]
+            logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+            p, o = inv.prompt_tokens, inv.output_tokens
+            total -= float(logp[p - 1 : p + o - 1].gather(1, ids[0, p:, None]).sum())
+            count += o
+    return total / count
+
+
+def test_loss_is_the_nll_of_the_outputs_given_the_prompt_and_goes_down(stored, tmp_path):
+    store, run_id, folder = stored
+    invocations = select(store, [run_id]).invocations
+    start = AutoModelForCausalLM.from_pretrained(folder)
+    before = mean_nll(start, invocations)
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3))
+    first = result.history[0]
+    # every call drawn at step 1, token weighting: the loss is the mean NLL of the output tokens only
+    assert first.metrics["actions"] == sum(i.output_tokens for i in invocations)
+    assert first.loss == pytest.approx(before, abs=1e-5)
+    assert first.kd_loss == 0 and first.rl_loss == 0
+    after = mean_nll(AutoModelForCausalLM.from_pretrained(result.last_checkpoint.path), invocations)
+    assert np.isfinite(after) and after < before
+    assert [h.loss for h in result.history] == sorted(h.loss for h in result.history)[::-1]
+    with store.session() as s:
+        run = repo.get_run(s, result.run_id)
+        assert run.kind is RunKind.sft and run.status == "finished"
+        assert [t.step for t in repo.list_train_steps(s, result.run_id)] == [1, 2, 3]
+        assert repo.list_checkpoints(s, result.run_id) == [result.last_checkpoint]
+
+
+def test_min_f1_and_kinds_select_exactly_those_calls(stored, tmp_path):
+    store, run_id, folder = stored
+    all_calls = select(store, [run_id])
+    good = {e.id for e in all_calls.episodes.values() if e.f1 == 0.8}
+    assert len(good) == 2
+    picked = select(store, [run_id], min_f1=0.5)
+    assert picked.ids == [i.id for i in all_calls.invocations if i.episode_id in good]
+    answers = select(store, [run_id], min_f1=0.5, kinds=[InvocationKind.answer])
+    assert answers.ids == [i.id for i in picked.invocations if i.kind == "answer"] and len(answers.ids) == 2
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1, min_f1=0.5, kinds="answer"))
+    assert result.history[0].metrics["actions"] == sum(i.output_tokens for i in answers.invocations)
+    assert SftConfig(run_ids=["r"], kinds="update, answer").kinds == [InvocationKind.memory_update,
+                                                                      InvocationKind.answer]
+    with pytest.raises(TrainingError, match=rf"run\(s\) {run_id} .*f1 >= 0.99 \(--min-f1\)"):
+        run_sft(store, sft_config(run_id, folder, tmp_path, min_f1=0.9, kinds="update"))
+    with store.session() as s:
+        assert [r.run.kind for r in repo.list_runs(s)].count(RunKind.sft) == 1  # the empty one left no run
+
+
+def test_lora_trains_only_adapters_and_saves_a_plain_merged_model(stored, tmp_path):
+    store, run_id, folder = stored
+    config = sft_config(run_id, folder, tmp_path, lora_rank=4, lr=1e-2)
+    models = load_student(store, config, CPU, resolve(store, folder))
+    before = {n: p.detach().clone() for n, p in models.student.named_parameters()}
+    trainer = Trainer(store, config.distill_config(), models, "run", selection=select(store, [run_id]))
+    for step in range(2):
+        assert np.isfinite(trainer.step(step).loss)
+    changed = {n for n, p in models.student.named_parameters() if not torch.equal(p, before[n])}
+    adapters = {n for n in before if "lora_" in n}
+    assert adapters and changed == adapters
+    assert {n for n, p in models.student.named_parameters() if p.requires_grad} == adapters
+    ckpt = trainer.save(2, models.student_checkpoint)
+    assert not (Path(ckpt.path) / "adapter_config.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(ckpt.path)
+    assert not lora.is_lora(loaded) and not any("lora_" in n for n, _ in loaded.named_parameters())
+    ids = torch.tensor(np.concatenate([i.prompt_ids for i in select(store, [run_id]).invocations[:2]]))[None]
+    models.student.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, models.student(ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("lora_rank", [None, 4])
+def test_resume_two_plus_two_equals_four(stored, tmp_path, lora_rank):
+    store, run_id, folder = stored
+    config = sft_config(run_id, folder, tmp_path, steps=4, invocations_per_step=3, lora_rank=lora_rank)
+    straight = run_sft(store, config)
+    first = run_sft(store, config.model_copy(update={"steps": 2}))
+    assert first.last_checkpoint.step == 2
+    resumed = run_sft(store, None, resume=first.run_id[:8], steps=4)
+    assert resumed.run_id == first.run_id and [h.step for h in resumed.history] == [3, 4]
+    for a, b in zip(straight.history[2:], resumed.history, strict=True):
+        assert a.loss == pytest.approx(b.loss, abs=1e-6)
+    assert resumed.last_checkpoint.parent_id == first.last_checkpoint.id
+    p = AutoModelForCausalLM.from_pretrained(straight.last_checkpoint.path).state_dict()
+    q = AutoModelForCausalLM.from_pretrained(resumed.last_checkpoint.path).state_dict()
+    assert p.keys() == q.keys()
+    for name in p:
+        torch.testing.assert_close(p[name], q[name], atol=1e-6, rtol=0, msg=name)
+    with store.session() as s:
+        assert repo.get_run(s, first.run_id).status == "finished"
+        assert [t.step for t in repo.list_train_steps(s, first.run_id)] == [1, 2, 3, 4]
+
+
+def test_bad_run_ids_fail_before_any_model_loads(stored, tmp_path, monkeypatch):
+    store, run_id, folder = stored
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("agentmem.models.load", no_load)
+    with pytest.raises(Exception, match="no run with id 'nopenope'"):
+        run_sft(store, sft_config("nopenope", folder, tmp_path))
+    with pytest.raises(Exception, match="is a rollout run, not a sft run"):
+        run_sft(store, None, resume=run_id)
+    with pytest.raises(Exception, match="nowhere"):
+        run_sft(store, sft_config(run_id, str(tmp_path / "nowhere"), tmp_path))
+    with store.session() as s:
+        assert [r.run.kind for r in repo.list_runs(s)] == [RunKind.rollout]
+
+
+def am(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1", "AGENTMEM_DEBUG": ""}
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_help_and_a_bad_kinds_value(tmp_path):
+    help_text = am("sft", "--help")
+    assert help_text.returncode == 0
+    assert all(f in help_text.stdout for f in ("--min-f1", "--kinds", "--lora-rank", "--resume", "--dtype"))
+    db = tmp_path / "x.db"
+    bad = am("sft", "--run", "r", "--kinds", "updates", "--db", str(db))
+    assert bad.returncode == 1
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.startswith("error: --kinds (SftConfig.kinds): ") and "'updates'" in line
+    assert not db.exists()
