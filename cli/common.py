@@ -25,6 +25,18 @@ def parse_knobs(values: list[str]) -> dict:
     return out
 
 
+def env_knobs(env: str, knobs: list[str], level: int | None) -> dict:
+    """The environment knobs of ``--knob`` flags plus ``--level`` (the synthetic ladder)."""
+    out = parse_knobs(knobs)
+    if level is None:
+        return out
+    if env != "synthetic":
+        raise ConfigError(f"--level is the synthetic task ladder; environment {env!r} has no levels")
+    if "level" in out and out["level"] != level:
+        raise ConfigError(f"--level {level} and --knob level={out['level']} disagree: give one")
+    return {"level": level, **out}
+
+
 def setup_logging(verbose: bool = False) -> None:
     """Quiet third-party libraries; show our warnings. Called once at the start of heavy commands."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

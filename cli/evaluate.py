@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from agentmem.config import HELD_OUT_SEED, BackendKind, Device, DType, PlotBy, PromptLayout
-from cli.common import parse_knobs
-from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
+from cli.common import env_knobs
+from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
 
 
 def evaluate(
@@ -19,6 +19,7 @@ def evaluate(
                                                   "(use a held-out split).")] = None,
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. "
                                                  "context_tokens=4096.")] = [],  # noqa: B006
+    level: LevelOption = None,
     episodes: Annotated[int, typer.Option(help="Number of tasks (one greedy episode each).")] = 16,
     seed: Annotated[int, typer.Option(help="Seed for task selection. The default differs from rollout's (0) so "
                                            "that synthetic tasks are ones training never saw; data files are "
@@ -55,7 +56,7 @@ def evaluate(
     from cli.common import runtime, setup_logging
     from store.engine import open_store
 
-    config = EvalConfig(env=env.value, data=data, env_knobs=parse_knobs(knob), model=model, backend=backend,
+    config = EvalConfig(env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, backend=backend,
                         dtype=dtype, episodes=episodes, seed=seed, chunk_tokens=chunk_tokens,
                         agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                                           max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,

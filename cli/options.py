@@ -24,3 +24,9 @@ DeviceOption = Annotated[
     Device, typer.Option(help="Where models run: auto (CUDA when available, else CPU) | cpu | cuda.")
 ]
 ThreadsOption = Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).", min=1)]
+LevelOption = Annotated[
+    int | None,
+    typer.Option(min=0, max=4, help="Synthetic task ladder level: 0 (one fact in one short chunk) .. 4 (three hops "
+                 "among distractors over about 9 chunks at --chunk-tokens 128); sets the context_tokens, hops and "
+                 "distractors knobs (an explicit --knob wins). Synthetic only.", show_default=False),
+]

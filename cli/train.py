@@ -40,13 +40,18 @@ def train(
     prompt_layout: Annotated[PromptLayout, typer.Option(help="Update prompt order (see `rollout --help`).")]
     = PromptLayout.chunk_first,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
-    out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
+    out: Annotated[str, typer.Option(help="Folder for checkpoints (round N of train run T: "
+                                          "OUT/T/round-N/<distill run>/step-K).")] = "checkpoints",
     seed: Annotated[int, typer.Option(help="Seed (rollout tasks, sampling, data order).")] = 0,
+    resume: Annotated[str | None, typer.Option(
+        help="Continue train run RUN_ID at its first unfinished round, from the last finished round's "
+             "checkpoint, with its stored config (the other flags are ignored).")] = None,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
 ) -> None:
-    """Run the whole on-policy loop on the embedded default: a few minutes per round on a laptop CPU."""
+    """Run the whole on-policy loop on the embedded default: a few minutes per round on a laptop CPU.
+    A killed loop continues with --resume RUN_ID."""
     from agentmem.config import (
         AgentConfig,
         DistillConfig,
@@ -55,31 +60,40 @@ def train(
         TeacherTruncation,
         TrainConfig,
     )
-    from agentmem.jobs.train import run_train
+    from agentmem.jobs.train import load_train_state, run_train
     from cli.common import parse_knobs, runtime, setup_logging
     from cli.console import console
     from cli.training_progress import train_progress
     from store.engine import open_store
 
-    knobs = parse_knobs(knob) or ({"context_tokens": 384, "distractors": 2, "hops": 1} if env == "synthetic" else {})
-    config = TrainConfig(
-        rounds=rounds, seed=seed,
-        rollout=RolloutConfig(env=env.value, data=data, env_knobs=knobs, episodes=episodes, group_size=group_size,
-                              chunk_tokens=chunk_tokens,
-                              agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=12,
-                                                prompt_layout=prompt_layout)),
-        distill=DistillConfig(student=student, teacher=teacher, context=context, loss=loss, rl=rl,
-                              kd_weight=kd_weight, rl_weight=rl_weight, steps=steps_per_round,
-                              invocations_per_step=invocations_per_step, row_tokens=row_tokens, lr=lr, out=out,
-                              packing=packing, oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left),
-    )
+    config = None
+    if not resume:
+        knobs = parse_knobs(knob) or ({"context_tokens": 384, "distractors": 2, "hops": 1} if env == "synthetic"
+                                      else {})
+        config = TrainConfig(
+            rounds=rounds, seed=seed,
+            rollout=RolloutConfig(env=env.value, data=data, env_knobs=knobs, episodes=episodes,
+                                  group_size=group_size, chunk_tokens=chunk_tokens,
+                                  agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=12,
+                                                    prompt_layout=prompt_layout)),
+            distill=DistillConfig(student=student, teacher=teacher, context=context, loss=loss, rl=rl,
+                                  kd_weight=kd_weight, rl_weight=rl_weight, steps=steps_per_round,
+                                  invocations_per_step=invocations_per_step, row_tokens=row_tokens, lr=lr,
+                                  out=out, packing=packing, oversize=Oversize.skip,
+                                  teacher_truncation=TeacherTruncation.left),
+        )
     rt = runtime(device, threads)
     setup_logging()
-    store = open_store(db, create=True)
+    store = open_store(db, create=not resume)
     err = console(stderr=True)
+    start = 0
+    if resume:
+        state = load_train_state(store, resume)
+        rounds, steps_per_round = state.config.rounds, state.config.distill.steps
+        start = len(state.finished) * steps_per_round
     total = rounds * steps_per_round
-    with train_progress(total, label="train") as bar:
-        done = {"n": 0}
+    with train_progress(total, done=start, label="train") as bar:
+        done = {"n": start}
 
         def step(record) -> None:
             done["n"] += 1
@@ -89,8 +103,8 @@ def train(
             err.log(f"  rollout: {stats.calls} calls, {stats.output_tokens} tokens generated in {stats.seconds:.1f}s, "
                     f"{stats.finished} episodes finished")
 
-        run_id, results = run_train(store, config, rt, on_phase=lambda msg: err.log(msg), on_step=step,
-                                    on_round=rollout_round)
+        run_id, results = run_train(store, config, rt, resume=resume, on_phase=lambda msg: err.log(msg),
+                                    on_step=step, on_round=rollout_round)
     from rich.table import Table
 
     table = Table("round", "policy", "rollout run", "rollout F1", "distill run", "new checkpoint", title=f"train {run_id}")

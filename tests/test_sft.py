@@ -24,7 +24,7 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.sft import load_student, run_sft
 from agentmem.models import resolve
 from agentmem.policy.scripted import ScriptedBackend
-from agentmem.records import InvocationKind, RunKind
+from agentmem.records import InvocationKind, Run, RunKind
 from agentmem.runtime import CPU
 from agentmem.training import lora
 from agentmem.training.distill import Trainer
@@ -104,7 +104,7 @@ def test_min_f1_and_kinds_select_exactly_those_calls(stored, tmp_path):
     assert result.history[0].metrics["actions"] == sum(i.output_tokens for i in answers.invocations)
     assert SftConfig(run_ids=["r"], kinds="update, answer").kinds == [InvocationKind.memory_update,
                                                                       InvocationKind.answer]
-    with pytest.raises(TrainingError, match=rf"run\(s\) {run_id} .*f1 >= 0.99 \(--min-f1\)"):
+    with pytest.raises(TrainingError, match=rf"run\(s\) {run_id} .*f1 >= 0.9 \(--min-f1\)"):
         run_sft(store, sft_config(run_id, folder, tmp_path, min_f1=0.9, kinds="update"))
     with store.session() as s:
         assert [r.run.kind for r in repo.list_runs(s)].count(RunKind.sft) == 1  # the empty one left no run
@@ -115,7 +115,11 @@ def test_lora_trains_only_adapters_and_saves_a_plain_merged_model(stored, tmp_pa
     config = sft_config(run_id, folder, tmp_path, lora_rank=4, lr=1e-2)
     models = load_student(store, config, CPU, resolve(store, folder))
     before = {n: p.detach().clone() for n, p in models.student.named_parameters()}
-    trainer = Trainer(store, config.distill_config(), models, "run", selection=select(store, [run_id]))
+    run = Run(kind=RunKind.sft, config=config.model_dump(mode="json"))
+    with store.session() as s:
+        repo.start_run(s, run)
+        s.commit()
+    trainer = Trainer(store, config.distill_config(), models, run.id, selection=select(store, [run_id]))
     for step in range(2):
         assert np.isfinite(trainer.step(step).loss)
     changed = {n for n, p in models.student.named_parameters() if not torch.equal(p, before[n])}

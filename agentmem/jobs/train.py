@@ -8,21 +8,37 @@ round sets the sampling model, the student, the run ids and the seeds). The defa
 the default model as the student and, as the teacher, the same base model under the ``privileged``
 context, so one small model runs the whole loop. A stored call longer than the row budget is left out
 and counted (``train_steps.metrics.skipped_calls``), never cut.
+
+Rounds in the store: round ``n`` (1-based) of train run ``T`` distills with ``out`` set to
+``<distill.out>/T/round-n`` (``round_out``), so its checkpoints land in that folder and the distill run's
+stored config names its train run and round; that run's ``run_ids`` name the round's rollout, and its last
+checkpoint is the round's result. Nothing else is recorded: ``load_train_state`` rebuilds the finished
+rounds from the store alone. ``--resume T`` (``run_train(resume=T)``) then continues at the first
+unfinished round from the last finished round's checkpoint:
+
+- a round whose distill run exists but did not finish is resumed: its rollout is kept and the distill run
+  continues from its last checkpoint (from its first step when it saved none);
+- a round whose distill run never started is redone from its rollout: a rollout it had begun or finished
+  stays in the store, unlinked (no distill run names it), and a new one is made with the same config and
+  seed, which samples the same calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agentmem import models
 from agentmem.agent.loop import RoundStats
-from agentmem.config import TrainConfig
-from agentmem.jobs.distill import run_distill
+from agentmem.config import DistillConfig, RolloutConfig, TrainConfig
+from agentmem.errors import RunError
+from agentmem.jobs.distill import DistillResult, run_distill
 from agentmem.jobs.rollout import run_rollout
-from agentmem.jobs.runs import tracked_run
-from agentmem.records import Checkpoint, RunKind, TrainStep
+from agentmem.jobs.runs import RunHandle, load_run, tracked_run
+from agentmem.records import Checkpoint, Episode, Run, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
+from store import repository as repo
 from store.engine import Store
 
 
@@ -36,37 +52,129 @@ class RoundResult:
     checkpoint: Checkpoint
 
 
+@dataclass(frozen=True)
+class TrainState:
+    """What the store holds of a train run: its config, its finished rounds in order, and the distill run
+    of the first unfinished round when that one had started distilling (else None)."""
+
+    run: Run
+    config: TrainConfig
+    finished: list[RoundResult]
+    pending_distill: str | None
+
+
+def round_out(base_out: str, train_run_id: str, round_index: int) -> str:
+    """The checkpoint folder of round ``round_index`` (0-based) of a train run: the distill run's ``out``,
+    by which the round is found again."""
+    return str(Path(base_out) / train_run_id / f"round-{round_index + 1}")
+
+
+def load_train_config(run: Run) -> TrainConfig:
+    data = dict(run.config)
+    data["rollout"] = RolloutConfig.stored(data.get("rollout") or {})
+    return TrainConfig.model_validate(data)
+
+
+def load_train_state(store: Store, run_id: str) -> TrainState:
+    """The train run named by ``run_id`` (abbreviations allowed) and its rounds, found in the store."""
+    run = load_run(store, run_id, RunKind.train)
+    config = load_train_config(run)
+    start = models.register(store, models.resolve(store, config.distill.student))
+    with store.session() as s:
+        distills: dict[str, Run] = {}
+        for summary in sorted(repo.list_runs(s), key=lambda x: x.run.created_at):
+            if summary.run.kind is RunKind.distill and "out" in summary.run.config:
+                distills[summary.run.config["out"]] = summary.run  # the latest of one out folder wins
+        finished, policy = [], start
+        for r in range(config.rounds):
+            distill = distills.get(round_out(config.distill.out, run.id, r))
+            if distill is None:
+                return TrainState(run, config, finished, None)
+            stored = DistillConfig.model_validate(distill.config)
+            if stored.student != policy.id:
+                raise RunError(f"train run {run.id}: round {r + 1}'s distill run {distill.id} trained "
+                               f"{stored.student}, not the previous round's checkpoint {policy.id}")
+            ckpts = repo.list_checkpoints(s, distill.id)
+            if distill.status != "finished" or not ckpts or ckpts[-1].step != stored.steps:
+                return TrainState(run, config, finished, distill.id)
+            mean_f1 = _mean_f1(repo.list_episodes(s, stored.run_ids[0]))
+            finished.append(RoundResult(r, policy, stored.run_ids[0], distill.id, mean_f1, ckpts[-1]))
+            policy = ckpts[-1]
+    return TrainState(run, config, finished, None)
+
+
 def run_train(
     store: Store,
-    config: TrainConfig,
+    config: TrainConfig | None,
     runtime: Runtime = CPU,
     *,
+    resume: str | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
     on_round: Callable[[RoundStats], None] | None = None,
 ) -> tuple[str, list[RoundResult]]:
-    """Run ``config.rounds`` rounds; return the train run id and one result per round."""
+    """Run ``config.rounds`` rounds, or with ``resume`` (a train run id; ``config`` may be None) continue
+    a stored run at its first unfinished round (see the module docstring). Return the train run id and
+    one result per round, the earlier finished ones included."""
     say = on_phase or (lambda _msg: None)
+    state = None
+    if resume is not None:
+        state = _resumable(load_train_state(store, resume))
+        config = state.config
+    if config is None:
+        raise RunError("run_train needs a config or a train run to resume")
     start = models.resolve(store, config.distill.student)
     if config.distill.teacher:
         models.resolve(store, config.distill.teacher)  # a bad teacher fails before the first rollout
-    with tracked_run(store, RunKind.train, config) as run:
-        policy = models.register(store, start)
-        rounds: list[RoundResult] = []
-        for r in range(config.rounds):
-            rollout_cfg, distill_cfg = config.round_configs(r, policy.id)
-            say(f"round {r + 1}/{config.rounds}: rollout with {policy.id} ({policy.path})")
-            backend = models.backend(rollout_cfg.backend, policy.path, rollout_cfg.dtype, runtime)
-            rolled = run_rollout(store, rollout_cfg, runtime, backend=backend, policy=policy, on_round=on_round)
-            del backend
-            run.beat(force=True)
-            mean_f1 = sum(e.f1 or 0.0 for e in rolled.episodes) / len(rolled.episodes)
-            say(f"round {r + 1}/{config.rounds}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.steps} steps")
-            distill_cfg = distill_cfg.model_copy(update={"run_ids": [rolled.run_id]})
-            distilled = run_distill(store, distill_cfg, runtime, on_step=on_step)
-            assert distilled.last_checkpoint is not None
-            rounds.append(RoundResult(r, policy, rolled.run_id, distilled.run_id, mean_f1,
-                                      distilled.last_checkpoint))
-            policy = distilled.last_checkpoint
+    with tracked_run(store, RunKind.train, config, resume=state.run.id if state else None) as run:
+        rounds = list(state.finished) if state else []
+        policy = rounds[-1].checkpoint if rounds else models.register(store, start)
+        pending = state.pending_distill if state else None
+        for r in range(len(rounds), config.rounds):
+            result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending)
+            rounds.append(result)
+            policy, pending = result.checkpoint, None
             run.beat(force=True)
     return run.id, rounds
+
+
+def _resumable(state: TrainState) -> TrainState:
+    run = state.run
+    if len(state.finished) == state.config.rounds:
+        raise RunError(f"train run {run.id} ({run.status}) has finished all {state.config.rounds} rounds: nothing "
+                       f"to resume (final checkpoint {state.finished[-1].checkpoint.id})")
+    if run.status == "running" and repo.run_liveness(run) == "live":
+        raise RunError(f"train run {run.id} is still running (pid {run.pid} on {run.host}): stop it first")
+    return state
+
+
+def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: RunHandle, runtime: Runtime,
+           say: Callable[[str], None], on_step: Callable[[TrainStep], None] | None,
+           on_round: Callable[[RoundStats], None] | None, pending_distill: str | None) -> RoundResult:
+    """One round: rollout with ``policy``, then distill on it; with ``pending_distill``, only resume that
+    distill run (its rollout is done)."""
+    label = f"round {r + 1}/{config.rounds}"
+    rollout_cfg, distill_cfg = config.round_configs(r, policy.id)
+    if pending_distill is None:
+        say(f"{label}: rollout with {policy.id} ({policy.path})")
+        backend = models.backend(rollout_cfg.backend, policy.path, rollout_cfg.dtype, runtime)
+        rolled = run_rollout(store, rollout_cfg, runtime, backend=backend, policy=policy, on_round=on_round)
+        del backend
+        run.beat(force=True)
+        rollout_id, mean_f1 = rolled.run_id, _mean_f1(rolled.episodes)
+        say(f"{label}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.steps} steps")
+        distill_cfg = distill_cfg.model_copy(update={"run_ids": [rollout_id],
+                                                     "out": round_out(config.distill.out, run.id, r)})
+        distilled: DistillResult = run_distill(store, distill_cfg, runtime, on_step=on_step)
+    else:
+        with store.session() as s:
+            rollout_id = DistillConfig.model_validate(repo.get_run(s, pending_distill).config).run_ids[0]
+            mean_f1 = _mean_f1(repo.list_episodes(s, rollout_id))
+        say(f"{label}: rollout {rollout_id} done (F1 {mean_f1:.3f}); resuming distill run {pending_distill}")
+        distilled = run_distill(store, None, runtime, resume=pending_distill, on_step=on_step)
+    assert distilled.last_checkpoint is not None
+    return RoundResult(r, policy, rollout_id, distilled.run_id, mean_f1, distilled.last_checkpoint)
+
+
+def _mean_f1(episodes: list[Episode]) -> float:
+    return sum(e.f1 or 0.0 for e in episodes) / max(1, len(episodes))

@@ -29,7 +29,9 @@ PRIVILEGED_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Selection:
-    """Invocations in (episode, step) order and the episodes they belong to."""
+    """Invocations in (run, task, sample, step) order and the episodes they belong to. The order is a
+    function of what was stored, not of the random ids rows got, so two rollouts that stored the same calls
+    (a loop round redone after a kill, the same config run twice) give a training job the same data order."""
 
     invocations: list[Invocation]
     episodes: dict[str, Episode]
@@ -63,6 +65,13 @@ def select(
         invocations = [i for i in repo.stream_invocations(s, run_ids=run_ids, kinds=kinds,
                                                           policy_versions=policy_versions)
                        if i.episode_id in episodes]
+    run_index = {rid: n for n, rid in enumerate(run_ids)}
+
+    def order(inv: Invocation) -> tuple:
+        ep = episodes[inv.episode_id]
+        return run_index[ep.run_id], ep.task_id, ep.sample_index, inv.step
+
+    invocations.sort(key=order)
     if not invocations:
         raise TrainingError(f"no stored invocations match run(s) {', '.join(run_ids)}"
                             + (f" and kinds {[str(k) for k in kinds]}" if kinds else "")

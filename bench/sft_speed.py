@@ -1,0 +1,122 @@
+"""SFT speed: seconds of ``agentmem sft`` per 10k action tokens, fp32 against bf16, on the default model.
+
+A throwaway SQLite store gets an oracle rollout of the synthetic environment (``policy: oracle``: outputs
+written from each task's evidence and gold answer, no model runs; the default model's tokenizer and chat
+template make the prompts), then ``run_sft`` trains SmolLM2-135M-Instruct (full fine-tuning, or LoRA with
+``--lora-rank``) on those calls, once per dtype, on the same steps. The figure is the steady state: the
+summed ``train_steps.seconds`` of every step but the first (warm-up), over the action tokens of those
+steps, scaled to 10k; model loading and the final checkpoint save are printed apart.
+
+``--tokens`` sets how many action tokens a dtype trains on (10k by default); ``--max-steps`` caps the steps
+for a short run (the per-10k figure is then extrapolated from the steps run). The last line is
+``fp32_s=<s> bf16_s=<s> bf16_over_fp32=<r>`` (seconds per 10k action tokens; r < 1: bf16 is faster).
+
+  .venv/bin/python bench/sft_speed.py --threads 2                 # the full 10k tokens per dtype
+  .venv/bin/python bench/sft_speed.py --threads 2 --max-steps 4   # a short run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentmem.config import AgentConfig, DType, PolicySource, RolloutConfig, SftConfig  # noqa: E402
+from agentmem.jobs.rollout import run_rollout  # noqa: E402
+from agentmem.jobs.sft import run_sft  # noqa: E402
+from agentmem.records import TrainStep  # noqa: E402
+from agentmem.runtime import Runtime  # noqa: E402
+from store import repository as repo  # noqa: E402
+from store.engine import make_engine, open_store  # noqa: E402
+from store.migrations import upgrade  # noqa: E402
+
+
+def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int):
+    """A store holding one oracle rollout; returns (store, run id, its stored calls)."""
+    url = f"sqlite:///{work / 'sft_speed.db'}"
+    upgrade(make_engine(url))
+    store = open_store(url)
+    config = RolloutConfig(env="synthetic", env_knobs={"level": level}, policy=PolicySource.oracle,
+                           episodes=episodes, chunk_tokens=chunk_tokens, agent=AgentConfig(temperature=0.0))
+    result = run_rollout(store, config)
+    with store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[result.run_id]))
+    return store, result.run_id, calls
+
+
+def measure(store, run_id: str, dtype: DType, steps: int, args, work: Path, runtime: Runtime) -> dict:
+    history: list[TrainStep] = []
+    t0 = time.perf_counter()
+    config = SftConfig(run_ids=[run_id], student=args.model, steps=steps, invocations_per_step=args.calls_per_step,
+                       row_tokens=args.row_tokens, lr=1e-5, dtype=dtype, lora_rank=args.lora_rank,
+                       out=str(work / f"ckpt-{dtype}"))
+    result = run_sft(store, config, runtime, on_step=history.append)
+    wall = time.perf_counter() - t0
+    steady = history[1:] or history
+    seconds, actions = sum(h.seconds for h in steady), sum(h.metrics["actions"] for h in steady)
+    tokens = sum(h.tokens for h in steady)
+    per_10k = seconds / actions * 10_000
+    trained = sum(h.seconds for h in history)
+    print(f"{dtype}: {len(history)} steps, {int(sum(h.metrics['actions'] for h in history))} action tokens "
+          f"({tokens / max(actions, 1):.1f} tokens read per action token), steady {per_10k:.1f} s per 10k action "
+          f"tokens; first step {history[0].seconds:.1f} s; load + save {wall - trained:.1f} s; "
+          f"loss {history[0].loss:.3f} -> {history[-1].loss:.3f}", flush=True)
+    shutil.rmtree(Path(result.last_checkpoint.path).parent, ignore_errors=True)
+    return {"per_10k": per_10k}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="default", help="student (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--tokens", type=int, default=10_000, help="action tokens to train on per dtype")
+    ap.add_argument("--max-steps", type=int, default=None, help="cap the steps (a short run; extrapolated)")
+    ap.add_argument("--calls-per-step", type=int, default=8)
+    ap.add_argument("--row-tokens", type=int, default=4096)
+    ap.add_argument("--chunk-tokens", type=int, default=512)
+    ap.add_argument("--level", type=int, default=1, help="synthetic task ladder level")
+    ap.add_argument("--lora-rank", type=int, default=None)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--work", type=Path, default=None, help="folder for the store and checkpoints (default: temp)")
+    args = ap.parse_args()
+    runtime = Runtime.create(device="cpu", threads=args.threads)
+    work = args.work or Path(tempfile.mkdtemp(prefix="sft_speed-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    episodes = 8
+    while True:  # enough stored calls that the steps draw ~--tokens action tokens without repeating an epoch
+        folder = work / f"episodes-{episodes}"
+        folder.mkdir(exist_ok=True)
+        store, run_id, calls = oracle_store(folder, episodes, args.chunk_tokens, args.level)
+        actions = sum(c.output_tokens for c in calls)
+        if actions >= args.tokens or episodes >= 512:
+            break
+        episodes *= 2
+    per_call = actions / len(calls)
+    steps = math.ceil(args.tokens / (per_call * args.calls_per_step))
+    prompt = sum(c.prompt_tokens for c in calls) / len(calls)
+    print(f"oracle run {run_id}: {episodes} episodes, {len(calls)} calls, {actions} action tokens "
+          f"({per_call:.1f} per call, {prompt:.0f} prompt tokens per call); {steps} steps of "
+          f"{args.calls_per_step} calls make {args.tokens} action tokens"
+          + (f"; running {args.max_steps}" if args.max_steps and args.max_steps < steps else ""), flush=True)
+    steps = min(steps, args.max_steps or steps)
+    torch.manual_seed(0)
+    figures = {d: measure(store, run_id, DType(d), steps, args, work, runtime)["per_10k"]
+               for d in args.dtypes.split(",")}
+    fp32, bf16 = figures.get("float32", float("nan")), figures.get("bfloat16", float("nan"))
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"fp32_s={fp32:.1f} bf16_s={bf16:.1f} bf16_over_fp32={bf16 / fp32:.2f}")
+
+
+if __name__ == "__main__":
+    main()
