@@ -109,7 +109,10 @@ class Plan:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     hotpot = args.hotpot or (str(HOTPOT) if HOTPOT.exists() else None)
-    if args.quick:
+    if args.smoke:  # a check that every phase runs, in a few minutes; its numbers mean nothing
+        plan = Plan(steps=2, rounds=1, calls_per_step=4, rollout_tasks=2, group=2, heldout_per_level=2,
+                    heldout_hotpot=2, curve_episodes=2, curve_rounds=[1], hotpot=hotpot)
+    elif args.quick:
         plan = Plan(steps=8, rounds=2, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=8,
                     heldout_hotpot=8, curve_episodes=8, curve_rounds=[2], hotpot=hotpot)
     else:
@@ -303,6 +306,7 @@ def plot(evals: dict[str, dict[int, dict]], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer steps and held-out episodes (about 30 minutes)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest plan: checks that every phase runs")
     ap.add_argument("--work", type=Path, default=Path("learning-bench"), help="folder for the store and outputs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of: " + ", ".join(ARMS))
@@ -319,6 +323,10 @@ def main() -> None:
     if unknown or "base" not in arms:
         raise SystemExit(f"--arms: unknown {unknown}" if unknown else "--arms must include base")
     plan = make_plan(args)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     state = State(work / "state.json", plan)
@@ -360,6 +368,7 @@ def main() -> None:
             step = r * plan.steps_per_round
             if step in points:
                 evaluated(arm, points[step], step, final=step == plan.steps)
+        prune(ckpts, keep_weights={ckpts[-1]["id"]})
 
     table = report(plan, evals, work)
     print(table)
@@ -374,6 +383,17 @@ def main() -> None:
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; best arm: {best}; outputs in {work}")
     print(f"trained_minus_base={trained:.3f} aligned_minus_persistent={diff('opd_aligned', 'opd_persistent'):.3f} "
           f"opd_rl_minus_rl={diff('opd_grpo', 'grpo'):.3f}")
+
+
+def prune(ckpts: list[dict], keep_weights: set[str]) -> None:
+    """Free disk once an arm is trained and evaluated: every optimizer state, and the weights of the
+    checkpoints not in ``keep_weights`` (a 135M checkpoint is 0.5 GB of weights + 1 GB of AdamW state)."""
+    for c in ckpts:
+        folder = Path(c["path"])
+        (folder / "trainer_state.pt").unlink(missing_ok=True)
+        if c["id"] not in keep_weights:
+            for f in folder.glob("*.safetensors"):
+                f.unlink()
 
 
 def _load_ckpt(store, ckpt_id: str) -> Checkpoint:

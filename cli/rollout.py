@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import BackendKind, Device, DType, PolicySource, PromptLayout
-from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
+from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
 
 
 def rollout(
@@ -15,6 +15,7 @@ def rollout(
     data: Annotated[str | None, typer.Option(help="Data file in the benchmark's official JSON format.")] = None,
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. hops=3, "
                                                  "context_tokens=4096, docs=20.")] = [],  # noqa: B006
+    level: LevelOption = None,
     model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
                                             "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
     policy: Annotated[PolicySource, typer.Option(
@@ -52,13 +53,13 @@ def rollout(
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
     from cli.agent_progress import episode_progress
-    from cli.common import parse_knobs, runtime, setup_logging
+    from cli.common import env_knobs, runtime, setup_logging
     from store.engine import open_store
 
     config = None
     if not resume:
         config = RolloutConfig(
-            env=env.value, data=data, env_knobs=parse_knobs(knob), model=model, policy=policy, backend=backend,
+            env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, policy=policy, backend=backend,
             dtype=dtype,
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,

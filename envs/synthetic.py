@@ -86,7 +86,7 @@ class Level:
 
 
 LEVELS: dict[int, Level] = {
-    0: Level(48, 1, 0, "one fact in one short chunk, no distractor"),
+    0: Level(1, 1, 0, "one fact alone in one short chunk: no filler, no distractor"),
     1: Level(160, 1, 1, "one fact, one distractor fact, 2 chunks"),
     2: Level(384, 1, 3, "one fact among 3 distractor facts, about 4 chunks"),
     3: Level(640, 2, 3, "two hops, 3 distractor chains, about 6 chunks"),
