@@ -282,19 +282,20 @@ def plot(evals: dict[str, dict[int, dict]], path: Path) -> None:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     base0 = flat(evals["base"][0])
-    for arm in ARMS:
-        if arm not in evals or arm == "base":
-            continue
-        xs, ys, los, his = [0], [float(np.mean(base0))], [ci(base0)[0]], [ci(base0)[1]]
-        for step in sorted(evals[arm]):
-            v = flat(evals[arm][step])
+    trained = [a for a in ARMS if a in evals and a != "base"]
+    last = max(max(evals[a]) for a in trained) if trained else 1
+    for k, arm in enumerate(trained):
+        shift = (k - (len(trained) - 1) / 2) * last / 150  # side by side, so the intervals do not hide each other
+        xs, ys, err = [], [], [[], []]
+        for step in [0, *sorted(evals[arm])]:
+            v = base0 if step == 0 else flat(evals[arm][step])
             lo, hi = ci(v)
-            xs.append(step)
-            ys.append(float(np.mean(v)))
-            los.append(lo)
-            his.append(hi)
-        line = ax.plot(xs, ys, marker="o", label=arm)[0]
-        ax.fill_between(xs, los, his, color=line.get_color(), alpha=0.12)
+            mean = float(np.mean(v))
+            xs.append(step + shift)
+            ys.append(mean)
+            err[0].append(mean - lo)
+            err[1].append(hi - mean)
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
     ax.axhline(float(np.mean(base0)), color="grey", linestyle="--", label="base")
     ax.set_xlabel("optimiser step (same calls per step for every arm)")
     ax.set_ylabel("held-out F1 (95% bootstrap interval)")

@@ -40,12 +40,13 @@ from store.engine import make_engine, open_store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 
 
-def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int):
+def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int | None):
     """A store holding one oracle rollout; returns (store, run id, its stored calls)."""
     url = f"sqlite:///{work / 'sft_speed.db'}"
     upgrade(make_engine(url))
     store = open_store(url)
-    config = RolloutConfig(env="synthetic", env_knobs={"level": level}, policy=PolicySource.oracle,
+    knobs = {} if level is None else {"level": level}
+    config = RolloutConfig(env="synthetic", env_knobs=knobs, policy=PolicySource.oracle,
                            episodes=episodes, chunk_tokens=chunk_tokens, agent=AgentConfig(temperature=0.0))
     result = run_rollout(store, config)
     with store.session() as s:
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--calls-per-step", type=int, default=8)
     ap.add_argument("--row-tokens", type=int, default=4096)
     ap.add_argument("--chunk-tokens", type=int, default=512)
-    ap.add_argument("--level", type=int, default=1, help="synthetic task ladder level")
+    ap.add_argument("--level", type=int, default=None, help="synthetic task ladder level (default: the env's)")
     ap.add_argument("--lora-rank", type=int, default=None)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--work", type=Path, default=None, help="folder for the store and checkpoints (default: temp)")
