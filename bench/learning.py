@@ -116,8 +116,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         plan = Plan(steps=8, rounds=2, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=8,
                     heldout_hotpot=8, curve_episodes=8, curve_rounds=[2], hotpot=hotpot)
     else:
-        plan = Plan(steps=30, rounds=6, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=50,
-                    heldout_hotpot=50, curve_episodes=12, curve_rounds=[2, 4, 6], hotpot=hotpot)
+        plan = Plan(steps=24, rounds=4, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=50,
+                    heldout_hotpot=50, curve_episodes=12, curve_rounds=[2, 4], hotpot=hotpot)
     updates = {k: v for k, v in (("lr", args.lr), ("train_level", args.train_level), ("teacher", args.teacher),
                                  ("teacher_steps", args.teacher_steps)) if v is not None}
     if args.heldout_levels:
