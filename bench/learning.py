@@ -59,10 +59,10 @@ from agentmem.config import (  # noqa: E402
     TeacherTruncation,
     TrainConfig,
 )
+from agentmem.jobs.distill import run_distill  # noqa: E402
 from agentmem.jobs.eval import run_eval  # noqa: E402
 from agentmem.jobs.rollout import run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
-from agentmem.jobs.train import run_train  # noqa: E402
 from agentmem.records import Checkpoint, TeacherContext  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
 from envs.metrics import bootstrap_ci  # noqa: E402
@@ -92,8 +92,8 @@ class Plan:
     teacher: str | None = None  # a model folder used as the teacher instead
     lr: float = 5e-5
     chunk_tokens: int = 128
-    memory_tokens: int = 48
-    answer_tokens: int = 12
+    memory_tokens: int = 32
+    answer_tokens: int = 8
     temperature: float = 1.0
     seed: int = 0
     hotpot: str | None = None
@@ -104,7 +104,7 @@ class Plan:
 
     def agent(self, temperature: float, seed: int) -> AgentConfig:
         return AgentConfig(memory_tokens=self.memory_tokens, answer_max_new_tokens=self.answer_tokens,
-                           temperature=temperature, seed=seed, max_batch=16)
+                           temperature=temperature, seed=seed, max_batch=32)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -113,8 +113,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         plan = Plan(steps=2, rounds=1, calls_per_step=4, rollout_tasks=2, group=2, heldout_per_level=2,
                     heldout_hotpot=2, curve_episodes=2, curve_rounds=[1], hotpot=hotpot)
     elif args.quick:
-        plan = Plan(steps=8, rounds=2, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=8,
-                    heldout_hotpot=8, curve_episodes=8, curve_rounds=[2], hotpot=hotpot)
+        plan = Plan(steps=8, rounds=1, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=16,
+                    heldout_hotpot=8, curve_episodes=8, curve_rounds=[1], heldout_levels=[0, 1], hotpot=hotpot)
     else:
         plan = Plan(steps=24, rounds=4, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=50,
                     heldout_hotpot=50, curve_episodes=12, curve_rounds=[2, 4], hotpot=hotpot)
@@ -218,7 +218,11 @@ def ckpt_json(c: Checkpoint) -> dict:
     return {"id": c.id, "step": c.step, "path": c.path}
 
 
-def on_policy_arm(store, runtime: Runtime, plan: Plan, work: Path, arm: str, teacher: str | None) -> list[dict]:
+def on_policy_arm(store, runtime: Runtime, plan: Plan, work: Path, arm: str, teacher: str | None,
+                  state: State, base: Checkpoint) -> list[dict]:
+    """``rounds`` x (sampled rollout of the current student, ``steps / rounds`` distill steps on it): the
+    rounds of ``agentmem train`` (``TrainConfig.round_configs``). A rollout is a function of (policy, seed),
+    so the first round's rollout of the base model is made once and shared by every on-policy arm."""
     kd = arm.startswith("opd")
     rl = arm in ("grpo", "opd_grpo")
     context = {"opd_persistent": TeacherContext.persistent,
@@ -231,10 +235,24 @@ def on_policy_arm(store, runtime: Runtime, plan: Plan, work: Path, arm: str, tea
     rollout = RolloutConfig(env="synthetic", env_knobs={"level": plan.train_level}, episodes=plan.rollout_tasks,
                             group_size=plan.group, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
                             agent=plan.agent(plan.temperature, plan.seed))
-    config = TrainConfig(rounds=plan.rounds, seed=plan.seed, rollout=rollout, distill=distill)
-    _, rounds = run_train(store, config, runtime, on_phase=say)
-    return [{**ckpt_json(r.checkpoint), "step": (r.round + 1) * plan.steps_per_round, "round": r.round + 1,
-             "rollout_f1": r.mean_f1} for r in rounds]
+    loop = TrainConfig(rounds=plan.rounds, seed=plan.seed, rollout=rollout, distill=distill)
+    policy, out = base, []
+    for r in range(plan.rounds):
+        rollout_cfg, distill_cfg = loop.round_configs(r, policy.id)
+        key = f"rollout/{policy.id}/{rollout_cfg.seed}"
+        if not state.get(key):
+            backend = models.backend("transformers", policy.path, "float32", runtime)
+            rolled = run_rollout(store, rollout_cfg.model_copy(update={"model": policy.path}), runtime,
+                                 backend=backend, policy=policy)
+            mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
+            state.put(key, {"run": rolled.run_id, "f1": mean})
+            say(f"{arm} round {r + 1}: rollout {rolled.run_id} of {policy.id[:8]}, F1 {mean:.3f}")
+        done = run_distill(store, distill_cfg.model_copy(update={"run_ids": [state.get(key)["run"]]}), runtime)
+        policy = done.last_checkpoint
+        say(f"{arm} round {r + 1}: {distill_cfg.steps} steps -> {policy.id[:8]}")
+        out.append({**ckpt_json(policy), "step": (r + 1) * plan.steps_per_round, "round": r + 1,
+                    "rollout_f1": state.get(key)["f1"]})
+    return out
 
 
 # -- report --------------------------------------------------------------------------------------------
@@ -361,7 +379,7 @@ def main() -> None:
             else:
                 if teacher is None:
                     teacher = teacher_checkpoint(store, runtime, plan, work, oracle, state)
-                ckpts = on_policy_arm(store, runtime, plan, work, arm, teacher)
+                ckpts = on_policy_arm(store, runtime, plan, work, arm, teacher, state, base_ckpt)
             state.put(f"arm/{arm}", ckpts)
         ckpts = state.get(f"arm/{arm}")
         points = {c["step"]: c for c in ckpts}
