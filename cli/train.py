@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import Device, Divergence, Packing, PromptLayout, RLKind
 from agentmem.records import TeacherContext
-from cli.options import DbOption, DeviceOption, EnvName, ThreadsOption
+from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
 
 
 def train(
@@ -35,6 +35,7 @@ def train(
     env: Annotated[EnvName, typer.Option(help="Environment.")] = EnvName("synthetic"),
     data: Annotated[str | None, typer.Option(help="Data file for file-backed environments.")] = None,
     knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable).")] = [],  # noqa: B006
+    level: LevelOption = None,
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk.")] = 192,
     memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens.")] = 48,
     prompt_layout: Annotated[PromptLayout, typer.Option(help="Update prompt order (see `rollout --help`).")]
@@ -61,15 +62,15 @@ def train(
         TrainConfig,
     )
     from agentmem.jobs.train import load_train_state, run_train
-    from cli.common import parse_knobs, runtime, setup_logging
+    from cli.common import env_knobs, runtime, setup_logging
     from cli.console import console
     from cli.training_progress import train_progress
     from store.engine import open_store
 
     config = None
     if not resume:
-        knobs = parse_knobs(knob) or ({"context_tokens": 384, "distractors": 2, "hops": 1} if env == "synthetic"
-                                      else {})
+        knobs = env_knobs(env.value, knob, level) or (
+            {"context_tokens": 384, "distractors": 2, "hops": 1} if env == "synthetic" else {})
         config = TrainConfig(
             rounds=rounds, seed=seed,
             rollout=RolloutConfig(env=env.value, data=data, env_knobs=knobs, episodes=episodes,
