@@ -87,7 +87,7 @@ class Plan:
     curve_episodes: int  # held-out episodes per component at the intermediate points of the curve
     curve_rounds: list[int]  # rounds after which an on-policy arm is evaluated (the last is the final point)
     train_level: int = 1
-    heldout_levels: list[int] = field(default_factory=lambda: [0, 1, 2])
+    heldout_levels: list[int] = field(default_factory=lambda: [0, 1])
     teacher_steps: int | None = None  # None: the sft arm's steps (its final checkpoint is the teacher)
     teacher: str | None = None  # a model folder used as the teacher instead
     lr: float = 5e-5
@@ -116,8 +116,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
         plan = Plan(steps=8, rounds=1, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=16,
                     heldout_hotpot=8, curve_episodes=8, curve_rounds=[1], heldout_levels=[0, 1], hotpot=hotpot)
     else:
-        plan = Plan(steps=24, rounds=4, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=50,
-                    heldout_hotpot=50, curve_episodes=12, curve_rounds=[2, 4], hotpot=hotpot)
+        plan = Plan(steps=16, rounds=2, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=70,
+                    heldout_hotpot=60, curve_episodes=12, curve_rounds=[1, 2], heldout_levels=[0, 1],
+                    hotpot=hotpot)
     updates = {k: v for k, v in (("lr", args.lr), ("train_level", args.train_level), ("teacher", args.teacher),
                                  ("teacher_steps", args.teacher_steps)) if v is not None}
     if args.heldout_levels:
