@@ -16,7 +16,7 @@ from pathlib import Path
 from agentmem import models as model_refs
 from agentmem.config import DistillConfig, PolicySource, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.runs import check_runs, load_run, tracked_run
+from agentmem.jobs.runs import RunHandle, check_runs, load_run, tracked_run
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
@@ -122,17 +122,27 @@ def run_distill(
             parent = last = resume_from
         if on_start:
             on_start(config.steps, done)
-        history = []
-        for step in range(done, config.steps):
-            record = trainer.step(step)
-            with store.session() as s:
-                repo.insert_train_step(s, record)
-                s.commit()
-            run.beat()
-            history.append(record)
-            if on_step:
-                on_step(record)
-            steps_done = step + 1
-            if steps_done == config.steps or (config.save_every and steps_done % config.save_every == 0):
-                last = parent = trainer.save(steps_done, parent)
-    return DistillResult(run.id, config.steps, last, history)
+        history, saved = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step)
+    return DistillResult(run.id, config.steps, saved or last, history)
+
+
+def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save_every: int | None, done: int,
+                parent: Checkpoint, on_step: Callable[[TrainStep], None] | None = None,
+                ) -> tuple[list[TrainStep], Checkpoint | None]:
+    """Steps ``done + 1 .. steps`` of a trainer (distill's or sft's), each stored in ``train_steps`` as it
+    finishes; a checkpoint (child of the previous one, first of ``parent``) every ``save_every`` steps and at
+    the end. Returns the steps run and the last checkpoint saved (None when none was)."""
+    history, last = [], None
+    for step in range(done, steps):
+        record = trainer.step(step)
+        with store.session() as s:
+            repo.insert_train_step(s, record)
+            s.commit()
+        run.beat()
+        history.append(record)
+        if on_step:
+            on_step(record)
+        steps_done = step + 1
+        if steps_done == steps or (save_every and steps_done % save_every == 0):
+            last = parent = trainer.save(steps_done, parent)
+    return history, last

@@ -25,8 +25,8 @@ from pathlib import Path
 from agentmem import models as model_refs
 from agentmem.config import SftConfig
 from agentmem.errors import ConfigError
-from agentmem.jobs.distill import DistillResult
-from agentmem.jobs.runs import RunHandle, check_runs, load_run, tracked_run
+from agentmem.jobs.distill import DistillResult, train_steps
+from agentmem.jobs.runs import check_runs, load_run, tracked_run
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
@@ -93,25 +93,5 @@ def run_sft(
             done, parent = load_trainer_state(Path(resume_from.path), trainer.optimizer), resume_from
         if on_start:
             on_start(config.steps, done)
-        history, last = _train(store, run, trainer, config, done, parent, on_step)
+        history, last = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step)
     return DistillResult(run.id, config.steps, last or resume_from, history)
-
-
-def _train(store: Store, run: RunHandle, trainer: Trainer, config: SftConfig, done: int, parent: Checkpoint,
-           on_step: Callable[[TrainStep], None] | None) -> tuple[list[TrainStep], Checkpoint | None]:
-    """Steps ``done + 1 .. config.steps``, each stored as it finishes; a checkpoint every ``save_every``
-    steps and at the end."""
-    history, last = [], None
-    for step in range(done, config.steps):
-        record = trainer.step(step)
-        with store.session() as s:
-            repo.insert_train_step(s, record)
-            s.commit()
-        run.beat()
-        history.append(record)
-        if on_step:
-            on_step(record)
-        steps_done = step + 1
-        if steps_done == config.steps or (config.save_every and steps_done % config.save_every == 0):
-            last = parent = trainer.save(steps_done, parent)
-    return history, last
