@@ -170,16 +170,16 @@ def heldout_sets(plan: Plan, per_component: int | None = None) -> list[tuple[str
 
 
 def evaluate(store, runtime: Runtime, plan: Plan, policy: Checkpoint, step: int, final: bool) -> dict:
-    """Held-out F1 of ``policy`` per component (one float per episode, in task order)."""
+    """Held-out F1 of ``policy`` per component (one float per episode, sorted by task id, so the lists of
+    two arms pair up task by task)."""
     backend = models.backend("transformers", policy.path, "float32", runtime)
     out: dict[str, list[float]] = {}
     for name, config in heldout_sets(plan, None if final else plan.curve_episodes):
         row = run_eval(store, config.model_copy(update={"model": policy.path}), runtime, backend=backend,
                        policy=policy, step=step)
-        with store.session() as s:
+        with store.session() as s:  # sorted by task id: every arm lists the same tasks in the same order
             episodes = sorted(repo.list_episodes(s, row.run_id), key=lambda e: (e.task_id, e.sample_index))
-        order = {t: i for i, t in enumerate(dict.fromkeys(e.task_id for e in episodes))}
-        out[name] = [float(e.f1 or 0.0) for e in sorted(episodes, key=lambda e: order[e.task_id])]
+        out[name] = [float(e.f1 or 0.0) for e in episodes]
     return out
 
 
@@ -292,11 +292,9 @@ def report(plan: Plan, evals: dict[str, dict[int, dict]], work: Path) -> str:
 
 
 def plot(evals: dict[str, dict[int, dict]], path: Path) -> None:
-    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    del matplotlib
     fig = Figure(figsize=(8, 5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
