@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -38,11 +39,30 @@ def resolve_url(url: str | None) -> str:
     return url
 
 
+def _set_wal(cur) -> None:
+    """Switch the file to WAL (persistent in the file, so usually already done). Changing the journal mode
+    needs an exclusive lock, and SQLite can answer "database is locked" at once, without its busy handler,
+    while another process is creating or switching the same file: retry with a short backoff then."""
+    if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.01
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA foreign_keys=ON")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    _set_wal(cur)
+    cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
