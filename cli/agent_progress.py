@@ -23,6 +23,10 @@ class EpisodeProgress:
     tokens: int = 0
     t0: float = 0.0
 
+    def next_part(self, label: str) -> None:
+        """A new bar (its own counts) for the next evaluation of a sweep."""
+        self.label, self.calls, self.tokens = label, 0, 0
+
     def on_start(self, total: int, done: int) -> None:
         self.t0 = time.perf_counter()
         self.task = self.progress.add_task(self.label, total=total, completed=done, calls=0, tps=0.0)
@@ -36,7 +40,7 @@ class EpisodeProgress:
 
 @contextlib.contextmanager
 def episode_progress(label: str) -> Iterator[EpisodeProgress]:
-    progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
                         TextColumn("{task.fields[calls]} calls · {task.fields[tps]:.0f} tok/s"),
                         TimeElapsedColumn(), console=console(stderr=True))
     with progress:

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import HELD_OUT_SEED, BackendKind, Device, DType, PlotBy, PromptLayout
+from agentmem.errors import ConfigError
 from cli.common import env_knobs
 from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
 
@@ -39,10 +40,18 @@ def evaluate(
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
+    docs: Annotated[str | None, typer.Option(
+        help="Length sweep over documents: comma-separated counts, e.g. 50,100,200,400,800 (ruler_hotpotqa's "
+             "`docs` knob). One evaluation, one run and one eval_results row per count; the model loads once.")]
+    = None,
+    sweep: Annotated[str | None, typer.Option(
+        help="Sweep any integer knob: KNOB=V1,V2,... (e.g. context_tokens=4096,16384 for needle or "
+             "synthetic). --docs N,M is --sweep docs=N,M.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG of F1 (95% intervals) over every stored eval "
                                                   "of this environment to PATH.")] = None,
-    plot_by: Annotated[PlotBy, typer.Option(help="Plot F1 against the training step or the context length.")]
-    = PlotBy.step,
+    plot_by: Annotated[PlotBy | None, typer.Option(
+        help="Plot F1 against the training step or the context length (default: context length for a "
+             "sweep, else step).")] = None,
     db: DbOption = None,
 ) -> None:
     """Evaluate a model or checkpoint greedily: F1, EM and substring EM with bootstrap 95% intervals.
@@ -51,7 +60,7 @@ def evaluate(
     one `eval_results` row; `--plot PATH` draws every stored eval of the environment.
     """
     from agentmem.config import AgentConfig, EvalConfig
-    from agentmem.jobs.eval import run_eval
+    from agentmem.jobs.eval import run_eval, run_sweep, sweep_configs
     from cli.agent_progress import episode_progress
     from cli.common import runtime, setup_logging
     from store.engine import open_store
@@ -61,14 +70,62 @@ def evaluate(
                         agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                                           max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,
                                           memory_policy=memory_policy, prompt_layout=prompt_layout))
+    swept = _sweep(docs, sweep)
+    if swept is not None:
+        sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
-    with episode_progress("eval") as bar:
-        result = run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)
-    _summary(result)
+    if swept is None:
+        with episode_progress("eval") as bar:
+            results = [run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)]
+    else:
+        knob, values = swept
+        with episode_progress("eval") as bar:
+            def on_length(i: int, value: int) -> None:
+                bar.next_part(f"eval {knob}={value} ({i + 1}/{len(values)})")
+            results = run_sweep(store, config, knob, values, rt, on_length=on_length, on_start=bar.on_start,
+                                on_round=bar.on_round)
+    for result in results:
+        _summary(result)
+    if swept is not None and len(results) > 1:
+        _sweep_table(swept[0], swept[1], results)
     if plot:
-        _plot(store, config.env, plot, plot_by)
+        by = plot_by or (PlotBy.context_tokens if swept is not None else PlotBy.step)
+        _plot(store, config.env, plot, by)
+
+
+def _sweep(docs: str | None, sweep: str | None) -> tuple[str, list[int]] | None:
+    """(knob, values) of --docs or --sweep, or None; a malformed list is a ConfigError naming the flag."""
+    if docs is not None and sweep is not None:
+        raise ConfigError("give --docs or --sweep, not both (--docs N,M is --sweep docs=N,M)")
+    if docs is None and sweep is None:
+        return None
+    if docs is not None:
+        flag, knob, raw = "--docs", "docs", docs
+    else:
+        flag, (knob, sep, raw) = "--sweep", str(sweep).partition("=")
+        if not (knob and sep):
+            raise ConfigError(f"--sweep expects KNOB=V1,V2,..., got {sweep!r}")
+    try:
+        values = [int(v) for v in raw.split(",")]
+    except ValueError:
+        raise ConfigError(f"{flag} expects comma-separated integers, got {raw!r}") from None
+    return knob, values
+
+
+def _sweep_table(knob: str, values: list[int], results) -> None:
+    from rich.table import Table
+
+    from cli.console import console
+
+    table = Table(title=f"length sweep · {results[0].env} · {results[0].model}")
+    for col in (knob, "context tokens", "F1", "95% interval", "EM", "substring EM", "run"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for value, r in zip(values, results, strict=True):
+        table.add_row(str(value), f"{r.metrics['context_tokens']:.0f}", f"{r.f1:.3f}",
+                      f"[{r.f1_ci[0]:.3f}, {r.f1_ci[1]:.3f}]", f"{r.em:.3f}", f"{r.sub_em:.3f}", r.run_id[:8])
+    console().print(table)
 
 
 def _summary(result) -> None:

@@ -23,17 +23,18 @@ import numpy as np
 
 from agentmem import models
 from agentmem.agent.loop import RoundStats
-from agentmem.config import HELD_OUT_SEED, EvalConfig
-from agentmem.errors import RunError
+from agentmem.config import HELD_OUT_SEED, EvalConfig, PolicySource
+from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, EvalResult, InvocationKind, RunKind
 from agentmem.runtime import CPU, Runtime
+from envs import knobs_of
 from envs.metrics import bootstrap_ci
 from store import repository as repo
 from store.engine import Store
 
-__all__ = ["HELD_OUT_SEED", "EvalConfig", "run_eval", "summarize"]
+__all__ = ["HELD_OUT_SEED", "EvalConfig", "run_eval", "run_sweep", "sweep_configs", "summarize"]
 
 
 def episode_scores(episodes: Sequence[Episode], metric: Literal["f1", "em", "sub_em"]) -> list[float]:
@@ -110,3 +111,53 @@ def run_eval(
         repo.insert_eval_result(s, row)
         s.commit()
     return row
+
+
+def sweep_configs(config: EvalConfig, knob: str, values: Sequence[int]) -> list[EvalConfig]:
+    """One validated config per value of the environment knob ``knob`` (a length sweep: ``docs`` of
+    ruler_hotpotqa, ``context_tokens`` of synthetic or needle), in the order given. Raises ConfigError,
+    before anything loads, for a knob the environment lacks, an empty or repeated list, or a knob also
+    fixed in ``config.env_knobs`` to another value."""
+    known = knobs_of(config.env)
+    if knob not in known:
+        raise ConfigError(f"environment {config.env!r} has no knob {knob!r} to sweep; its knobs: "
+                          f"{', '.join(known) or 'none'}")
+    if not values:
+        raise ConfigError(f"a sweep of {knob} needs at least one value")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"a sweep of {knob} repeats a value: {list(values)}")
+    fixed = config.env_knobs.get(knob)
+    if fixed is not None and list(values) != [fixed]:
+        raise ConfigError(f"{knob} is swept ({list(values)}) and also set as a knob ({knob}={fixed}): give one")
+    return [EvalConfig.model_validate({**config.model_dump(), "env_knobs": {**config.env_knobs, knob: v}})
+            for v in values]
+
+
+def run_sweep(
+    store: Store,
+    config: EvalConfig,
+    knob: str,
+    values: Sequence[int],
+    runtime: Runtime = CPU,
+    *,
+    on_length: Callable[[int, int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_round: Callable[[RoundStats], None] | None = None,
+) -> list[EvalResult]:
+    """Evaluate one model at each value of ``knob`` (MemAgent's length sweep): one eval run and one
+    ``eval_results`` row per value, in order, each holding the knob in ``metrics["env_knobs"]`` and the
+    mean tokens read in ``metrics["context_tokens"]``. The model loads once. ``on_length(index, value)``
+    is called before each evaluation."""
+    configs = sweep_configs(config, knob, values)
+    backend = policy = None
+    if config.policy is not PolicySource.oracle:
+        ref = models.resolve(store, config.model)
+        policy = models.register(store, ref)
+        backend = models.backend(config.backend, ref.path, config.dtype, runtime)
+    rows = []
+    for i, (value, cfg) in enumerate(zip(values, configs, strict=True)):
+        if on_length is not None:
+            on_length(i, value)
+        rows.append(run_eval(store, cfg, runtime, backend=backend, policy=policy, on_start=on_start,
+                             on_round=on_round))
+    return rows
