@@ -63,6 +63,9 @@ def plot_eval_results(results: Sequence[EvalResult], path: str | Path, *, by: Pl
     ax.set_xlabel("training step" if by == "step" else "context tokens (mean per episode)")
     ax.set_ylabel("F1 (95% bootstrap interval)")
     ax.set_ylim(-0.02, 1.02)
+    xs_all = [x for points in lines.values() for x, _ in points]
+    if by == "context_tokens" and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
+        ax.set_xscale("log")  # a length sweep spans orders of magnitude (MemAgent's figure)
     ax.set_title(f"F1 on {', '.join(envs)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")

@@ -12,8 +12,9 @@ as the file has them and ``evidence_chunks`` the chunks holding the turns they n
 turn are kept in ``evidence`` but map to no chunk); ``facts`` those turns as the chunks render them, in
 reading order, each with the last chunk holding it. Dia ids are compared by number, so ``D30:05`` names
 turn ``D30:5``. ``score`` uses LoCoMo's rules for the question's
-category for F1 (no stemming; see ``envs.metrics``), and for category 5 all three scores are 1 exactly
-when the prediction says the answer is not mentioned.
+category for F1, with the official Porter stemming by default (knob ``stem=False``: the unstemmed
+variant; see ``envs.metrics``), and for category 5 all three scores are 1 exactly when the prediction
+says the answer is not mentioned.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from envs.metrics import (
     locomo_f1,
     locomo_gold,
     locomo_says_not_mentioned,
+    porter_stem,
     substring_match,
 )
 from envs.selection import take
@@ -89,7 +91,11 @@ class LocomoEnv:
         chunk_tokens: int,
         seed: int,
         categories: Iterable[int | str] | None = None,
+        stem: bool = True,
     ) -> None:
+        if not isinstance(stem, bool):
+            raise EnvError(f"{self.name}: knob stem must be true or false, got {stem!r}")
+        self._stem = porter_stem if stem else None
         self._count = count_tokens
         self._chunk_tokens = chunk_tokens
         self._seed = seed
@@ -114,7 +120,7 @@ class LocomoEnv:
             return Scores(f1=hit, em=hit, sub_em=hit)
         gold = locomo_gold(task.answers[0], category)
         return Scores(
-            f1=locomo_f1(prediction, gold, category),
+            f1=locomo_f1(prediction, gold, category, self._stem),
             em=exact_match(prediction, gold),
             sub_em=substring_match(prediction, gold),
         )

@@ -10,13 +10,21 @@ Invariants:
 - the LoCoMo functions reproduce ``task_eval/evaluation.py`` of snap-research/locomo: its own
   normalisation (commas and the word "and" dropped too), category 1 split into comma-separated parts,
   category 3 gold cut at the first ';', category 5 scored 1 when the prediction says "not mentioned" or
-  "no information available". The official script stems tokens with NLTK's Porter stemmer; pass
-  ``stem=nltk.stem.PorterStemmer().stem`` to agree with it exactly (the default does not stem);
+  "no information available"; articles are removed with the ``regex`` module, as the official script
+  does. The official token F1 stems every token with NLTK's ``PorterStemmer`` (``porter_stem``): pass
+  ``stem=porter_stem`` for the official score, which the LoCoMo environment does by default; ``stem=None``
+  (these functions' default) gives the unstemmed variant ("studies" vs "studying": 1.0 official, 0.0
+  unstemmed);
+- ``squad2_f1`` and ``squad2_exact`` reproduce SQuAD 2.0's ``compute_f1``/``compute_exact``, which
+  MuSiQue's ``metrics/answer.py`` uses (no yes/no rule; two empty answers agree with F1 1);
+- ``memagent_sub_em`` is MemAgent's substring EM (``sub_exact_match_score``): either normalised text
+  inside the other, with a blank prediction scoring 0;
 - every score is a float in [0, 1].
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections import Counter, defaultdict
@@ -24,10 +32,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import regex
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_LOCOMO_ARTICLES = re.compile(r"\b(a|an|the|and)\b")
+_LOCOMO_ARTICLES = regex.compile(r"\b(a|an|the|and)\b")
 _YES_NO = ("yes", "no", "noanswer")
 LOCOMO_NOT_MENTIONED = "Not mentioned in the conversation"
 
@@ -88,6 +97,41 @@ def score_answer(prediction: str, answers: Sequence[str]) -> Scores:
     )
 
 
+def squad2_exact(prediction: str, gold: str) -> float:
+    """SQuAD 2.0's ``compute_exact`` (MuSiQue's answer EM)."""
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def squad2_f1(prediction: str, gold: str) -> float:
+    """SQuAD 2.0's ``compute_f1`` (MuSiQue's answer F1): when either side has no tokens, 1 if both have
+    none, else 0; no yes/no rule."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    return _token_f1(pred, ref)
+
+
+def memagent_sub_em(prediction: str, gold: str) -> float:
+    """MemAgent's substring EM: 1 when the normalised gold is inside the normalised prediction or the
+    other way round; a blank prediction scores 0 (MemAgent scores an empty extracted answer 0)."""
+    if not prediction.strip():
+        return 0.0
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    return float(ref in pred or pred in ref)
+
+
+@functools.cache
+def _porter() -> Callable[[str], str]:
+    from nltk.stem import PorterStemmer  # imported on first use: nltk takes most of a second to import
+
+    return PorterStemmer().stem
+
+
+def porter_stem(word: str) -> str:
+    """NLTK's ``PorterStemmer().stem`` (its default mode), the stemmer of LoCoMo's official F1."""
+    return _porter()(word)
+
+
 def _identity(word: str) -> str:
     return word
 
@@ -99,6 +143,7 @@ def locomo_normalize(text: str) -> str:
 
 
 def locomo_token_f1(prediction: str, gold: str, stem: Callable[[str], str] | None = None) -> float:
+    """LoCoMo's ``f1_score``: token F1 of the normalised texts, each token passed through ``stem``."""
     stem = stem or _identity
     pred = [stem(w) for w in locomo_normalize(prediction).split()]
     ref = [stem(w) for w in locomo_normalize(gold).split()]
