@@ -2,7 +2,8 @@
 
 ``load_env(name, ...)`` builds one of ``ENV_NAMES``; each environment keeps the contract in
 ``envs.types.Env``: seeded tasks whose chunks fit a token budget, and a ``score`` of a final answer.
-This package imports only ``agentmem.records``, the standard library and numpy.
+This package imports only ``agentmem.records``, the standard library, numpy, ``regex`` and (on first use
+of LoCoMo's official F1) NLTK's Porter stemmer.
 """
 
 from envs.errors import EnvError

@@ -1,7 +1,8 @@
-"""Reading the official benchmark JSON files and checking their fields.
+"""Reading the official benchmark JSON (and JSON-lines) files and checking their fields.
 
-Invariant: a missing file, a file that is not JSON, or a record without a field (or with a field of the
-wrong type) raises one ``EnvError`` that names the file, the record (index and id) and the field.
+Invariant: a missing file, a file (or a line of a JSON-lines file) that is not JSON, or a record without a
+field (or with a field of the wrong type) raises one ``EnvError`` that names the file, the record (index
+or line, and id) and the field.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def where(path: Path, index: int | str, record: Any, id_field: str) -> str:
     """The prefix of an error about one record: file, index and (when readable) id."""
     rid = record.get(id_field) if isinstance(record, dict) else None
     return f"{path}: record {index}" + (f" ({id_field} {rid!r})" if rid is not None else "")
+
+
+def where_line(path: Path, number: int, record: Any, id_field: str) -> str:
+    """The prefix of an error about one line of a JSON-lines file: file, line number and (when readable) id."""
+    rid = record.get(id_field) if isinstance(record, dict) else None
+    return f"{path}: line {number}" + (f" ({id_field} {rid!r})" if rid is not None else "")
 
 
 def need_list(value: Any, place: str) -> list:
@@ -59,3 +66,23 @@ def answer_text(value: Any, key: str, place: str) -> str:
     if not text:
         raise EnvError(f"{place}: field {key!r} is empty")
     return text
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
+    """``(line number, record)`` of each non-blank line of a JSON-lines file, numbered from 1."""
+    path = Path(path)
+    if not path.is_file():
+        raise EnvError(f"{path}: no such file")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise EnvError(f"{path}: not valid JSON ({err})") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((number, json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise EnvError(f"{path}: not valid JSON on line {number} ({err})") from None
+    return records

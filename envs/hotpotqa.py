@@ -17,8 +17,9 @@ same layout: ``envs.ruler_hotpotqa`` (MemAgent's RULER-HotpotQA) and ``envs.twow
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentmem.records import Fact, Task
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
@@ -52,7 +53,7 @@ class HotpotQuestion:
     qtype: str | None
     docs: tuple[int, ...]  # indices into the corpus, in the record's order
     support: tuple[tuple[str, int], ...]
-    extra: dict = dataclass_field(default_factory=dict)  # fields kept for ``Task.metadata``
+    extra: dict[str, Any]  # record fields kept for ``Task.metadata``
 
 
 # how one document of a context becomes units: (its position in the context, the document) -> units,

@@ -113,7 +113,8 @@ def squad2_f1(prediction: str, gold: str) -> float:
 
 def memagent_sub_em(prediction: str, gold: str) -> float:
     """MemAgent's substring EM: 1 when the normalised gold is inside the normalised prediction or the
-    other way round; a blank prediction scores 0 (MemAgent scores an empty extracted answer 0)."""
+    other way round; a blank prediction scores 0 (MemAgent scores an empty extracted answer 0), while one
+    that normalises to nothing ("The.") is inside every gold, as in MemAgent's script."""
     if not prediction.strip():
         return 0.0
     pred, ref = normalize_answer(prediction), normalize_answer(gold)

@@ -2,7 +2,8 @@
 
 Invariants: ``load_env`` checks the name, ``chunk_tokens``, ``seed``, ``data_path`` and knob names before
 building anything, and every failure is an ``EnvError``; knobs are each environment's keyword arguments
-(a misspelt knob is an error, never ignored); ``synthetic`` takes no data file, every other env needs one.
+(a misspelt knob is an error, never ignored); ``synthetic`` takes no data file, every other env needs one
+(``needle``'s is any long plain-text file, its filler).
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from envs.errors import EnvError, check_int
 from envs.hotpotqa import HotpotQAEnv
 from envs.locomo import LocomoEnv
 from envs.longmemeval import LongMemEvalEnv
+from envs.musique import MusiqueEnv
+from envs.needle import NeedleEnv
+from envs.quality import QualityEnv
+from envs.ruler_hotpotqa import RulerHotpotQAEnv
 from envs.squad import SquadEnv
 from envs.synthetic import SyntheticEnv
+from envs.twowiki import TwoWikiEnv
 from envs.types import CountTokens, Env
 
 _ENVS: dict[str, Any] = {
@@ -25,6 +31,11 @@ _ENVS: dict[str, Any] = {
     "squad": SquadEnv,
     "locomo": LocomoEnv,
     "longmemeval": LongMemEvalEnv,
+    "ruler_hotpotqa": RulerHotpotQAEnv,
+    "needle": NeedleEnv,
+    "musique": MusiqueEnv,
+    "2wikimultihopqa": TwoWikiEnv,
+    "quality": QualityEnv,
 }
 ENV_NAMES: tuple[str, ...] = tuple(_ENVS)
 _COMMON = ("data_path", "count_tokens", "chunk_tokens", "seed")

@@ -227,8 +227,209 @@ def longmemeval_records() -> list[dict[str, Any]]:
     ]
 
 
+def ruler_hotpotqa_records() -> list[dict[str, Any]]:
+    """The HotpotQA records plus 14 more of three paragraphs each: 51 distinct titles, so the default
+    ``docs=50`` fits."""
+    extra = [
+        {
+            "_id": f"hpx{k}",
+            "question": f"What is filler question {k} about?",
+            "answer": f"topic {k}",
+            "type": "bridge",
+            "level": "easy",
+            "supporting_facts": [[f"Filler {k}a", 0], [f"Filler {k}b", 0]],
+            "context": [[f"Filler {k}{x}", [f"Filler {k}{x} is about topic {k}."]] for x in "abc"],
+        }
+        for k in range(14)
+    ]
+    return hotpotqa_records() + extra
+
+
+def twowiki_records() -> list[dict[str, Any]]:
+    return [
+        {
+            "_id": "2w1",
+            "type": "compositional",
+            "question": "Who is the mother of the director of film Polish Blood?",
+            "answer": "Maria Rom",
+            "context": [
+                ["Polish Blood", ["Polish Blood is a 1934 film.", " It was directed by Karel Lamac."]],
+                ["Karel Lamac", ["Karel Lamac was a Czech director.", " His mother was Maria Rom."]],
+                ["Lake Ovo", ["Lake Ovo is a lake.", " It is deep."]],
+            ],
+            "supporting_facts": [["Polish Blood", 1], ["Karel Lamac", 1]],
+            "evidences": [["Polish Blood", "director", "Karel Lamac"], ["Karel Lamac", "mother", "Maria Rom"]],
+        },
+        {
+            "_id": "2w2",
+            "type": "comparison",
+            "question": "Which film came out first, Alpha or Beta?",
+            "answer": "Alpha",
+            "context": [
+                ["Alpha", ["Alpha is a 1920 film."]],
+                ["Beta", ["Beta is a 1950 film."]],
+                ["Gamma", ["Gamma is a 1990 film.", " It is long."]],
+            ],
+            "supporting_facts": [["Alpha", 0], ["Beta", 0]],
+            "evidences": [["Alpha", "publication date", "1920"], ["Beta", "publication date", "1950"]],
+        },
+        {
+            "_id": "2w3",
+            "type": "bridge_comparison",
+            "question": "Are the directors of Alpha and Beta from the same country?",
+            "answer": "no",
+            "context": [
+                ["Alpha", ["Alpha is a 1920 film.", " Its director was Ann Lee."]],
+                ["Beta", ["Beta is a 1950 film.", " Its director was Bo Kim."]],
+                ["Ann Lee", ["Ann Lee was born in France."]],
+                ["Bo Kim", ["Bo Kim was born in Korea."]],
+            ],
+            "supporting_facts": [["Alpha", 1], ["Beta", 1], ["Ann Lee", 0], ["Bo Kim", 0]],
+            "evidences": [],
+        },
+        {
+            "_id": "2w4",
+            "type": "inference",
+            "question": "Who is the paternal grandfather of Cy Dun?",
+            "answer": "Ed Dun",
+            "context": [
+                ["Cy Dun", ["Cy Dun is a singer.", " His father is Di Dun."]],
+                ["Di Dun", ["Di Dun is a painter.", " His father is Ed Dun."]],
+            ],
+            "supporting_facts": [["Cy Dun", 1], ["Di Dun", 1]],
+            "evidences": [["Cy Dun", "father", "Di Dun"], ["Di Dun", "father", "Ed Dun"]],
+        },
+    ]
+
+
+def musique_records() -> list[dict[str, Any]]:
+    def paragraphs(*items: tuple[str, str, bool]) -> list[dict[str, Any]]:
+        return [
+            {"idx": k, "title": title, "paragraph_text": text, "is_supporting": supporting}
+            for k, (title, text, supporting) in enumerate(items)
+        ]
+
+    return [
+        {
+            "id": "2hop__11_22",
+            "question": "Who founded the company that makes the Zeta phone?",
+            "answer": "Ola Berg",
+            "answer_aliases": ["Berg", "O. Berg"],
+            "answerable": True,
+            "paragraphs": paragraphs(
+                ("Noma", "Noma is a river in the north of the land of Velo.", False),
+                ("Zeta phone", "The Zeta phone is made by Krell.", True),
+                ("Krell", "Krell was founded by Ola Berg in 1990.", True),
+            ),
+            "question_decomposition": [
+                {"id": 11, "question": "Zeta phone >> manufacturer", "answer": "Krell", "paragraph_support_idx": 1},
+                {"id": 22, "question": "who founded #1", "answer": "Ola Berg", "paragraph_support_idx": 2},
+            ],
+        },
+        {
+            "id": "3hop1__33_44_55",
+            "question": "In what year was the river's city founded?",
+            "answer": "1201",
+            "answer_aliases": [],
+            "answerable": True,
+            "paragraphs": paragraphs(
+                ("Tovo", "The Tovo flows through Rask.", True),
+                ("Rask", "Rask lies in Mida.", True),
+                ("Mida", "Mida was founded in 1201.", True),
+                ("Pell", "Pell is a small town.", False),
+            ),
+            "question_decomposition": [],
+        },
+        {
+            "id": "2hop__66_77",
+            "question": "Who painted the ceiling of the Hall of Oro?",
+            "answer": "Ivo Lind",
+            "answer_aliases": [],
+            "answerable": False,
+            "paragraphs": paragraphs(
+                ("Hall of Oro", "The Hall of Oro is in Senn.", False),
+                ("Senn", "Senn is a city.", False),
+            ),
+            "question_decomposition": [],
+        },
+    ]
+
+
+QUALITY_ARTICLE = (
+    "The ship landed on the red planet at dawn. Captain Vera stepped out first.\n\n"
+    "She found a small metal box buried in the sand. Inside was a map of the old city.\n"
+    "The crew followed the map for three days. At the end they found a library."
+)
+
+
+def quality_records() -> list[dict[str, Any]]:
+    """One article in QuALITY's own layout and one in L-Eval's: each is one line of the file."""
+    return [
+        {
+            "article_id": "51201",
+            "set_unique_id": "51201_X",
+            "batch_num": "22",
+            "writer_id": "1009",
+            "source": "Gutenberg",
+            "title": "The Red Planet",
+            "year": 1955,
+            "author": "Anon",
+            "topic": "",
+            "url": "",
+            "license": "",
+            "article": QUALITY_ARTICLE,
+            "questions": [
+                {
+                    "question": "What did Vera find in the sand?",
+                    "question_unique_id": "51201_X_1",
+                    "options": ["A map", "A metal box", "A library", "A ship"],
+                    "gold_label": 2,
+                    "writer_label": 2,
+                    "validation": [],
+                    "speed_validation": [],
+                    "difficult": 0,
+                },
+                {
+                    "question": "How long did the crew follow the map?",
+                    "question_unique_id": "51201_X_2",
+                    "options": ["One day", "Two days", "Three days", "A week"],
+                    "gold_label": 3,
+                    "writer_label": 3,
+                    "validation": [],
+                    "speed_validation": [],
+                    "difficult": 1,
+                },
+            ],
+        },
+        {
+            "input": "Tom planted a tree in spring. By summer it was tall.\nIn autumn its leaves turned gold.",
+            "instructions": [
+                "When did Tom plant the tree?\n\n (A) In winter \n (B) In spring \n (C) In summer \n (D) In autumn ",
+                "What colour did the leaves turn?\n(A) Red\n(B) Brown\n(C) Gold\n(D) Both (A) and (B)",
+            ],
+            "outputs": ["(B) In spring", "(C) Gold"],
+            "source": "quality",
+            "evaluation": "exam",
+        },
+    ]
+
+
+def filler_text(sentences: int = 400) -> str:
+    """A plain-text filler: numbered sentences of a few words, several to a line."""
+    colours = ("red", "green", "blue", "grey", "white")
+    lines = []
+    for k in range(0, sentences, 5):
+        lines.append(" ".join(f"Line {k + j} speaks of a {colours[(k + j) % 5]} stone." for j in range(5)))
+    return "\n".join(lines) + "\n"
+
+
 def write_json(path: Path, data: Any) -> Path:
     path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return path
 
 
@@ -239,7 +440,15 @@ def write_fixture(name: str, folder: Path) -> Path | None:
         "squad": squad_records,
         "locomo": locomo_records,
         "longmemeval": longmemeval_records,
+        "ruler_hotpotqa": ruler_hotpotqa_records,
+        "2wikimultihopqa": twowiki_records,
     }
     if name == "synthetic":
         return None
+    if name == "needle":
+        path = folder / "filler.txt"
+        path.write_text(filler_text(), encoding="utf-8")
+        return path
+    if name in ("musique", "quality"):
+        return write_jsonl(folder / f"{name}.jsonl", {"musique": musique_records, "quality": quality_records}[name]())
     return write_json(folder / f"{name}.json", data[name]())

@@ -27,6 +27,11 @@ CHECK_KNOBS = {
     "squad": {"docs": 3},
     "locomo": {},
     "longmemeval": {"context_tokens": 1000},
+    "ruler_hotpotqa": {"docs": 5},
+    "needle": {"context_tokens": 200, "num_tasks": 6},
+    "musique": {"answerable_only": False},
+    "2wikimultihopqa": {},
+    "quality": {},
 }
 
 
@@ -78,13 +83,18 @@ def test_every_env_rejects_unknown_knobs_and_bad_budgets(name, tmp_path):
 
 
 def test_names_and_knobs():
-    assert ENV_NAMES == ("synthetic", "hotpotqa", "squad", "locomo", "longmemeval")
+    assert ENV_NAMES == ("synthetic", "hotpotqa", "squad", "locomo", "longmemeval", "ruler_hotpotqa", "needle",
+                         "musique", "2wikimultihopqa", "quality")
     assert knobs_of("synthetic") == {"level": None, "context_tokens": None, "hops": None, "distractors": None,
                                      "num_tasks": 1000}
     assert knobs_of("hotpotqa") == {"docs": 20, "context_tokens": None}
     assert knobs_of("squad") == {"docs": 10, "context_tokens": None}
-    assert knobs_of("locomo") == {"categories": None}
+    assert knobs_of("locomo") == {"categories": None, "stem": True}
     assert knobs_of("longmemeval") == {"context_tokens": None}
+    assert knobs_of("ruler_hotpotqa") == {"docs": 50}
+    assert knobs_of("needle") == {"task": "qa1", "context_tokens": 4096, "num_tasks": 100}
+    assert knobs_of("musique") == {"answerable_only": True}
+    assert knobs_of("2wikimultihopqa") == {} and knobs_of("quality") == {}
     with pytest.raises(EnvError, match="unknown environment 'nope'"):
         load_env("nope", count_tokens=words, chunk_tokens=8, seed=0)
     assert issubclass(EnvError, ValueError)
@@ -97,6 +107,8 @@ def test_data_envs_need_an_existing_valid_file(name, tmp_path):
     missing = tmp_path / "missing.json"
     with pytest.raises(EnvError, match=f"{missing}: no such file"):
         load_env(name, data_path=missing, count_tokens=words, chunk_tokens=8, seed=0)
+    if name == "needle":  # its file is plain text: any text with a sentence is a filler
+        return
     broken = tmp_path / "broken.json"
     broken.write_text('[{"a": ', encoding="utf-8")
     with pytest.raises(EnvError, match=f"{broken}: not valid JSON"):
@@ -442,4 +454,8 @@ def test_longmemeval_filler_sessions_from_other_questions_no_later_than_the_ques
 
 def test_fixture_files_are_plain_official_json(tmp_path):
     for name in ENV_NAMES[1:]:
-        assert json.loads(write_fixture(name, tmp_path).read_text())
+        path = write_fixture(name, tmp_path)
+        if path.suffix == ".jsonl":
+            assert all(json.loads(line) for line in path.read_text().splitlines())
+        elif name != "needle":  # a plain-text filler
+            assert json.loads(path.read_text())
