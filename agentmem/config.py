@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agentmem.records import InvocationKind, TeacherContext
 
@@ -57,6 +57,15 @@ class Divergence(Choice):
     reverse_kl = "reverse_kl"
     forward_kl = "forward_kl"
     jsd = "jsd"
+
+
+class DistillTarget(Choice):
+    """What the distillation term pulls the student towards at each action position: the ``teacher``'s
+    distribution, or the ``barycenter`` ``q ∝ p_t^alpha p_s^(1 - alpha)`` with alpha per token from the
+    teacher-student discrepancy (DemoPSD; ``agentmem.training.barycenter``)."""
+
+    teacher = "teacher"
+    barycenter = "barycenter"
 
 
 class RLKind(Choice):
@@ -244,7 +253,9 @@ class DistillConfig(Frozen):
     """Training from stored calls: the objective is a weighted sum of terms (``kd_weight`` ×
     divergence to the teacher, ``rl_weight`` × clipped policy gradient on the final reward,
     ``ce_weight`` × cross-entropy on action tokens, ``anchor_weight`` × KL to the frozen starting
-    student). ``run_ids`` may be empty only inside a ``TrainConfig`` (each round fills it)."""
+    student). ``run_ids`` may be empty only inside a ``TrainConfig`` (each round fills it). ``target``
+    and the ``alpha_*``/``prob_floor`` options choose DemoPSD's barycenter target, ``jsd_clip`` OPSD's
+    per-token clip of the divergence (docs/methods.md)."""
 
     run_ids: list[str] = Field(default_factory=list)
     student: str = "default"
@@ -277,6 +288,38 @@ class DistillConfig(Frozen):
     oversize: Oversize = Oversize.error
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     dtype: DType = DType.float32
+    # The distillation target (DemoPSD's barycenter) and OPSD's per-token clip; docs/methods.md.
+    target: DistillTarget = DistillTarget.teacher
+    alpha_tau: float = Field(0.1, gt=0)
+    alpha_topk: int = Field(20, ge=1)
+    alpha_min: float = Field(0.0, ge=0, le=1)
+    alpha_max: float = Field(1.0, ge=0, le=1)
+    alpha_ema: float = Field(0.0, ge=0, lt=1)
+    prob_floor: float = Field(0.0, ge=0, lt=1)
+    jsd_clip: float | None = Field(None, gt=0)
+
+    @field_validator("target", "jsd_clip")
+    @classmethod
+    def _needs_full_teacher(cls, value: Any, info: ValidationInfo) -> Any:
+        if value in (None, DistillTarget.teacher):
+            return value
+        name = f"{info.field_name}={value}"
+        if info.data.get("teacher_source") is TeacherSourceKind.scores:
+            raise ValueError(f"{name} needs the teacher's full distribution: teacher_source=scores stores only the "
+                             "sampled token's log-prob (use teacher_source model or shards)")
+        if not (info.data.get("teacher") and info.data.get("kd_weight")):
+            raise ValueError(f"{name} shapes the distillation term: it needs a teacher and kd_weight > 0")
+        return value
+
+    @field_validator("alpha_tau", "alpha_topk", "alpha_min", "alpha_max", "alpha_ema", "prob_floor")
+    @classmethod
+    def _barycenter_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.data.get("target") is not DistillTarget.barycenter and value != cls.model_fields[info.field_name].default:
+            raise ValueError(f"{info.field_name} is an option of the barycenter target: set target=barycenter "
+                             "(--target barycenter) or leave it at its default")
+        if info.field_name == "alpha_max" and value < info.data.get("alpha_min", 0.0):
+            raise ValueError(f"alpha_max ({value}) must be >= alpha_min ({info.data['alpha_min']})")
+        return value
 
     @model_validator(mode="before")
     @classmethod

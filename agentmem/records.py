@@ -91,9 +91,14 @@ class FinishReason(str, enum.Enum):
 
 
 class TeacherContext(str, enum.Enum):
+    """What the teacher reads before a call's actions: the student's own state (``aligned``), every earlier
+    call of the episode flattened as stored (``persistent``) or as one well-formed multi-turn chat
+    (``persistent_chat``), or ``aligned`` plus privileged context (``privileged``)."""
+
     aligned = "aligned"
     persistent = "persistent"
     privileged = "privileged"
+    persistent_chat = "persistent_chat"
 
 
 class RunKind(str, enum.Enum):

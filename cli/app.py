@@ -19,10 +19,12 @@ from cli import distill as distill_commands
 from cli import evaluate as evaluate_commands
 from cli import inspect as inspect_commands
 from cli import models as models_commands
+from cli import report as report_commands
 from cli import rollout as rollout_commands
 from cli import score as score_commands
 from cli import sft as sft_commands
 from cli import train as train_commands
+from cli import view as view_commands
 
 app = typer.Typer(
     name="agentmem",
@@ -37,10 +39,12 @@ distill_commands.register(app)
 evaluate_commands.register(app)
 inspect_commands.register(app)
 models_commands.register(app)
+report_commands.register(app)
 rollout_commands.register(app)
 score_commands.register(app)
 sft_commands.register(app)
 train_commands.register(app)
+view_commands.register(app)
 
 _DEBUG = {"on": False}
 

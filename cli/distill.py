@@ -9,6 +9,7 @@ import typer
 from agentmem.config import (
     AttentionPath,
     Device,
+    DistillTarget,
     Divergence,
     Oversize,
     Packing,
@@ -18,7 +19,18 @@ from agentmem.config import (
     Weighting,
 )
 from agentmem.records import TeacherContext
-from cli.options import DbOption, DeviceOption, ThreadsOption
+from cli.method_options import (
+    AlphaEmaOption,
+    AlphaMaxOption,
+    AlphaMinOption,
+    AlphaTauOption,
+    AlphaTopkOption,
+    AnchorWeightOption,
+    JsdClipOption,
+    ProbFloorOption,
+    TargetOption,
+)
+from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
 
 
 def distill(
@@ -27,7 +39,10 @@ def distill(
     = "default",
     teacher: Annotated[str, typer.Option(help="Teacher (same tokenizer as the student); 'none' for RL only.")]
     = "default",
-    context: Annotated[TeacherContext, typer.Option(help="Teacher context.")] = TeacherContext.aligned,
+    context: Annotated[TeacherContext, typer.Option(
+        help="Teacher context: aligned (the student's own state) | persistent (earlier calls concatenated as "
+             "stored) | persistent_chat (the episode as one multi-turn chat) | privileged.")]
+    = TeacherContext.aligned,
     loss: Annotated[Divergence, typer.Option(help="Divergence at action positions.")] = Divergence.reverse_kl,
     teacher_source: Annotated[TeacherSourceKind, typer.Option(
         help="Teacher targets: model (run online on packed rows) | shards (top-K log-probs written by "
@@ -40,8 +55,15 @@ def distill(
     kd_weight: Annotated[float, typer.Option(help="Weight of the distillation term.")] = 1.0,
     rl_weight: Annotated[float, typer.Option(help="Weight of the policy-gradient term.")] = 1.0,
     ce_weight: Annotated[float, typer.Option(help="Weight of cross-entropy on the action tokens.")] = 0.0,
-    anchor_weight: Annotated[float, typer.Option(help="Weight of KL(student || frozen starting student).")]
-    = 0.0,
+    anchor_weight: AnchorWeightOption = 0.0,
+    target: TargetOption = DistillTarget.teacher,
+    alpha_tau: AlphaTauOption = 0.1,
+    alpha_topk: AlphaTopkOption = 20,
+    alpha_min: AlphaMinOption = 0.0,
+    alpha_max: AlphaMaxOption = 1.0,
+    alpha_ema: AlphaEmaOption = 0.0,
+    prob_floor: ProbFloorOption = 0.0,
+    jsd_clip: JsdClipOption = None,
     normalize_std: Annotated[bool, typer.Option(help="Divide advantages by the group's std.")] = False,
     weighting: Annotated[Weighting, typer.Option(help="Token averaging over the global step.")] = Weighting.token,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps in all (default 10; on --resume, the "
@@ -64,6 +86,7 @@ def distill(
              "prompt prefix placed and computed once; exact).")] = Packing.segments,
     resume: Annotated[str | None, typer.Option(help="Continue distill run RUN_ID from its last checkpoint.")]
     = None,
+    report_to: ReportToOption = [],  # noqa: B006
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
@@ -73,10 +96,13 @@ def distill(
     from agentmem.config import DistillConfig
     from agentmem.errors import ConfigError
     from agentmem.jobs.distill import run_distill
+    from agentmem.tracking import check_installed, parse_report_to
     from cli.common import runtime, setup_logging
     from cli.training_progress import train_progress
     from store.engine import open_store
 
+    trackers = parse_report_to(report_to)
+    check_installed(trackers)
     config = None
     if not resume:
         if not run:
@@ -88,14 +114,15 @@ def distill(
             normalize_std=normalize_std, weighting=weighting, steps=steps or 10,
             invocations_per_step=invocations_per_step, row_tokens=row_tokens, oversize=oversize,
             teacher_truncation=teacher_truncation, lr=lr, seed=seed, out=out, save_every=save_every,
-            path=attention, packing=packing,
+            path=attention, packing=packing, target=target, alpha_tau=alpha_tau, alpha_topk=alpha_topk,
+            alpha_min=alpha_min, alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor, jsd_clip=jsd_clip,
         )
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db)
     with train_progress() as progress:
         result = run_distill(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
-                             on_step=progress.on_step)
+                             on_step=progress.on_step, report_to=trackers)
     ckpt = result.last_checkpoint
     skipped = result.skipped_calls
     typer.echo(f"distill_run_id={result.run_id} steps={result.steps_done}"

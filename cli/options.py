@@ -30,3 +30,9 @@ LevelOption = Annotated[
                  "among distractors over about 9 chunks at --chunk-tokens 128); sets the context_tokens, hops and "
                  "distractors knobs (an explicit --knob wins). Synthetic only.", show_default=False),
 ]
+ReportToOption = Annotated[
+    list[str],
+    typer.Option("--report-to", help="Also log each training step's metrics to an experiment tracker: tensorboard, "
+                 "mlflow or wandb (repeatable or comma-separated; default none). Offline, in a folder under "
+                 "OUT/RUN_ID; each needs its extra, e.g. pip install 'agentmem[tensorboard]'.", show_default=False),
+]

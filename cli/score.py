@@ -18,7 +18,10 @@ def score(
     = "default",
     student: Annotated[str | None, typer.Option(help="Student model; adds the per-token reverse KL "
                                                      "KL(student_T || teacher_T) at --temperature.")] = None,
-    context: Annotated[TeacherContext, typer.Option(help="Teacher context.")] = TeacherContext.aligned,
+    context: Annotated[TeacherContext, typer.Option(
+        help="Teacher context: aligned (the student's own state) | persistent (earlier calls concatenated as "
+             "stored) | persistent_chat (the episode as one multi-turn chat) | privileged.")]
+    = TeacherContext.aligned,
     kind: Annotated[list[str], typer.Option(help="Only these invocation kinds (e.g. memory_update, answer).")]
     = [],  # noqa: B006
     row_tokens: Annotated[int, typer.Option(help="Tokens per packed row (hard cap).")] = 4096,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import AttentionPath, Device, DType, Oversize, Packing, Weighting
-from cli.options import DbOption, DeviceOption, ThreadsOption
+from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
 
 
 def sft(
@@ -47,6 +47,7 @@ def sft(
     dtype: Annotated[DType, typer.Option(help="Student weights dtype (bf16 is faster on most CPUs).")]
     = DType.float32,
     resume: Annotated[str | None, typer.Option(help="Continue sft run RUN_ID from its last checkpoint.")] = None,
+    report_to: ReportToOption = [],  # noqa: B006
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
@@ -56,10 +57,13 @@ def sft(
     from agentmem.config import SftConfig
     from agentmem.errors import ConfigError
     from agentmem.jobs.sft import run_sft
+    from agentmem.tracking import check_installed, parse_report_to
     from cli.common import runtime, setup_logging
     from cli.training_progress import train_progress
     from store.engine import open_store
 
+    trackers = parse_report_to(report_to)
+    check_installed(trackers)
     config = None
     if not resume:
         if not run:
@@ -76,7 +80,7 @@ def sft(
     store = open_store(db)
     with train_progress(label="sft") as progress:
         result = run_sft(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
-                         on_step=progress.on_step)
+                         on_step=progress.on_step, report_to=trackers)
     ckpt = result.last_checkpoint
     typer.echo(f"sft_run_id={result.run_id} steps={result.steps_done}"
                + (f" checkpoint={ckpt.id} path={ckpt.path}" if ckpt else "")

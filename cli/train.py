@@ -6,9 +6,20 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import Device, Divergence, Packing, PromptLayout, RLKind
+from agentmem.config import Device, DistillTarget, Divergence, Packing, PromptLayout, RLKind
 from agentmem.records import TeacherContext
-from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
+from cli.method_options import (
+    AlphaEmaOption,
+    AlphaMaxOption,
+    AlphaMinOption,
+    AlphaTauOption,
+    AlphaTopkOption,
+    AnchorWeightOption,
+    JsdClipOption,
+    ProbFloorOption,
+    TargetOption,
+)
+from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ReportToOption, ThreadsOption
 
 
 def train(
@@ -22,6 +33,15 @@ def train(
     rl: Annotated[RLKind, typer.Option(help="RL term on the final reward.")] = RLKind.grpo,
     kd_weight: Annotated[float, typer.Option(help="Weight of the distillation term.")] = 1.0,
     rl_weight: Annotated[float, typer.Option(help="Weight of the policy-gradient term.")] = 1.0,
+    anchor_weight: AnchorWeightOption = 0.0,
+    target: TargetOption = DistillTarget.teacher,
+    alpha_tau: AlphaTauOption = 0.1,
+    alpha_topk: AlphaTopkOption = 20,
+    alpha_min: AlphaMinOption = 0.0,
+    alpha_max: AlphaMaxOption = 1.0,
+    alpha_ema: AlphaEmaOption = 0.0,
+    prob_floor: ProbFloorOption = 0.0,
+    jsd_clip: JsdClipOption = None,
     rounds: Annotated[int, typer.Option(help="Rollout + distill rounds.")] = 2,
     steps_per_round: Annotated[int, typer.Option(help="Distill steps per round.")] = 2,
     invocations_per_step: Annotated[int, typer.Option(help="Stored calls per optimizer step.")] = 8,
@@ -47,6 +67,7 @@ def train(
     resume: Annotated[str | None, typer.Option(
         help="Continue train run RUN_ID at its first unfinished round, from the last finished round's "
              "checkpoint, with its stored config (the other flags are ignored).")] = None,
+    report_to: ReportToOption = [],  # noqa: B006
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
@@ -62,11 +83,14 @@ def train(
         TrainConfig,
     )
     from agentmem.jobs.train import load_train_state, run_train
+    from agentmem.tracking import check_installed, parse_report_to
     from cli.common import env_knobs, runtime, setup_logging
     from cli.console import console
     from cli.training_progress import train_progress
     from store.engine import open_store
 
+    trackers = parse_report_to(report_to)
+    check_installed(trackers)
     config = None
     if not resume:
         knobs = env_knobs(env.value, knob, level) or (
@@ -81,7 +105,10 @@ def train(
                                   kd_weight=kd_weight, rl_weight=rl_weight, steps=steps_per_round,
                                   invocations_per_step=invocations_per_step, row_tokens=row_tokens, lr=lr,
                                   out=out, packing=packing, oversize=Oversize.skip,
-                                  teacher_truncation=TeacherTruncation.left),
+                                  teacher_truncation=TeacherTruncation.left, anchor_weight=anchor_weight,
+                                  target=target, alpha_tau=alpha_tau, alpha_topk=alpha_topk, alpha_min=alpha_min,
+                                  alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor,
+                                  jsd_clip=jsd_clip),
         )
     rt = runtime(device, threads)
     setup_logging()
@@ -105,7 +132,7 @@ def train(
                     f"{stats.finished} episodes finished")
 
         run_id, results = run_train(store, config, rt, resume=resume, on_phase=lambda msg: err.log(msg),
-                                    on_step=step, on_round=rollout_round)
+                                    on_step=step, on_round=rollout_round, report_to=trackers)
     from rich.table import Table
 
     table = Table("round", "policy", "rollout run", "rollout F1", "distill run", "new checkpoint", title=f"train {run_id}")

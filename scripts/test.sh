@@ -15,6 +15,9 @@ if [ -z "${AGENTMEM_TEST_PG_URL:-}" ]; then
   trap 'bash scripts/pg_throwaway.sh stop "$pgroot/data"; rm -rf "$pgroot"' EXIT
 fi
 echo "postgres for tests: $AGENTMEM_TEST_PG_URL"
+# The viewer's browser tests drive headless Chromium; without it (no root, no apt) they skip with the reason.
+command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
+  >/dev/null 2>&1 || echo "chromium could not be installed: tests/test_view_browser.py will skip"
 "$venv/bin/ruff" check .
 "$venv/bin/lint-imports"
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1

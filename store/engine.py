@@ -7,6 +7,10 @@ psycopg 3 (``postgresql://`` URLs are mapped to ``postgresql+psycopg://``).
 A SQLite file is never created by accident: only ``open_store(create=True)`` (jobs that write) and
 ``agentmem db upgrade`` create one. A read-only SQLite database fails with one ``ReadOnlyDatabase`` line
 naming the file: at open when a writer can tell, else at the first write.
+
+``open_read_only`` is for readers that must never write (``agentmem view``, ``agentmem report``): SQLite
+through a ``mode=ro`` URI with ``query_only`` on (no write, no WAL checkpoint, nothing created), Postgres
+with read-only transactions.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -175,6 +180,36 @@ def open_store(url: str | None = None, *, check: bool = True, create: bool = Fal
         )
     if check:
         check_schema(engine)
+    return Store(engine)
+
+
+def _sqlite_read_only_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA query_only=ON")
+    cur.close()
+
+
+def open_read_only(url: str | None = None) -> Store:
+    """Open the store at ``url`` for reading only and check its schema is current. A SQLite file must
+    exist; it is opened read-only (a ``mode=ro`` URI), so no connection can write it or checkpoint its WAL."""
+    path = sqlite_file(url)
+    if path is None:
+        engine = make_engine(url)
+        if engine.dialect.name == "postgresql":
+            engine.dispose()
+            parsed = make_url(resolve_url(url))
+            engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args={
+                "connect_timeout": 10, "options": "-c default_transaction_read_only=on"})
+    else:
+        if not path.is_file():
+            raise StoreUnavailable(f"no database at {path}: nothing to read")
+        uri = f"sqlite:///file:{quote(str(path.expanduser().resolve()))}?mode=ro&uri=true"
+        engine = sa.create_engine(uri, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                                     "check_same_thread": False})
+        sa.event.listen(engine, "connect", _sqlite_read_only_pragmas)
+        sa.event.listen(engine, "handle_error", _sqlite_errors(str(path)))
+    check_schema(engine)
     return Store(engine)
 
 

@@ -168,7 +168,8 @@ class RunSummary:
     liveness: str = ""  # see run_liveness
 
 
-def list_runs(session: Session, limit: int | None = None) -> list[RunSummary]:
+def list_runs(session: Session, limit: int | None = None, offset: int = 0) -> list[RunSummary]:
+    """Runs, newest first, with their episode and invocation counts and mean F1 (aggregated in SQL)."""
     inv_counts = (
         sa.select(EpisodeRow.run_id, sa.func.count(InvocationRow.id).label("n"))
         .join(InvocationRow, InvocationRow.episode_id == EpisodeRow.id)
@@ -184,8 +185,9 @@ def list_runs(session: Session, limit: int | None = None) -> list[RunSummary]:
         sa.select(RunRow, ep_counts.c.n, inv_counts.c.n, ep_counts.c.f1)
         .outerjoin(ep_counts, ep_counts.c.run_id == RunRow.id)
         .outerjoin(inv_counts, inv_counts.c.run_id == RunRow.id)
-        .order_by(RunRow.created_at.desc())
+        .order_by(RunRow.created_at.desc(), RunRow.id)
         .limit(limit)
+        .offset(offset or None)
     )
     now = utcnow()
     summaries = []
@@ -193,6 +195,32 @@ def list_runs(session: Session, limit: int | None = None) -> list[RunSummary]:
         run = _run(row)
         summaries.append(RunSummary(run, n_ep or 0, n_inv or 0, f1, run_liveness(run, now=now)))
     return summaries
+
+
+def count_runs(session: Session) -> int:
+    return session.scalar(sa.select(sa.func.count(RunRow.id))) or 0
+
+
+def list_runs_of_kind(session: Session, kind: RunKind) -> list[Run]:
+    """Runs of one kind, oldest first."""
+    rows = session.scalars(sa.select(RunRow).where(RunRow.kind == RunKind(kind).value).order_by(RunRow.created_at))
+    return [_run(r) for r in rows]
+
+
+def run_policy_versions(session: Session, run_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The policy versions (checkpoint ids) that sampled each run's calls, per run, in id order; a run whose
+    calls have none (an oracle run) is absent."""
+    stmt = (
+        sa.select(EpisodeRow.run_id, InvocationRow.policy_version)
+        .join(InvocationRow, InvocationRow.episode_id == EpisodeRow.id)
+        .where(EpisodeRow.run_id.in_(list(run_ids)), InvocationRow.policy_version.is_not(None))
+        .group_by(EpisodeRow.run_id, InvocationRow.policy_version)
+        .order_by(EpisodeRow.run_id, InvocationRow.policy_version)
+    )
+    out: dict[str, list[str]] = {}
+    for run_id, version in session.execute(stmt):
+        out.setdefault(run_id, []).append(version)
+    return out
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------
@@ -290,6 +318,71 @@ def list_episodes(session: Session, run_ids: Sequence[str] | str) -> list[Episod
         .order_by(EpisodeRow.run_id, EpisodeRow.task_id, EpisodeRow.sample_index)
     )
     return [_episode(r) for r in rows]
+
+
+def episode_f1s(session: Session, run_ids: Sequence[str]) -> dict[str, list[float]]:
+    """The F1 of every scored episode of each run (one column read, for intervals and histograms)."""
+    stmt = (sa.select(EpisodeRow.run_id, EpisodeRow.f1)
+            .where(EpisodeRow.run_id.in_(list(run_ids)), EpisodeRow.f1.is_not(None)))
+    out: dict[str, list[float]] = {rid: [] for rid in run_ids}
+    for run_id, f1 in session.execute(stmt):
+        out[run_id].append(f1)
+    return out
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """An episode with its number of calls and tokens (prompt + output, over its calls)."""
+
+    episode: Episode
+    calls: int
+    tokens: int
+
+
+EPISODE_SORTS = ("task", "status", "f1", "calls", "tokens", "stop_reason", "created")
+
+
+def _episode_stats_select(run_id: str, status: str | None, search: str | None):
+    calls = (
+        sa.select(InvocationRow.episode_id, sa.func.count(InvocationRow.id).label("calls"),
+                  sa.func.sum(InvocationRow.prompt_tokens + InvocationRow.output_tokens).label("tokens"))
+        .join(EpisodeRow, EpisodeRow.id == InvocationRow.episode_id)
+        .where(EpisodeRow.run_id == run_id)
+        .group_by(InvocationRow.episode_id)
+        .subquery()
+    )
+    n_calls, n_tokens = sa.func.coalesce(calls.c.calls, 0), sa.func.coalesce(calls.c.tokens, 0)
+    stmt = (sa.select(EpisodeRow, n_calls, n_tokens).outerjoin(calls, calls.c.episode_id == EpisodeRow.id)
+            .where(EpisodeRow.run_id == run_id))
+    if status:
+        stmt = stmt.where(EpisodeRow.status == status)
+    if search:
+        stmt = stmt.where(EpisodeRow.task_id.icontains(search, autoescape=True)
+                          | EpisodeRow.question.icontains(search, autoescape=True)
+                          | EpisodeRow.id.startswith(search, autoescape=True))
+    return stmt, {"task": EpisodeRow.task_id, "status": EpisodeRow.status, "f1": EpisodeRow.f1, "calls": n_calls,
+                  "tokens": n_tokens, "stop_reason": EpisodeRow.stop_reason, "created": EpisodeRow.created_at}
+
+
+def list_episode_stats(session: Session, run_id: str, *, status: str | None = None, search: str | None = None,
+                       sort: str = "task", descending: bool = False, limit: int | None = None,
+                       offset: int = 0) -> list[EpisodeStats]:
+    """One run's episodes with their call and token counts (aggregated in SQL), filtered by ``status`` and
+    by ``search`` (a substring of the task id or question, or an episode id prefix), sorted by one of
+    ``EPISODE_SORTS`` (empty values last), then by task and sample."""
+    if sort not in EPISODE_SORTS:
+        raise ValueError(f"sort must be one of {', '.join(EPISODE_SORTS)}, got {sort!r}")
+    stmt, columns = _episode_stats_select(run_id, status, search)
+    key = columns[sort].desc() if descending else columns[sort].asc()
+    stmt = (stmt.order_by(key.nulls_last(), EpisodeRow.task_id, EpisodeRow.sample_index)
+            .limit(limit).offset(offset or None))
+    return [EpisodeStats(_episode(row), int(calls), int(tokens)) for row, calls, tokens in session.execute(stmt)]
+
+
+def count_episodes(session: Session, run_id: str, *, status: str | None = None, search: str | None = None) -> int:
+    """How many episodes ``list_episode_stats`` gives for these filters, without paging."""
+    stmt, _ = _episode_stats_select(run_id, status, search)
+    return session.scalar(sa.select(sa.func.count()).select_from(stmt.subquery())) or 0
 
 
 # ---- invocations ------------------------------------------------------------------------------------
@@ -433,6 +526,17 @@ def get_teacher_scores(
     }
 
 
+def teacher_score_keys(session: Session, invocation_ids: Sequence[str]) -> list[tuple[str, TeacherContext]]:
+    """The (teacher, context) pairs under which any of these invocations was scored, sorted."""
+    rows = session.execute(
+        sa.select(TeacherScoreRow.teacher, TeacherScoreRow.context)
+        .where(TeacherScoreRow.invocation_id.in_(list(invocation_ids)))
+        .group_by(TeacherScoreRow.teacher, TeacherScoreRow.context)
+        .order_by(TeacherScoreRow.teacher, TeacherScoreRow.context)
+    )
+    return [(teacher, TeacherContext(context)) for teacher, context in rows]
+
+
 # ---- training and evaluation ------------------------------------------------------------------------
 
 
@@ -457,10 +561,14 @@ def insert_eval_result(session: Session, result: EvalResult) -> None:
     _insert_ignore(session, EvalResultRow.__table__, [d])
 
 
-def list_eval_results(session: Session, run_ids: Sequence[str] | None = None) -> list[EvalResult]:
+def list_eval_results(session: Session, run_ids: Sequence[str] | None = None,
+                      checkpoint_ids: Sequence[str] | None = None) -> list[EvalResult]:
+    """Eval results, oldest first: of the eval runs ``run_ids`` and/or of the checkpoints ``checkpoint_ids``."""
     stmt = sa.select(EvalResultRow).order_by(EvalResultRow.created_at)
     if run_ids is not None:
         stmt = stmt.where(EvalResultRow.run_id.in_(run_ids))
+    if checkpoint_ids is not None:
+        stmt = stmt.where(EvalResultRow.checkpoint_id.in_(checkpoint_ids))
     return [
         EvalResult(
             id=r.id, run_id=r.run_id, checkpoint_id=r.checkpoint_id, model=r.model, env=r.env, step=r.step,

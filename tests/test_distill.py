@@ -292,3 +292,75 @@ def test_shared_prefix_steps_draw_whole_sibling_groups(rolled, tmp_path):
     per_epoch = [step_units(units, 4, 0, s) for s in range(-(-len(units) // 2))]
     assert sorted(sum(per_epoch, [])) == list(range(len(units)))
     assert draw_units(seqs, Packing.segments) == [[i] for i in range(len(seqs))]
+
+
+# -- the seed methods: barycenter target, per-token clipping, the anchor --------------------------------
+
+
+def test_two_barycenter_steps_with_clipping_on_each_database(store, tmp_path):
+    """`--target barycenter --jsd-clip` for two steps on a tiny model: finite losses, the alpha and clip
+    metrics stored in train_steps, every parameter changed (SQLite and Postgres)."""
+    tok = tiny_tokenizer()
+    cfg = RolloutConfig(model="tiny", episodes=1, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
+                        agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, seed=1))
+    policy = register_policy(store, "/models/tiny", "tiny")
+    rolled = run_rollout(store, cfg, backend=TransformersBackend.from_model(tiny_llama(seed=3), tok), policy=policy)
+    m = models(policy)
+    before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
+    # per-token divergences towards q are 0.0053 to 0.0068 here: the clip splits them
+    distill_cfg = config(rolled.run_id, tmp_path, target="barycenter", alpha_tau=0.02, alpha_ema=0.5, jsd_clip=0.0057,
+                         rl="none")
+    result = run_distill(store, distill_cfg, models=m)
+    with store.session() as s:
+        stored = repo.list_train_steps(s, result.run_id)
+    assert [t.step for t in stored] == [1, 2]
+    for step in stored:
+        assert np.isfinite(step.loss) and np.isfinite(step.kd_loss) and step.kd_loss > 0
+        assert 0 < step.metrics["alpha_mean"] <= 1 and 0 <= step.metrics["alpha_below_half"] <= 1
+        assert 0 < step.metrics["alpha_raw_mean"] <= 1 and 0 <= step.metrics["kd_clip_fraction"] <= 1
+    assert stored[0].metrics["alpha_mean"] == pytest.approx(stored[0].metrics["alpha_raw_mean"], abs=1e-6)
+    assert all(0 < t.metrics["kd_clip_fraction"] < 1 for t in stored)  # some tokens clipped, some trained
+    unchanged = [n for n, p in m.student.named_parameters() if torch.equal(p, before[n])]
+    assert unchanged == []
+
+
+def test_resume_restores_the_alpha_ema(rolled, tmp_path):
+    """The barycenter's alpha EMA is saved in each checkpoint's trainer state: a run killed after step 3
+    and resumed from its step-2 checkpoint gives the uninterrupted run's steps 3 and 4."""
+    store, run_id, policy = rolled
+    cfg = config(run_id, tmp_path, steps=4, save_every=2, invocations_per_step=3, target="barycenter",
+                 alpha_tau=0.05, alpha_ema=0.5, rl="none")
+    straight = run_distill(store, cfg, models=models(policy))
+
+    def die_after_3(step):
+        if step.step == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_distill(store, cfg, models=models(policy), on_step=die_after_3)
+    with store.session() as s:
+        killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "failed"][0]
+    _, _, last = load_distill_run(store, killed_id)
+    resumed_models = models(policy)
+    resumed_models.student.load_state_dict(AutoModelForCausalLM.from_pretrained(last.path).state_dict())
+    resumed = run_distill(store, None, resume=killed_id, models=resumed_models)
+    for a, b in zip(straight.history[2:], resumed.history, strict=True):
+        assert a.metrics["alpha_mean"] == pytest.approx(b.metrics["alpha_mean"], abs=1e-6)
+        assert a.loss == pytest.approx(b.loss, abs=1e-6, rel=1e-6)
+    # without the saved mean, step 3's alphas would be unblended: the EMA is what makes them equal
+    assert straight.history[2].metrics["alpha_mean"] != pytest.approx(straight.history[2].metrics["alpha_raw_mean"],
+                                                                      abs=1e-6)
+
+
+def test_anchor_is_zero_at_the_start_and_grows_after_a_step(rolled, tmp_path):
+    """anchor_weight > 0 with the reference a frozen copy of the starting student: the anchor loss is 0 at
+    the first step (student == reference) and positive once the parameters have moved."""
+    store, run_id, policy = rolled
+    m = models(policy)
+    reference = tiny_llama(seed=0).requires_grad_(False)
+    anchored = Models(m.student, m.tokenizer, policy, m.teacher, m.teacher_tokenizer, reference=reference)
+    result = run_distill(store, config(run_id, tmp_path, anchor_weight=0.5, rl="none"), models=anchored)
+    first, second = result.history
+    assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert second.metrics["anchor_loss"] > 1e-6
+    assert first.loss == pytest.approx(first.kd_loss, abs=1e-6)  # the anchor adds nothing at the start

@@ -1,5 +1,6 @@
 """Losses at action positions: exact values on hand-computable logits, TRL-pinned generalized JSD,
-token weighting and the clipped policy-gradient surrogate."""
+token weighting, the clipped policy-gradient surrogate, and the barycenter target's pieces (JSD on the
+union of top-K sets, the barycenter, per-token clipping)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from agentmem.training.losses import (
+    barycenter_logprobs,
+    clipped,
     distill_loss,
     forward_kl,
     generalized_jsd,
@@ -16,6 +19,7 @@ from agentmem.training.losses import (
     reverse_kl,
     sampled_logprobs,
     token_weights,
+    topk_union_jsd,
 )
 
 torch.set_num_threads(1)
@@ -317,3 +321,86 @@ def test_sampled_logprobs_by_hand() -> None:
     at_two = sampled_logprobs(logits, actions, temperature=2.0)  # logits / 2: (0, ln 3) -> 3/4
     assert at_two[1].item() == pytest.approx(math.log(0.75), abs=1e-6)
     assert at_two[2].item() == pytest.approx(math.log(math.sqrt(2) / (math.sqrt(2) + 1)), abs=1e-6)
+
+
+# -- barycenter target pieces: JSD on the union of top-K sets, the barycenter, per-token clipping ------
+
+
+def _jsd_on_union(ps: list[float], pt: list[float], k: int) -> float:
+    """Plain-Python reference: restrict both to the union of their top-k tokens, renormalise, JSD."""
+    top = lambda p: set(sorted(range(len(p)), key=lambda v: -p[v])[:k])  # noqa: E731
+    union = sorted(top(ps) | top(pt))
+    a = [ps[v] / sum(ps[u] for u in union) for v in union]
+    b = [pt[v] / sum(pt[u] for u in union) for v in union]
+    m = [(x + y) / 2 for x, y in zip(a, b, strict=True)]
+    return 0.5 * _kl(a, m) + 0.5 * _kl(b, m)
+
+
+UNION_S = torch.tensor([[3.0, 2.0, 0.0, -1.0, 0.5], [0.0, 1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
+UNION_T = torch.tensor([[0.0, 1.0, 3.0, 2.0, -2.0], [0.5, 1.0, 2.5, 3.5, 4.5]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 50])
+def test_topk_union_jsd_matches_direct_computation(k: int) -> None:
+    # row 0: the top-2 sets are disjoint ({0, 1} and {2, 3}); row 1: they are the same ({3, 4})
+    log_s, log_t = torch.log_softmax(UNION_S, -1), torch.log_softmax(UNION_T, -1)
+    got = topk_union_jsd(log_s, log_t, k)
+    for i in range(2):
+        expected = _jsd_on_union(_softmax(UNION_S[i].tolist()), _softmax(UNION_T[i].tolist()), k)
+        assert got[i].item() == pytest.approx(expected, abs=1e-12)
+    assert ((got >= 0) & (got <= LN2)).all()
+
+
+def test_topk_union_jsd_by_hand_and_at_full_vocabulary() -> None:
+    # both top-1 tokens are token 1 in row 0 of STUDENT/TEACHER: on a one-token union the two agree exactly
+    log_s, log_t = torch.log_softmax(STUDENT, -1), torch.log_softmax(TEACHER, -1)
+    assert topk_union_jsd(log_s, log_t, 1)[0].item() == 0.0
+    # disjoint one-hot-like supports on a 2-token union: p~ = (1, 0), q~ = (0, 1) -> JSD = ln 2
+    s = torch.tensor([[0.0, -1e4, -1e4]], dtype=torch.float64)
+    t = torch.tensor([[-1e4, 0.0, -1e4]], dtype=torch.float64)
+    assert topk_union_jsd(torch.log_softmax(s, -1), torch.log_softmax(t, -1), 1).item() == pytest.approx(LN2)
+    # K >= vocabulary: the ordinary JSD over the whole vocabulary
+    torch.testing.assert_close(topk_union_jsd(log_s, log_t, 4), generalized_jsd(STUDENT, TEACHER, 0.5),
+                               atol=1e-12, rtol=0)
+
+
+def test_barycenter_by_hand() -> None:
+    log_s = torch.log(torch.tensor([[0.25, 0.75]], dtype=torch.float64))
+    log_t = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+    # alpha 1/2: q ∝ sqrt(p_t p_s) = (sqrt(1/8), sqrt(3/8)) -> (1, sqrt 3) / (1 + sqrt 3)
+    q = barycenter_logprobs(log_s, log_t, torch.tensor([0.5])).exp()
+    r3 = math.sqrt(3.0)
+    assert q[0].tolist() == pytest.approx([1 / (1 + r3), r3 / (1 + r3)], abs=1e-12)
+    # the endpoints are the student (alpha 0) and the teacher (alpha 1)
+    both_s, both_t = log_s.expand(2, 2), log_t.expand(2, 2)
+    ends = barycenter_logprobs(both_s, both_t, torch.tensor([0.0, 1.0])).exp()
+    assert ends.flatten().tolist() == pytest.approx([0.25, 0.75, 0.5, 0.5], abs=1e-12)
+
+
+def test_barycenter_matches_plain_python_per_row() -> None:
+    alpha = torch.tensor([0.2, 0.7, 1.0], dtype=torch.float64)
+    log_q = barycenter_logprobs(torch.log_softmax(STUDENT, -1), torch.log_softmax(TEACHER, -1), alpha)
+    for i in range(3):
+        ps, pt, a = _softmax(STUDENT[i].tolist()), _softmax(TEACHER[i].tolist()), alpha[i].item()
+        unnormalised = [t**a * s ** (1 - a) for s, t in zip(ps, pt, strict=True)]
+        z = sum(unnormalised)
+        assert log_q[i].exp().tolist() == pytest.approx([u / z for u in unnormalised], abs=1e-12)
+
+
+def test_barycenter_probability_floor_by_hand() -> None:
+    # alpha 1: q = p_t = (0.02, 0.18, 0.8); floor 0.1 -> (0.1, 0.18, 0.8) / 1.08
+    log_t = torch.log(torch.tensor([[0.02, 0.18, 0.8]], dtype=torch.float64))
+    q = barycenter_logprobs(torch.zeros_like(log_t), log_t, torch.tensor([1.0]), prob_floor=0.1).exp()
+    assert q[0].tolist() == pytest.approx([0.1 / 1.08, 0.18 / 1.08, 0.8 / 1.08], abs=1e-12)
+    with pytest.raises(ValueError, match="prob_floor"):
+        barycenter_logprobs(log_t, log_t, torch.tensor([1.0]), prob_floor=1.0)
+
+
+def test_clipped_caps_the_value_and_stops_the_gradient() -> None:
+    per = torch.tensor([0.1, 0.4, 2.0], requires_grad=True)
+    value, over = clipped(per, 0.4)
+    assert value.tolist() == pytest.approx([0.1, 0.4, 0.4]) and over.tolist() == [False, False, True]
+    (value * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert per.grad.tolist() == [1.0, 2.0, 0.0]  # a token at the cap keeps its gradient; one above has none
+    with pytest.raises(ValueError, match="clip"):
+        clipped(per, 0.0)

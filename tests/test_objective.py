@@ -1,5 +1,6 @@
 """The objective as weighted terms: config -> terms, each term by hand, the sampled-token reverse-KL
-estimator, and global-step normalisation: a step split over two (simulated) processes gives the same
+estimator, the barycenter target (its gradient is alpha times the reverse-KL gradient) and per-token
+clipping, and global-step normalisation: a step split over two (simulated) processes gives the same
 loss and summed gradient as one process."""
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from agentmem.config import DistillConfig, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
 from agentmem.replay import Sequence, pack
 from agentmem.runtime import Runtime
+from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.forward import PackedModel, plan
-from agentmem.training.losses import reverse_kl, sampled_logprobs, sampled_reverse_kl_loss
+from agentmem.training.losses import reverse_kl, sampled_logprobs, sampled_reverse_kl_loss, topk_union_jsd
 from agentmem.training.objective import StepInputs, accumulate_step
 from agentmem.training.teachers import TeacherTargets
 from agentmem.training.terms import (
@@ -241,3 +243,125 @@ def test_an_empty_process_still_joins_the_all_reduce():
     result, grads = one_step([], objective, runtime)
     assert len(calls) == 1 and result.loss == 0.0 and result.actions == 0
     assert all(g is None for g in grads.values())
+
+
+# -- the barycenter target and per-token clipping ------------------------------------------------------
+
+
+def float64_batch(n: int = 5, vocab: int = 7, seed: int = 5) -> MicroBatch:
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(n, vocab, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    teacher = torch.randn(n, vocab, generator=gen, dtype=torch.float64) * 2
+    weights = torch.linspace(1, 2, n, dtype=torch.float64)
+    return micro_batch(logits=logits, teacher=teacher, weights=weights / weights.sum(),
+                       action_ids=torch.zeros(n, dtype=torch.long), sampler_logprobs=torch.zeros(n),
+                       sampling_temperature=torch.ones(n), advantages=torch.zeros(n))
+
+
+def barycenter_term(temperature: float = 1.0, **kw) -> DistillTerm:
+    cfg = config(target="barycenter", alpha_tau=0.2, alpha_topk=3, temperature=temperature, **kw)
+    return objective_from_config(cfg).terms[0][1]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_barycenter_gradient_is_alpha_times_the_reverse_kl_gradient(temperature):
+    """With q = p_t^a p_s^(1-a) / Z held fixed (detached) and a constant per token:
+    log p_s - log q = a (log p_s - log p_t) + log Z, so KL(p_s || q) = a KL(p_s || p_t) + log Z, and
+    grad KL(p_s || q) = sum_v grad p_s(v) (log p_s(v) - log q(v))      [sum_v p_s grad log p_s = 0]
+                      = a sum_v grad p_s(v) (log p_s(v) - log p_t(v)) + log Z sum_v grad p_s(v)
+                      = a grad KL(p_s || p_t)                           [sum_v grad p_s = 0].
+    At the parameters where q was built the two gradients are equal exactly (not only to first order: the
+    terms that would differ are the change of q and a with the parameters, which the stop-gradient
+    removes), so the tolerance is float64 round-off over a 7-token vocabulary: 1e-12."""
+    term = barycenter_term(temperature)
+    mb = float64_batch()
+    value = term(mb)
+    value.loss.backward()
+    target = term.barycenter(mb.logits, mb.teacher, temperature)
+    alpha = target.alpha
+    assert 0.0 < float(alpha.min()) < 0.5 < float(alpha.max()) < 1.0  # a spread of alphas, none clamped
+    x = mb.logits.detach().clone().requires_grad_()
+    kl = reverse_kl(x, mb.teacher, temperature)
+    (mb.weights * alpha * kl).sum().backward()
+    torch.testing.assert_close(mb.logits.grad, x.grad, atol=1e-12, rtol=0)
+    log_ps = torch.log_softmax(mb.logits.detach() / temperature, -1)
+    log_pt = torch.log_softmax(mb.teacher / temperature, -1)
+    log_z = torch.logsumexp(alpha[:, None] * log_pt + (1 - alpha[:, None]) * log_ps, -1)
+    assert (log_z <= 0).all()  # Hölder: sum p_t^a p_s^(1-a) <= 1
+    expected = (mb.weights * (alpha * kl.detach() + log_z)).sum()
+    assert value.loss.item() == pytest.approx(expected.item(), abs=1e-12)
+
+
+def test_barycenter_alpha_and_its_metrics_by_hand():
+    term = barycenter_term()
+    mb = float64_batch()
+    value = term(mb)
+    log_ps, log_pt = torch.log_softmax(mb.logits.detach(), -1), torch.log_softmax(mb.teacher, -1)
+    alpha = torch.exp(-topk_union_jsd(log_ps, log_pt, 3) / 0.2)
+    torch.testing.assert_close(term.barycenter(mb.logits, mb.teacher).alpha, alpha, atol=1e-15, rtol=0)
+    assert set(value.metrics) == {"alpha_mean", "alpha_below_half"}
+    assert value.metrics["alpha_mean"] == pytest.approx(float((mb.weights * alpha).sum()), abs=1e-12)
+    below = float((mb.weights * (alpha < 0.5)).sum())
+    assert 0 < below < 1 and value.metrics["alpha_below_half"] == pytest.approx(below, abs=1e-12)
+
+
+def test_barycenter_is_pluggable_clamped_and_smoothed():
+    """Any discrepancy and alpha map plug in as callables; the EMA blends the running mean in before the
+    clamps; the objective updates it once per step from the step's mean raw alpha and saves it."""
+    ema = AlphaEma(0.5)
+    target = BarycenterTarget(lambda s, t: torch.zeros(s.shape[0], dtype=s.dtype),
+                              lambda d: torch.full_like(d, 0.25), alpha_min=0.3, alpha_max=0.6, ema=ema)
+    mb = float64_batch(n=3)
+    assert target(mb.logits, mb.teacher).alpha.tolist() == [0.3, 0.3, 0.3]  # no EMA yet: 0.25 clamped up
+    ema.value = 1.0
+    got = target(mb.logits, mb.teacher)
+    assert got.alpha.tolist() == [0.6] * 3 and got.raw_alpha.tolist() == [0.25] * 3  # 0.625 clamped down
+    log_ps, log_pt = torch.log_softmax(mb.logits.detach(), -1), torch.log_softmax(mb.teacher, -1)
+    torch.testing.assert_close(got.logprobs, torch.log_softmax(0.6 * log_pt + 0.4 * log_ps, -1))
+
+    objective = objective_from_config(config(target="barycenter", alpha_ema=0.9))
+    term = objective.terms[0][1]
+    assert objective.alpha_ema is term.barycenter.ema and objective.state_dict() == {}
+    assert "alpha_raw_mean" in term(float64_batch()).metrics
+    objective.end_step({"alpha_raw_mean": 0.5})
+    assert objective.alpha_ema.value == 0.5  # the first step sets the mean
+    objective.end_step({"alpha_raw_mean": 0.3})
+    assert objective.alpha_ema.value == pytest.approx(0.9 * 0.5 + 0.1 * 0.3)
+    objective.end_step({})  # a step without action tokens leaves it
+    state = objective.state_dict()
+    fresh = objective_from_config(config(target="barycenter", alpha_ema=0.9))
+    fresh.load_state_dict(state)
+    assert fresh.alpha_ema.value == objective.alpha_ema.value == state["alpha_ema"]
+
+
+@pytest.mark.parametrize("loss", ["reverse_kl", "forward_kl", "jsd"])
+@pytest.mark.parametrize("target", ["teacher", "barycenter"])
+def test_jsd_clip_caps_each_token_and_drops_its_gradient(loss, target):
+    cfg = {"loss": loss, "beta": 0.3, "target": target} | ({"alpha_tau": 0.05} if target == "barycenter" else {})
+    plain = objective_from_config(config(**cfg)).terms[0][1]
+    mb = float64_batch(n=8)
+    per_token = []
+    for i in range(8):  # the unclipped per-token divergence, one token at a time
+        one = MicroBatch(mb.logits[i : i + 1], mb.action_ids[:1], mb.sampler_logprobs[:1],
+                         mb.sampling_temperature[:1], mb.advantages[:1], torch.ones(1, dtype=torch.float64),
+                         mb.teacher[i : i + 1])
+        per_token.append(plain(one).loss.item())
+    clip = sorted(per_token)[4]  # about half the tokens above the cap
+    over = torch.tensor(per_token) > clip
+    term = objective_from_config(config(jsd_clip=clip, **cfg)).terms[0][1]
+    value = term(mb)
+    capped = torch.tensor([min(d, clip) for d in per_token], dtype=torch.float64)
+    assert value.loss.item() == pytest.approx(float((mb.weights * capped).sum()), abs=1e-12)
+    assert value.metrics["kd_clip_fraction"] == pytest.approx(float((mb.weights * over).sum()), abs=1e-12)
+    assert 0 < int(over.sum()) < 8
+    value.loss.backward()
+    grad_norms = mb.logits.grad.abs().sum(-1)
+    assert (grad_norms[over] == 0).all() and (grad_norms[~over] > 0).all()
+
+
+def test_clip_and_barycenter_need_full_vocabulary_targets():
+    mb = micro_batch(teacher=torch.full((4,), -1.0))
+    with pytest.raises(TrainingError, match="full distribution"):
+        DistillTerm(clip=0.5)(mb)
+    with pytest.raises(TrainingError, match="full distribution"):
+        barycenter_term()(mb)

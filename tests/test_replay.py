@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from agentmem.records import Invocation, InvocationKind, TeacherContext
-from agentmem.replay import ReplayError, rebuild, rebuild_aligned, rebuild_persistent, rebuild_privileged
+from agentmem.replay import (
+    ReplayError,
+    rebuild,
+    rebuild_aligned,
+    rebuild_persistent,
+    rebuild_persistent_chat,
+    rebuild_privileged,
+)
 
 
 def inv(id_: str, step: int, prompt: list[int], output: list[int], episode: str = "e1") -> Invocation:
@@ -111,3 +118,32 @@ def test_rebuild_errors():
     bad = A.model_copy(update={"output_logprobs": np.zeros(3, np.float32)})
     with pytest.raises(ReplayError, match="2 output_ids but 3"):
         rebuild_aligned(bad)
+
+
+def test_persistent_chat_takes_the_rendered_conversation_and_keeps_the_actions():
+    """Replay stays tokenizer-free: the caller renders the chat from (history, call); replay checks the
+    history, appends the stored outputs as the actions and masks only them."""
+    seen = []
+
+    def conversation(history, call):
+        seen.append(([h.id for h in history], call.id))
+        return [1, *[t for h in history for t in h.output_ids], 7, call.prompt_ids[-1]]
+
+    out = list(rebuild([A, B], TeacherContext.persistent_chat, conversation=conversation))
+    assert seen == [([], "a"), (["a"], "b")]
+    eq(out[0].input_ids, [1, 7, 12, 20, 21])
+    eq(out[1].input_ids, [1, 20, 21, 7, 14, 22, 23, 24])
+    eq(out[1].position_ids, list(range(8)))
+    eq(out[1].action_mask, [False] * 4 + [True, True, True, False])
+    eq(out[1].action_ids, [22, 23, 24])
+    eq(out[1].sampler_logprobs, [-0.5, -1.0, -1.5])
+    assert rebuild_persistent_chat([A], B, conversation).input_ids.tolist() == out[1].input_ids.tolist()
+
+
+def test_persistent_chat_errors():
+    with pytest.raises(ReplayError, match="persistent_chat"):
+        list(rebuild([A], TeacherContext.persistent_chat))
+    with pytest.raises(ReplayError, match="ending with the stored prompt's last token 14"):
+        rebuild_persistent_chat([A], B, lambda history, call: [1, 2, 3])
+    with pytest.raises(ReplayError, match="not increasing"):
+        rebuild_persistent_chat([B], A, lambda history, call: [12])

@@ -11,6 +11,7 @@ from helpers import register_policy
 from test_agent import SYNTH
 from tiny_models import tiny_llama, tiny_tokenizer
 
+from agentmem.agent.prompts import SYSTEM
 from agentmem.config import (
     AgentConfig,
     DistillConfig,
@@ -27,7 +28,7 @@ from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.training.distill import Models
 from agentmem.training.scoring import LoadedModel
-from agentmem.training.selection import select, teacher_sequences
+from agentmem.training.selection import Selection, select, teacher_sequences
 from agentmem.training.teachers import OnlineTeacher, ShardTeacher, StoredScoresTeacher
 
 torch.set_num_threads(1)
@@ -133,3 +134,80 @@ def test_distill_from_stored_scores_of_the_student_itself_is_zero(rolled, teache
     first, second = result.history
     assert first.kd_loss == pytest.approx(0.0, abs=1e-5) and first.metrics["grad_norm"] < 1e-4
     assert np.isfinite(second.kd_loss)
+
+
+# -- persistent_chat: the faithful full-history baseline ---------------------------------------------
+
+
+def test_persistent_chat_renders_one_well_formed_conversation(rolled):
+    """Call t's teacher context is exactly the chat template's rendering of [system, user_0, assistant_0, ...,
+    user_t] + generation prompt (tokenised without added special tokens), followed by call t's stored
+    output ids, which are the actions, unchanged, at the end; the system prompt appears once."""
+    store, run_id, _ = rolled
+    tok = tiny_tokenizer()
+    selection = select(store, [run_id])
+    seqs = {s.invocation_id: s for s in teacher_sequences(selection, TeacherContext.persistent_chat, tok)}
+    by_episode: dict[str, list] = {}
+    for inv in selection.invocations:
+        by_episode.setdefault(inv.episode_id, []).append(inv)
+    system = tok.apply_chat_template([{"role": "system", "content": SYSTEM}], tokenize=False)
+    for calls in by_episode.values():
+        assert [c.step for c in calls] == list(range(len(calls))) and len(calls) >= 3
+        for t, inv in enumerate(calls):
+            messages = [{"role": "system", "content": SYSTEM}]
+            for h in calls[:t]:
+                messages += [{"role": "user", "content": user_content(h)},
+                             {"role": "assistant", "content": h.output_text}]
+            messages.append({"role": "user", "content": user_content(inv)})
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            expected = tok(text, add_special_tokens=False)["input_ids"] + inv.output_ids.tolist()
+            seq = seqs[inv.id]
+            assert seq.input_ids.tolist() == expected
+            assert seq.action_ids.tolist() == inv.output_ids.tolist()
+            o = inv.output_tokens
+            assert seq.input_ids[len(seq) - o:].tolist() == inv.output_ids.tolist()  # the actions close the row
+            assert np.flatnonzero(seq.action_mask).tolist() == list(range(len(seq) - o - 1, len(seq) - 1))
+            assert text.count(system.strip()) == 1 and text.count("<|im_start|>user") == t + 1
+            assert text.count("<|im_start|>assistant") == t + 1  # t replies + the generation prompt
+    first = selection.invocations[0]  # a first call reads exactly what the student read
+    assert seqs[first.id].input_ids.tolist() == first.prompt_ids.tolist() + first.output_ids.tolist()
+
+
+def user_content(inv) -> str:
+    """The user message of a stored prompt, cut out of its text by hand for ChatML."""
+    return inv.prompt_text.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>\n<|im_start|>assistant\n", 1)[0]
+
+
+def test_persistent_chat_truncation_is_counted(rolled, teacher_model):
+    """Teacher contexts over the row budget are cut from the left and counted as for `persistent` (the
+    same packing path); without --teacher-truncation left they are refused naming the call."""
+    store, run_id, _ = rolled
+    tok = tiny_tokenizer()
+    selection = select(store, [run_id])
+    seqs = teacher_sequences(selection, TeacherContext.persistent_chat, tok)
+    student = {s.invocation_id: len(s) for s in teacher_sequences(selection, TeacherContext.aligned)}
+    budget = max(student.values()) + 8
+    over = [s for s in seqs if len(s) > budget]
+    assert over
+    cut = OnlineTeacher.for_selection(teacher_model, tok, "t", selection, TeacherContext.persistent_chat,
+                                      row_tokens=budget, truncation=TeacherTruncation.left)
+    got = cut.targets(selection.ids)
+    assert got.truncated_calls == len(over) and got.truncated_tokens == sum(len(s) - budget for s in over)
+    assert all(got.values[i].shape[0] == inv.output_tokens for i, inv in zip(selection.ids, selection.invocations,
+                                                                            strict=True))
+    refuse = OnlineTeacher.for_selection(teacher_model, tok, "t", selection, TeacherContext.persistent_chat,
+                                         row_tokens=budget)
+    with pytest.raises(Exception, match=f"invocation {over[0].invocation_id}: {len(over[0])} tokens"):
+        refuse.targets(selection.ids)
+
+
+def test_persistent_chat_refuses_a_prompt_the_template_did_not_render(rolled):
+    store, run_id, _ = rolled
+    selection = select(store, [run_id])
+    first = selection.invocations[0]
+    broken = Selection([type(first).model_validate(first.model_dump() | {"prompt_text": "plain text, no chat turns"})],
+                       selection.episodes)
+    with pytest.raises(TrainingError, match=f"invocation {first.id}: its stored prompt_text is not one"):
+        teacher_sequences(broken, TeacherContext.persistent_chat, tiny_tokenizer())
+    with pytest.raises(TrainingError, match="needs the teacher's tokenizer"):
+        teacher_sequences(selection, TeacherContext.persistent_chat)

@@ -9,7 +9,7 @@ uninterrupted run would have drawn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,8 @@ from agentmem.jobs.runs import RunHandle, check_runs, load_run, tracked_run
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
-from agentmem.training.checkpoints import load_trainer_state
+from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
+from agentmem.training.checkpoints import load_objective_state, load_trainer_state
 from agentmem.training.distill import Models, Trainer
 from store import repository as repo
 from store.engine import Store
@@ -100,10 +101,12 @@ def run_distill(
     models: Models | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
+    report_to: Sequence[TrackerKind] = (),
 ) -> DistillResult:
     """Train for ``config.steps`` steps, or with ``resume`` (a distill run id; ``config`` may be None)
     continue a stored run from its last checkpoint, up to ``steps`` when given. ``models`` injects loaded
-    models (tests); ``models.student`` must then already hold the resumed weights."""
+    models (tests); ``models.student`` must then already hold the resumed weights. ``report_to``: trackers
+    that also log each step (``agentmem.tracking``), under ``<config.out>/<run id>``."""
     resumed, resume_from = None, None
     if resume is not None:
         resumed, stored, resume_from = load_distill_run(store, resume)
@@ -112,6 +115,7 @@ def run_distill(
         raise ConfigError("run_distill needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     check_rl_runs(store, config)
+    check_installed(report_to)
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     with tracked_run(store, RunKind.distill, config, resume=resumed) as run:
         loaded = models or load_models(store, config, runtime, resume_from, refs)
@@ -119,19 +123,24 @@ def run_distill(
         done, parent, last = 0, loaded.student_checkpoint, None
         if resume_from is not None:
             done = load_trainer_state(Path(resume_from.path), trainer.optimizer)
+            trainer.objective.load_state_dict(load_objective_state(Path(resume_from.path)))
             parent = last = resume_from
         if on_start:
             on_start(config.steps, done)
-        history, saved = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step)
+        with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:
+            history, saved = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step,
+                                         report)
     return DistillResult(run.id, config.steps, saved or last, history)
 
 
 def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save_every: int | None, done: int,
                 parent: Checkpoint, on_step: Callable[[TrainStep], None] | None = None,
+                report: Callable[[TrainStep], None] | None = None,
                 ) -> tuple[list[TrainStep], Checkpoint | None]:
     """Steps ``done + 1 .. steps`` of a trainer (distill's or sft's), each stored in ``train_steps`` as it
-    finishes; a checkpoint (child of the previous one, first of ``parent``) every ``save_every`` steps and at
-    the end. Returns the steps run and the last checkpoint saved (None when none was)."""
+    finishes, then handed to ``report`` (experiment trackers) and ``on_step`` (progress); a checkpoint (child
+    of the previous one, first of ``parent``) every ``save_every`` steps and at the end. Returns the steps run
+    and the last checkpoint saved (None when none was)."""
     history, last = [], None
     for step in range(done, steps):
         record = trainer.step(step)
@@ -140,6 +149,8 @@ def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save
             s.commit()
         run.beat()
         history.append(record)
+        if report:
+            report(record)
         if on_step:
             on_step(record)
         steps_done = step + 1

@@ -19,7 +19,7 @@ Without LoRA, resume reloads the checkpoint's weights and optimizer, as distill 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentmem import models as model_refs
@@ -30,6 +30,7 @@ from agentmem.jobs.runs import check_runs, load_run, tracked_run
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
+from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
 from agentmem.training import lora
 from agentmem.training.checkpoints import load_adapters, load_trainer_state
 from agentmem.training.distill import Models, Trainer
@@ -72,9 +73,11 @@ def run_sft(
     steps: int | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
+    report_to: Sequence[TrackerKind] = (),
 ) -> DistillResult:
     """Train for ``config.steps`` steps, or with ``resume`` (an sft run id; ``config`` may be None)
-    continue a stored run from its last checkpoint, up to ``steps`` when given."""
+    continue a stored run from its last checkpoint, up to ``steps`` when given. ``report_to``: trackers that
+    also log each step (``agentmem.tracking``), under ``<config.out>/<run id>``."""
     resumed, resume_from = None, None
     if resume is not None:
         resumed, stored, resume_from = load_sft_run(store, resume)
@@ -85,6 +88,7 @@ def run_sft(
     # before any weights load: an empty filter or a bad student reference fails here
     selection = select(store, config.run_ids, kinds=config.kinds, min_f1=config.min_f1)
     ref = model_refs.resolve(store, config.student)
+    check_installed(report_to)
     with tracked_run(store, RunKind.sft, config, resume=resumed) as run:
         models = load_student(store, config, runtime, ref, resume_from)
         trainer = Trainer(store, config.distill_config(), models, run.id, runtime, selection=selection)
@@ -93,5 +97,7 @@ def run_sft(
             done, parent = load_trainer_state(Path(resume_from.path), trainer.optimizer), resume_from
         if on_start:
             on_start(config.steps, done)
-        history, last = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step)
+        with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:
+            history, last = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step,
+                                        report)
     return DistillResult(run.id, config.steps, last or resume_from, history)

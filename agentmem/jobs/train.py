@@ -25,7 +25,7 @@ unfinished round from the last finished round's checkpoint:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.runs import RunHandle, load_run, tracked_run
 from agentmem.records import Checkpoint, Episode, Run, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
+from agentmem.tracking import TrackerKind, check_installed
 from store import repository as repo
 from store.engine import Store
 
@@ -112,10 +113,12 @@ def run_train(
     on_phase: Callable[[str], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
     on_round: Callable[[RoundStats], None] | None = None,
+    report_to: Sequence[TrackerKind] = (),
 ) -> tuple[str, list[RoundResult]]:
     """Run ``config.rounds`` rounds, or with ``resume`` (a train run id; ``config`` may be None) continue
     a stored run at its first unfinished round (see the module docstring). Return the train run id and
-    one result per round, the earlier finished ones included."""
+    one result per round, the earlier finished ones included. ``report_to``: trackers that log each round's
+    distill steps (each distill run its own tracker run, under its round's folder)."""
     say = on_phase or (lambda _msg: None)
     state = None
     if resume is not None:
@@ -123,6 +126,7 @@ def run_train(
         config = state.config
     if config is None:
         raise RunError("run_train needs a config or a train run to resume")
+    check_installed(report_to)
     start = models.resolve(store, config.distill.student)
     if config.distill.teacher:
         models.resolve(store, config.distill.teacher)  # a bad teacher fails before the first rollout
@@ -131,7 +135,7 @@ def run_train(
         policy = rounds[-1].checkpoint if rounds else models.register(store, start)
         pending = state.pending_distill if state else None
         for r in range(len(rounds), config.rounds):
-            result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending)
+            result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending, report_to)
             rounds.append(result)
             policy, pending = result.checkpoint, None
             run.beat(force=True)
@@ -150,7 +154,8 @@ def _resumable(state: TrainState) -> TrainState:
 
 def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: RunHandle, runtime: Runtime,
            say: Callable[[str], None], on_step: Callable[[TrainStep], None] | None,
-           on_round: Callable[[RoundStats], None] | None, pending_distill: str | None) -> RoundResult:
+           on_round: Callable[[RoundStats], None] | None, pending_distill: str | None,
+           report_to: Sequence[TrackerKind] = ()) -> RoundResult:
     """One round: rollout with ``policy``, then distill on it; with ``pending_distill``, only resume that
     distill run (its rollout is done)."""
     label = f"round {r + 1}/{config.rounds}"
@@ -165,13 +170,13 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
         say(f"{label}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.steps} steps")
         distill_cfg = distill_cfg.model_copy(update={"run_ids": [rollout_id],
                                                      "out": round_out(config.distill.out, run.id, r)})
-        distilled: DistillResult = run_distill(store, distill_cfg, runtime, on_step=on_step)
+        distilled: DistillResult = run_distill(store, distill_cfg, runtime, on_step=on_step, report_to=report_to)
     else:
         with store.session() as s:
             rollout_id = DistillConfig.model_validate(repo.get_run(s, pending_distill).config).run_ids[0]
             mean_f1 = _mean_f1(repo.list_episodes(s, rollout_id))
         say(f"{label}: rollout {rollout_id} done (F1 {mean_f1:.3f}); resuming distill run {pending_distill}")
-        distilled = run_distill(store, None, runtime, resume=pending_distill, on_step=on_step)
+        distilled = run_distill(store, None, runtime, resume=pending_distill, on_step=on_step, report_to=report_to)
     assert distilled.last_checkpoint is not None
     return RoundResult(r, policy, rollout_id, distilled.run_id, mean_f1, distilled.last_checkpoint)
 

@@ -7,6 +7,7 @@ from agentmem.replay.rebuild import (
     rebuild,
     rebuild_aligned,
     rebuild_persistent,
+    rebuild_persistent_chat,
     rebuild_privileged,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "rebuild",
     "rebuild_aligned",
     "rebuild_persistent",
+    "rebuild_persistent_chat",
     "rebuild_privileged",
     "shareable_prefix",
     "truncate_left",

@@ -6,7 +6,8 @@ Invariants (see DESIGN.md, "state alignment"):
   position ``i`` is an action. So for a prompt of P tokens and O outputs the mask covers positions
   ``P-1 .. P+O-2``; the last output token is input (it is part of the state) but predicts nothing we score.
 - positions are ``0..len-1`` per rebuilt sequence; a sequence never sees tokens of another invocation unless
-  the context says so (``persistent`` flattens the episode's earlier calls on purpose: it is the baseline).
+  the context says so (``persistent`` flattens the episode's earlier calls on purpose: it is the baseline;
+  ``persistent_chat`` is the same history as one well-formed chat, rendered by the caller).
 """
 
 from __future__ import annotations
@@ -85,17 +86,41 @@ def rebuild_aligned(inv: Invocation) -> Sequence:
     return _sequence(inv, inv.prompt_ids)
 
 
-def rebuild_persistent(history: Seq[Invocation], inv: Invocation) -> Sequence:
-    """The baseline: the episode's earlier calls (prompt + output of each, in step order) flattened before
-    this call's prompt, positions continuing. Only this call's outputs are actions."""
+def _check_history(history: Seq[Invocation], inv: Invocation) -> None:
     _checked(inv)
     steps = [h.step for h in history]
     if any(h.episode_id != inv.episode_id for h in history):
         raise ReplayError(f"invocation {inv.id}: history holds calls of another episode")
     if steps != sorted(set(steps)) or (steps and steps[-1] >= inv.step):
         raise ReplayError(f"invocation {inv.id} (step {inv.step}): history steps {steps} are not increasing before it")
+
+
+def rebuild_persistent(history: Seq[Invocation], inv: Invocation) -> Sequence:
+    """The baseline: the episode's earlier calls (prompt + output of each, in step order) flattened before
+    this call's prompt, positions continuing. Only this call's outputs are actions."""
+    _check_history(history, inv)
     parts = [p for h in history for p in (h.prompt_ids, h.output_ids)]
     return _sequence(inv, np.concatenate([*parts, inv.prompt_ids]))
+
+
+Conversation = Callable[[Seq[Invocation], Invocation], Seq[int]]
+
+
+def rebuild_persistent_chat(history: Seq[Invocation], inv: Invocation, conversation: Conversation) -> Sequence:
+    """The faithful full-history baseline: one well-formed multi-turn chat (system once, each earlier call's
+    user turn answered by its output, then this call's user turn and the generation prompt), followed by
+    this call's stored outputs, positions ``0..len-1``. Only this call's outputs are actions, unchanged.
+
+    ``conversation(history, inv)`` gives the chat's ids up to the generation prompt: the training layer,
+    which owns the tokenizer and its chat template, renders it (``training.chat_history``). It must end
+    with the stored prompt's last token (the generation prompt), so the first action is predicted from the
+    same token it was sampled after."""
+    _check_history(history, inv)
+    context = np.asarray(conversation(history, inv), dtype=np.int32)
+    if context.ndim != 1 or context.shape[0] == 0 or context[-1] != inv.prompt_ids[-1]:
+        raise ReplayError(f"invocation {inv.id}: the rendered conversation must be a flat list of ids ending with "
+                          f"the stored prompt's last token {int(inv.prompt_ids[-1])} (the generation prompt)")
+    return _sequence(inv, context)
 
 
 def rebuild_privileged(inv: Invocation, privileged_ids: Seq[int], *, at: int = 0) -> Sequence:
@@ -123,15 +148,21 @@ def rebuild(
     *,
     privileged: Callable[[Invocation], Seq[int]] | None = None,
     privileged_at: int = 0,
+    conversation: Conversation | None = None,
 ) -> Iterator[Sequence]:
     """Rebuild invocations, given in (episode, step) order, under one teacher context.
 
-    ``persistent`` takes each call's history from the calls seen before it in the same episode, so the
-    iterable must hold every earlier call of an episode (a whole-episode selection). ``privileged`` needs
-    ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see ``rebuild_privileged``)."""
+    ``persistent`` and ``persistent_chat`` take each call's history from the calls seen before it in the
+    same episode, so the iterable must hold every earlier call of an episode (a whole-episode selection).
+    ``privileged`` needs ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see
+    ``rebuild_privileged``); ``persistent_chat`` needs ``conversation(history, inv)`` (see
+    ``rebuild_persistent_chat``)."""
     context = TeacherContext(context)
     if context is TeacherContext.privileged and privileged is None:
         raise ReplayError("teacher context 'privileged' needs a privileged(inv) -> token ids function")
+    if context is TeacherContext.persistent_chat and conversation is None:
+        raise ReplayError("teacher context 'persistent_chat' needs a conversation(history, inv) -> token ids "
+                          "function")
     history: dict[str, list[Invocation]] = {}
     last_step: dict[str, int] = {}
     for inv in invocations:
@@ -146,6 +177,10 @@ def rebuild(
         elif context is TeacherContext.persistent:
             earlier = history.setdefault(inv.episode_id, [])
             yield rebuild_persistent(earlier, inv)
+            earlier.append(inv)
+        elif context is TeacherContext.persistent_chat:
+            earlier = history.setdefault(inv.episode_id, [])
+            yield rebuild_persistent_chat(earlier, inv, conversation)
             earlier.append(inv)
         else:
             yield rebuild_privileged(inv, privileged(inv), at=privileged_at)

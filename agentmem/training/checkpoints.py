@@ -1,5 +1,5 @@
 """Checkpoint folders: a loadable model folder (safetensors + config + tokenizer) plus the trainer state
-(optimizer, step) that ``--resume`` needs to give the same next step as an uninterrupted run.
+(optimizer, step, the objective's state across steps) that ``--resume`` needs to give the same next step as an uninterrupted run.
 
 A model with LoRA adapters (``training.lora``) is saved merged, so the folder is a plain model folder any
 transformers loader reads; its adapters go into the trainer state (key ``adapter``), for an exact resume."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -20,13 +21,16 @@ TRAINER_STATE = "trainer_state.pt"
 
 
 def save_checkpoint(folder: Path, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                    optimizer: torch.optim.Optimizer, step: int) -> Path:
-    """Write atomically: a killed save leaves no half folder."""
+                    optimizer: torch.optim.Optimizer, step: int, objective: Mapping[str, float] | None = None) -> Path:
+    """Write atomically: a killed save leaves no half folder. ``objective``: the state the objective keeps
+    across steps (``Objective.state_dict``: the barycenter target's alpha EMA), restored on resume."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     state = {"optimizer": optimizer.state_dict(), "step": step}
+    if objective:
+        state["objective"] = dict(objective)
     if lora.is_lora(model):
         state["adapter"] = lora.adapter_state(model)
         model = lora.merged(model)
@@ -51,6 +55,11 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> int:
     state = _state(folder)
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])
+
+
+def load_objective_state(folder: Path) -> dict[str, float]:
+    """The objective's state a checkpoint kept (empty when it kept none)."""
+    return dict(_state(folder).get("objective", {}))
 
 
 def load_adapters(folder: Path, model: torch.nn.Module) -> None:

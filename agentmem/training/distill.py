@@ -153,6 +153,7 @@ class Trainer:
                   "teacher_truncated_calls": float(targets.truncated_calls if targets else 0),
                   "teacher_truncated_tokens": float(targets.truncated_tokens if targets else 0)}
         result, counts = self._reduce(result, counts)
+        self.objective.end_step(result.metrics)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return TrainStep(
@@ -186,7 +187,8 @@ class Trainer:
 
     def save(self, steps_done: int, parent: Checkpoint) -> Checkpoint:
         folder = Path(self.config.out).expanduser().resolve() / self.run_id / f"step-{steps_done:06d}"
-        save_checkpoint(folder, self.models.student, self.models.tokenizer, self.optimizer, steps_done)
+        save_checkpoint(folder, self.models.student, self.models.tokenizer, self.optimizer, steps_done,
+                        self.objective.state_dict())
         ckpt = Checkpoint(run_id=self.run_id, parent_id=parent.id, step=steps_done, path=str(folder),
                           base_model=parent.base_model)
         with self.store.session() as s:

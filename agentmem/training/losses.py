@@ -1,5 +1,6 @@
 """Training losses at action positions: distillation divergences, the clipped policy-gradient surrogate,
-and the token weighting that turns per-position losses into one scalar.
+and the token weighting that turns per-position losses into one scalar; also the pieces of the barycenter
+target (``topk_union_jsd``, ``barycenter_logprobs``) and per-token divergence clipping (``clipped``).
 
 Conventions (every function here):
 - inputs are already gathered at the N action positions (positions whose next token was sampled);
@@ -14,6 +15,7 @@ Conventions (every function here):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,6 +98,24 @@ def generalized_jsd(
     return b * _kl(log_pt, log_m) + (1 - b) * _kl(log_ps, log_m)
 
 
+def divergence(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    kind: DivergenceKind,
+    beta: float,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-position divergence ``[N, V], [N, V] -> [N]``: :func:`reverse_kl`, :func:`forward_kl` or
+    :func:`generalized_jsd` (``beta`` is used only by ``"jsd"``)."""
+    if kind == "reverse_kl":
+        return reverse_kl(student_logits, teacher_logits, temperature)
+    if kind == "forward_kl":
+        return forward_kl(student_logits, teacher_logits, temperature)
+    if kind == "jsd":
+        return generalized_jsd(student_logits, teacher_logits, beta, temperature)
+    raise ValueError(f"unknown divergence kind {kind!r}")
+
+
 def distill_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -106,19 +126,72 @@ def distill_loss(
 ) -> torch.Tensor:
     """Weighted distillation loss over action positions -> scalar.
 
-    ``loss = sum_i weights[i] * D_i`` where ``D`` is :func:`reverse_kl`, :func:`forward_kl` or
-    :func:`generalized_jsd` (``beta`` is used only by ``"jsd"``), ``weights`` is ``[N]`` (see
+    ``loss = sum_i weights[i] * D_i`` with ``D`` the :func:`divergence` of ``kind``, ``weights`` ``[N]`` (see
     :func:`token_weights`; not renormalised, so a micro-batch slice of batch weights gives its share).
     """
-    if kind == "reverse_kl":
-        per_position = reverse_kl(student_logits, teacher_logits, temperature)
-    elif kind == "forward_kl":
-        per_position = forward_kl(student_logits, teacher_logits, temperature)
-    elif kind == "jsd":
-        per_position = generalized_jsd(student_logits, teacher_logits, beta, temperature)
-    else:
-        raise ValueError(f"unknown divergence kind {kind!r}")
-    return _weighted_sum(per_position, weights)
+    return _weighted_sum(divergence(student_logits, teacher_logits, kind, beta, temperature), weights)
+
+
+def clipped(per_position: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPSD-style per-token clipping -> (``min(D_i, clip)`` ``[N]``, clipped mask ``[N]`` bool).
+
+    A position whose divergence exceeds ``clip`` contributes the constant ``clip``: its value is capped and
+    its gradient is zero (the token is too far from the target to be trusted); the others are unchanged,
+    gradient included."""
+    if clip <= 0:
+        raise ValueError(f"clip must be > 0, got {clip}")
+    over = per_position.detach() > clip
+    return torch.where(over, torch.full_like(per_position, clip).detach(), per_position), over
+
+
+def topk_union_jsd(log_p: torch.Tensor, log_q: torch.Tensor, k: int) -> torch.Tensor:
+    """Jensen-Shannon divergence of two distributions on the union of their top-``k`` tokens -> ``[N]``.
+
+    ``[N, V], [N, V]`` log-probs (normalised over the vocabulary). Per row, ``U`` is the union of the ``k``
+    most likely tokens of ``p`` and of ``q`` (at most ``2k`` tokens); both are restricted to ``U`` and
+    renormalised there (``p~ = p / p(U)``), then ``JSD = 1/2 KL(p~ || m) + 1/2 KL(q~ || m)`` with
+    ``m = (p~ + q~) / 2``, natural log, so ``0 <= JSD <= ln 2``. With ``k >= V`` it is the full-vocabulary
+    JSD (``generalized_jsd`` at beta 1/2). Memory is ``O(N k)`` beyond the inputs.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    log_p, log_q = _upcast(log_p), _upcast(log_q)
+    k = min(k, log_p.shape[-1])
+    index = torch.cat([log_p.topk(k, dim=-1).indices, log_q.topk(k, dim=-1).indices], dim=-1).sort(dim=-1).values
+    repeat = torch.zeros_like(index, dtype=torch.bool)
+    repeat[:, 1:] = index[:, 1:] == index[:, :-1]  # a token in both top-k sets counts once
+
+    def on_union(log_x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(log_x.gather(-1, index).masked_fill(repeat, float("-inf")), dim=-1)
+
+    p, q = on_union(log_p), on_union(log_q)
+    m = (p + q) / 2
+    kl_pm = (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1)
+    kl_qm = (torch.xlogy(q, q) - torch.xlogy(q, m)).sum(-1)
+    return (0.5 * (kl_pm + kl_qm)).clamp_min(0.0)
+
+
+def barycenter_logprobs(
+    student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, alpha: torch.Tensor, prob_floor: float = 0.0
+) -> torch.Tensor:
+    """Log-probs of the reverse-KL barycenter ``q ∝ p_t^alpha * p_s^(1 - alpha)`` per row -> ``[N, V]``.
+
+    Inputs are log-probs ``[N, V]`` and ``alpha`` ``[N]`` in [0, 1]; in log space
+    ``log q = alpha log p_t + (1 - alpha) log p_s - logsumexp(alpha log p_t + (1 - alpha) log p_s)``.
+    ``q`` minimises ``alpha KL(q || p_t) + (1 - alpha) KL(q || p_s)``: alpha 1 gives the teacher, 0 the
+    student. ``prob_floor > 0`` raises every probability to at least the floor and renormalises
+    (``q' = max(q, floor) / sum max(q, floor)``), bounding how hard a reverse KL towards ``q`` pushes the
+    student off a token the target almost rules out. Gradient flows back into the inputs unless they are
+    detached (the distillation term computes the target without gradient).
+    """
+    if prob_floor < 0 or prob_floor >= 1:
+        raise ValueError(f"prob_floor must be in [0, 1), got {prob_floor}")
+    log_ps, log_pt = _upcast(student_logprobs), _upcast(teacher_logprobs)
+    a = _upcast(alpha).to(log_ps.dtype)[:, None]
+    log_q = F.log_softmax(a * log_pt + (1 - a) * log_ps, dim=-1)
+    if prob_floor > 0:
+        log_q = F.log_softmax(log_q.clamp_min(math.log(prob_floor)), dim=-1)
+    return log_q
 
 
 def sampled_reverse_kl_loss(

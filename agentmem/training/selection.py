@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from agentmem.errors import TrainingError
 from agentmem.records import Episode, Invocation, InvocationKind, TeacherContext
 from agentmem.replay import Sequence, rebuild
+from agentmem.training.chat_history import ChatHistory
 from store import repository as repo
 from store.engine import Store
 
@@ -90,10 +91,15 @@ def privileged_ids(tokenizer: PreTrainedTokenizerBase, episode: Episode) -> list
 def teacher_sequences(
     selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None
 ) -> list[Sequence]:
-    """Rebuild the selection under ``context`` (``privileged`` needs the teacher's tokenizer)."""
+    """Rebuild the selection under ``context`` (``privileged`` and ``persistent_chat`` need the teacher's
+    tokenizer: it renders the privileged message, or the conversation through its chat template)."""
     context = TeacherContext(context)
-    if context is TeacherContext.persistent:
+    if context in (TeacherContext.persistent, TeacherContext.persistent_chat):
         _check_whole_episodes(selection)
+    if context is TeacherContext.persistent_chat:
+        if tokenizer is None:
+            raise TrainingError("the persistent_chat context needs the teacher's tokenizer")
+        return _grouped(selection, rebuild(selection.invocations, context, conversation=ChatHistory(tokenizer)))
     privileged = None
     if context is TeacherContext.privileged:
         if tokenizer is None:
@@ -122,6 +128,6 @@ def _check_whole_episodes(selection: Selection) -> None:
     for inv in selection.invocations:
         expected = seen.get(inv.episode_id, -1) + 1
         if inv.step != expected:
-            raise TrainingError(f"the persistent context needs whole episodes: episode {inv.episode_id} has step "
+            raise TrainingError(f"the persistent contexts need whole episodes: episode {inv.episode_id} has step "
                              f"{inv.step} without step {expected} in the selection (select all kinds)")
         seen[inv.episode_id] = inv.step

@@ -4,7 +4,8 @@ A ``TeacherSource`` gives, for the invocations of a step, one target per invocat
 invocation's action tokens, plus how many teacher contexts it cut to fit:
 
 - ``OnlineTeacher``: a model run without gradient on the selection rebuilt under a named teacher context
-  (``aligned``, ``persistent``, ``privileged``), packed into rows; full-vocabulary logits ``[O, V]``;
+  (``aligned``, ``persistent``, ``persistent_chat``, ``privileged``), packed into rows; full-vocabulary
+  logits ``[O, V]``;
 - ``ShardTeacher``: the top-K log-probs that ``agentmem score --topk`` wrote to safetensors shards, the
   remaining mass spread evenly (``topk.dense_logprobs``); full-vocabulary ``[O, V]``;
 - ``StoredScoresTeacher``: the per-token teacher log-probs stored in ``teacher_scores``, i.e. only

@@ -13,7 +13,9 @@ which compares with the sampler's stored log-probs and so uses each call's own s
 Terms:
 - ``DistillTerm``: divergence to the teacher at the action positions: full-vocabulary reverse KL,
   forward KL or generalised JSD when the teacher source gives logits ``[A, V]``; the sampled-token
-  reverse-KL estimator (``losses.sampled_reverse_kl_loss``) when it gives only ``log p_t(a)`` ``[A]``;
+  reverse-KL estimator (``losses.sampled_reverse_kl_loss``) when it gives only ``log p_t(a)`` ``[A]``.
+  With full-vocabulary targets it may pull towards the barycenter of teacher and student instead
+  (``barycenter``, DemoPSD) and cap each token's divergence (``jsd_clip``, OPSD);
 - ``PolicyGradientTerm``: PPO/GRPO clipped surrogate on the episode's group advantage (it needs the
   sampler's log-probs: a call stored without them, an oracle call, is refused);
 - ``CrossEntropyTerm``: ``-log p_s(a)`` of the sampled action (supervised fine-tuning on the calls);
@@ -23,6 +25,7 @@ Terms:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,8 +33,10 @@ import torch
 
 from agentmem.config import DistillConfig, Divergence, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
+from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.losses import (
-    distill_loss,
+    clipped,
+    divergence,
     policy_gradient_loss,
     reverse_kl,
     sampled_logprobs,
@@ -78,9 +83,18 @@ class LossTerm(Protocol):
 
 @dataclass(frozen=True)
 class DistillTerm:
+    """``sum_i w_i D_i`` towards the teacher, or towards the ``barycenter`` target built from it; with
+    ``clip``, ``min(D_i, clip)`` (a clipped token keeps its capped value and gets no gradient).
+
+    Metrics (weight shares, so they add up to step means): ``kd_clip_fraction`` with ``clip``;
+    ``alpha_mean`` and ``alpha_below_half`` (share of tokens with alpha < 0.5) with a barycenter, and
+    ``alpha_raw_mean`` (before EMA and clamps) when it keeps an EMA."""
+
     divergence: Divergence = Divergence.reverse_kl
     beta: float = 0.5
     temperature: float = 1.0
+    clip: float | None = None
+    barycenter: BarycenterTarget | None = None
     name: str = "kd"
     needs_teacher: bool = True
     needs_reference: bool = False
@@ -93,11 +107,25 @@ class DistillTerm:
             if self.divergence != Divergence.reverse_kl:
                 raise TrainingError(f"loss={self.divergence}: needs the teacher's full distribution; sampled-token "
                                     "teacher log-probs support only reverse_kl")
+            if self.clip is not None or self.barycenter is not None:
+                raise TrainingError("jsd_clip and target=barycenter need the teacher's full distribution; "
+                                    "sampled-token teacher log-probs (teacher_source=scores) have none")
             loss = sampled_reverse_kl_loss(batch.logits, batch.action_ids, teacher, batch.weights, self.temperature)
-        else:
-            loss = distill_loss(batch.logits, teacher, self.divergence.value, self.beta, batch.weights,
-                                self.temperature)
-        return TermValue(loss, {})
+            return TermValue(loss, {})
+        w = batch.weights
+        metrics: dict[str, float] = {}
+        if self.barycenter is not None:
+            target = self.barycenter(batch.logits, teacher, self.temperature)
+            teacher = target.logprobs * self.temperature  # T=1-equivalent logits of q: softmax(. / T) is q
+            metrics["alpha_mean"] = float((w * target.alpha.to(w.dtype)).sum())
+            metrics["alpha_below_half"] = float((w * (target.alpha < 0.5).to(w.dtype)).sum())
+            if self.barycenter.ema is not None:
+                metrics["alpha_raw_mean"] = float((w * target.raw_alpha.to(w.dtype)).sum())
+        per_token = divergence(batch.logits, teacher, self.divergence.value, self.beta, self.temperature)
+        if self.clip is not None:
+            per_token, over = clipped(per_token, self.clip)
+            metrics["kd_clip_fraction"] = float((w * over.to(w.dtype)).sum())
+        return TermValue((per_token * w.to(per_token.dtype)).sum(), metrics)
 
 
 @dataclass(frozen=True)
@@ -152,6 +180,7 @@ class Objective:
 
     terms: tuple[tuple[float, LossTerm], ...]
     weighting: Weighting = Weighting.token
+    alpha_ema: AlphaEma | None = None  # the barycenter target's state across steps (shared with its term)
 
     @property
     def needs_teacher(self) -> bool:
@@ -161,6 +190,22 @@ class Objective:
     def needs_reference(self) -> bool:
         return any(t.needs_reference for _, t in self.terms)
 
+    def end_step(self, metrics: Mapping[str, float]) -> None:
+        """After an optimizer step, with its metrics summed over micro-batches and processes: update the
+        state kept across steps (the alpha EMA; a step without action tokens leaves it as it was)."""
+        if self.alpha_ema is not None and "alpha_raw_mean" in metrics:
+            self.alpha_ema.update(metrics["alpha_raw_mean"])
+
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps of the objective (empty when it keeps nothing across steps)."""
+        if self.alpha_ema is None or self.alpha_ema.value is None:
+            return {}
+        return {"alpha_ema": self.alpha_ema.value}
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        if self.alpha_ema is not None and "alpha_ema" in state:
+            self.alpha_ema.value = float(state["alpha_ema"])
+
 
 def objective_from_config(config: DistillConfig) -> Objective:
     """The terms a ``DistillConfig`` asks for, in a fixed order: distillation, policy gradient,
@@ -169,10 +214,13 @@ def objective_from_config(config: DistillConfig) -> Objective:
             and config.loss != Divergence.reverse_kl):
         raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
                             "log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
+    barycenter = BarycenterTarget.from_config(config)
     candidates: list[tuple[float, LossTerm]] = [
-        (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature)),
+        (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
+                                                 config.jsd_clip, barycenter)),
         (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),
     ]
-    return Objective(tuple((w, t) for w, t in candidates if w), Weighting(config.weighting))
+    return Objective(tuple((w, t) for w, t in candidates if w), Weighting(config.weighting),
+                     barycenter.ema if barycenter is not None else None)

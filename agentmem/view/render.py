@@ -1,0 +1,77 @@
+"""Template rendering shared by the app and the static report: one Jinja2 environment (autoescaped), the
+number formats, and ``Links``, which says where a page links to (URLs in the app, anchors in the report).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+import jinja2
+
+HERE = Path(__file__).parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+
+
+def num(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def short(ident: str | None) -> str:
+    return (ident or "")[:10]
+
+
+def model_label(path: str | None) -> str:
+    """The last part of a model path (a folder's name), or the reference itself."""
+    if not path:
+        return ""
+    return Path(path).name or path
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(num=num, short=short, model_label=model_label)
+    return env
+
+
+def render(template: str, **context) -> str:
+    return environment().get_template(template).render(**context)
+
+
+@functools.cache
+def stylesheet() -> str:
+    return (STATIC / "style.css").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Links:
+    """Links of the web app. ``report`` links the sections of one file instead and inlines the CSS."""
+
+    report: bool = False
+
+    def runs(self) -> str:
+        return "#top" if self.report else "/"
+
+    def run(self, run_id: str, **query) -> str:
+        if self.report:
+            return "#episodes"
+        return f"/runs/{quote(run_id)}" + (f"?{urlencode(query)}" if query else "")
+
+    def training(self, run_id: str) -> str:
+        return "#training" if self.report else f"/runs/{quote(run_id)}/training"
+
+    def episode(self, episode_id: str, **query) -> str:
+        if self.report:
+            return f"#episode-{episode_id}"
+        return f"/episodes/{quote(episode_id)}" + (f"?{urlencode(query)}" if query else "")
+
+    def compare(self, episode_id: str) -> str | None:
+        return None if self.report else f"/episodes/{quote(episode_id)}/compare"
+
+    def evals(self) -> str | None:
+        return None if self.report else "/evals"

@@ -1,0 +1,98 @@
+"""The training page (``/runs/{id}/training``) and the eval plots page (``/evals``).
+
+Training: loss parts, KL, clip fraction and tokens/s against the step, from ``train_steps``; eval F1 (with
+its 95% interval) against the step, from the ``eval_results`` of the run's checkpoints (an eval run: its
+own results). A train run shows its rounds' distill runs one after another (steps numbered on).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from agentmem.plots import series as eval_series
+from agentmem.records import EvalResult, Run, RunKind, TrainStep
+from agentmem.view import svg
+from agentmem.view.render import Links, render
+from store import repository as repo
+
+router = APIRouter()
+
+
+def round_runs(train: Run, distills: list[Run]) -> list[Run]:
+    """The distill runs of a train run's rounds (their ``out`` is ``<distill.out>/<train id>/round-N``), in
+    round order."""
+    base = Path(str((train.config.get("distill") or {}).get("out", "checkpoints"))) / train.id
+    rounds = [d for d in distills if d.config.get("out") and Path(d.config["out"]).parent == base]
+    return sorted(rounds, key=lambda d: (Path(d.config["out"]).name, d.created_at))
+
+
+def numbered_steps(per_run: list[list[TrainStep]]) -> list[tuple[int, TrainStep]]:
+    """(step, record) over runs trained one after another: each run's steps continue from the last."""
+    out, offset = [], 0
+    for steps in per_run:
+        out += [(offset + s.step, s) for s in steps]
+        offset += max((s.step for s in steps), default=0)
+    return out
+
+
+def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
+    def line(label: str, value) -> svg.Series:
+        return svg.Series(label, [(float(x), float(v)) for x, s in steps if (v := value(s)) is not None])
+
+    extra_losses = sorted({k for _, s in steps for k in s.metrics if k.endswith("_loss")})
+    losses = [line("loss", lambda s: s.loss), line("kd_loss", lambda s: s.kd_loss),
+              line("rl_loss", lambda s: s.rl_loss)]
+    losses += [line(k, lambda s, k=k: s.metrics.get(k)) for k in extra_losses]
+    kl = [line("divergence (kd term)", lambda s: s.kd_loss),
+          line("approx KL (policy vs sampler)", lambda s: s.metrics.get("approx_kl"))]
+    return [
+        svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss"),
+        svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats"),
+        svg.line_chart([line("clip fraction", lambda s: s.metrics.get("clip_fraction"))], title="clip fraction",
+                       x_label="step", y_label="fraction"),
+        svg.line_chart([line("tokens/s", lambda s: s.tokens / s.seconds if s.seconds > 0 else None)],
+                       title="throughput", x_label="step", y_label="tokens/s"),
+    ]
+
+
+def eval_chart(results: list[EvalResult], title: str = "eval F1 (95% interval)") -> str:
+    lines = [svg.Series(label, [(x, r.f1) for x, r in points], [r.f1_ci for _, r in points])
+             for label, points in eval_series(results, "step").items()]
+    return svg.line_chart(lines, title=title, x_label="step", y_label="F1", y_range=(0.0, 1.0))
+
+
+def training_context(session: Session, run_id: str) -> dict:
+    run = repo.get_run(session, run_id)
+    runs = round_runs(run, repo.list_runs_of_kind(session, RunKind.distill)) if run.kind is RunKind.train else [run]
+    steps = numbered_steps([repo.list_train_steps(session, r.id) for r in runs])
+    ckpts = [c.id for r in runs for c in repo.list_checkpoints(session, r.id)]
+    evals = repo.list_eval_results(session, checkpoint_ids=ckpts) if ckpts else []
+    if run.kind is RunKind.eval:
+        evals += repo.list_eval_results(session, run_ids=[run.id])
+    return {"run": run, "runs": runs, "steps": steps, "charts": step_charts(steps) if steps else [],
+            "evals": evals, "eval_chart": eval_chart(evals) if evals else None}
+
+
+def evals_context(session: Session) -> dict:
+    results = repo.list_eval_results(session)
+    envs = sorted({r.env for r in results})
+    return {"results": results,
+            "charts": [eval_chart([r for r in results if r.env == env], f"F1 on {env} (95% interval)") for env in envs]}
+
+
+@router.get("/runs/{run_id}/training", response_class=HTMLResponse)
+def training_page(request: Request, run_id: str) -> str:
+    with request.app.state.store.session() as s:
+        page = training_context(s, run_id)
+    return render("training.html", links=Links(), title=f"training {page['run'].id[:10]}", **page)
+
+
+@router.get("/evals", response_class=HTMLResponse)
+def evals_page(request: Request) -> str:
+    with request.app.state.store.session() as s:
+        page = evals_context(s)
+    return render("evals.html", links=Links(), title="evals", **page)

@@ -1,0 +1,100 @@
+"""The seed distillation methods' flags (docs/methods.md): `distill` and `train` build the config they
+name (the job itself patched out), `score` and `distill` accept `--context persistent_chat`, and an
+inconsistent method option fails validation naming its flag, before any store or model is opened."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from agentmem.config import DistillConfig, DistillTarget, TeacherSourceKind
+from agentmem.records import TeacherContext
+from cli.app import app, error_message
+
+
+class Called(Exception):
+    """Raised by a patched job with what it was given: the CLI got that far."""
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    seen = {}
+
+    def job(name):
+        def fake(store, config, *args, **kwargs):
+            seen[name] = config
+            raise Called
+
+        return fake
+
+    monkeypatch.setattr("agentmem.jobs.distill.run_distill", job("distill"))
+    monkeypatch.setattr("agentmem.jobs.train.run_train", job("train"))
+    monkeypatch.setattr("agentmem.jobs.score.run_score", job("score"))
+    monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
+    return seen
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [*args, "--device", "cpu"])
+
+
+METHOD_FLAGS = ["--target", "barycenter", "--alpha-tau", "0.3", "--alpha-topk", "8", "--alpha-min", "0.1",
+                "--alpha-max", "0.9", "--alpha-ema", "0.5", "--prob-floor", "1e-6", "--jsd-clip", "0.25",
+                "--anchor-weight", "0.2"]
+METHOD_FIELDS = {"target": DistillTarget.barycenter, "alpha_tau": 0.3, "alpha_topk": 8, "alpha_min": 0.1,
+                 "alpha_max": 0.9, "alpha_ema": 0.5, "prob_floor": 1e-6, "jsd_clip": 0.25, "anchor_weight": 0.2}
+
+
+def test_distill_flags_reach_the_config(captured):
+    result = invoke("distill", "--run", "r1", "--context", "persistent_chat", *METHOD_FLAGS)
+    assert isinstance(result.exception, Called), result.output
+    config: DistillConfig = captured["distill"]
+    assert {k: getattr(config, k) for k in METHOD_FIELDS} == METHOD_FIELDS
+    assert config.context is TeacherContext.persistent_chat
+    defaults = invoke("distill", "--run", "r1")
+    assert isinstance(defaults.exception, Called)
+    plain = captured["distill"]
+    assert plain.target is DistillTarget.teacher and plain.jsd_clip is None and plain.anchor_weight == 0.0
+
+
+def test_train_forwards_the_method_flags(captured):
+    result = invoke("train", *METHOD_FLAGS)
+    assert isinstance(result.exception, Called), result.output
+    distill = captured["train"].distill
+    assert {k: getattr(distill, k) for k in METHOD_FIELDS} == METHOD_FIELDS
+
+
+def test_score_accepts_persistent_chat(captured):
+    result = invoke("score", "--run", "r1", "--context", "persistent_chat")
+    assert isinstance(result.exception, Called), result.output
+    assert captured["score"].context is TeacherContext.persistent_chat
+
+
+@pytest.mark.parametrize("args,flag,message", [
+    (["--alpha-tau", "0.3"], "--alpha-tau", "an option of the barycenter target"),
+    (["--target", "barycenter", "--alpha-min", "0.6", "--alpha-max", "0.4"], "--alpha-max",
+     "alpha_max (0.4) must be >= alpha_min (0.6)"),
+    (["--target", "barycenter", "--teacher-source", "scores"], "--target", "needs the teacher's full distribution"),
+    (["--jsd-clip", "0.5", "--teacher-source", "scores"], "--jsd-clip", "needs the teacher's full distribution"),
+    (["--jsd-clip", "0.5", "--teacher", "none"], "--jsd-clip", "needs a teacher and kd_weight > 0"),
+    (["--jsd-clip", "0"], "--jsd-clip", "greater than 0"),
+    (["--target", "barycenter", "--alpha-ema", "1"], "--alpha-ema", "less than 1"),
+])
+def test_bad_method_options_name_their_flag_before_anything_opens(captured, args, flag, message):
+    result = invoke("distill", "--run", "r1", *args)
+    assert isinstance(result.exception, ValidationError), result.output
+    line = error_message(result.exception)
+    assert line.startswith(f"{flag} (DistillConfig.") and message in line, line
+    assert "distill" not in captured
+
+
+def test_stored_configs_without_the_method_fields_still_load():
+    """Runs stored before these options existed read back with the plain teacher target and no clip."""
+    stored = DistillConfig(run_ids=["r"]).model_dump(mode="json")
+    for key in METHOD_FIELDS:
+        if key != "anchor_weight":
+            stored.pop(key)
+    config = DistillConfig.model_validate(stored)
+    assert config.target is DistillTarget.teacher and config.jsd_clip is None
+    assert config.teacher_source is TeacherSourceKind.model

@@ -1,0 +1,315 @@
+"""`agentmem view` and `agentmem report` on a seeded store: every page renders, the token heat map has one
+element per action token holding exactly the stored value, the memory diff has exactly the inserted and
+deleted words, unknown ids give a 404 page, the run table sorts and filters in SQL, the report is one file
+with no external references, and no page writes to the store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from tiny_models import tiny_tokenizer
+from view_seed import TEACHER, seed_view_store
+
+from agentmem.records import TeacherContext
+from agentmem.view.app import create_app
+from agentmem.view.diff import word_diff
+from agentmem.view.report import write_report
+from envs.metrics import bootstrap_ci
+from store import repository as repo
+from store.engine import make_engine, open_read_only, open_store
+from store.errors import ReadOnlyDatabase, StoreError
+from store.migrations import upgrade
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    """(database URL, what was seeded, tokenizer folder): the store is written once, then only read."""
+    folder = tmp_path_factory.mktemp("view")
+    url = f"sqlite:///{folder / 'view.db'}"
+    upgrade(make_engine(url))
+    writer = open_store(url)
+    tok = tiny_tokenizer()
+    tok.save_pretrained(folder / "tok")
+    seed = seed_view_store(writer, str(folder / "tok"), lambda text: tok(text)["input_ids"])
+    writer.dispose()
+    return url, seed, folder
+
+
+@pytest.fixture(scope="module")
+def client(seeded):
+    store = open_read_only(seeded[0])
+    yield TestClient(create_app(store))
+    store.dispose()
+
+
+class Collect(HTMLParser):
+    """Elements of interest, in document order: token spans per output, diff parts per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs: list[list[dict]] = []  # per heat-mapped output: its token spans' attributes and text
+        self.diffs: list[list[tuple[str, str]]] = []  # per call: (tag, text) of each part
+        self._in: list[str] = []
+        self._tok: dict | None = None
+        self._part: list | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        cls = a.get("class") or ""
+        if "tokens" in cls.split():
+            self.outputs.append([])
+        if tag == "span" and cls == "tok":
+            self._tok = {**a, "text": ""}
+        if cls == "diff":
+            self.diffs.append([])
+        if self.diffs and tag in ("ins", "del", "span") and self._tok is None and cls != "tok" and self._part is None \
+                and "diff" in self._in:
+            self._part = [tag, ""]
+        self._in.append(cls)
+
+    def handle_endtag(self, tag):
+        if self._in:
+            self._in.pop()
+        if tag == "span" and self._tok is not None:
+            self.outputs[-1].append(self._tok)
+            self._tok = None
+        elif self._part is not None and tag == self._part[0]:
+            self.diffs[-1].append(tuple(self._part))
+            self._part = None
+
+    def handle_data(self, data):
+        if self._tok is not None:
+            self._tok["text"] += data
+        if self._part is not None:
+            self._part[1] += data
+
+
+def parse(html: str) -> Collect:
+    c = Collect()
+    c.feed(html)
+    return c
+
+
+def pages(seed) -> list[str]:
+    ep = seed.episodes[0].id
+    return ["/", "/?page=2", "/evals", f"/runs/{seed.rollout.id}", f"/runs/{seed.rollout.id}?sort=f1&desc=1&status=answered",
+            f"/runs/{seed.distill.id}/training", f"/runs/{seed.eval_run.id}/training", f"/runs/{seed.rollout.id}/training",
+            f"/episodes/{ep}", f"/episodes/{ep}?context=persistent&metric=reverse_kl", f"/episodes/{ep}/compare",
+            f"/episodes/{seed.episodes[2].id}", "/static/style.css"]
+
+
+def test_every_page_renders(client, seeded):
+    _, seed, _ = seeded
+    for path in pages(seed):
+        r = client.get(path)
+        assert r.status_code == 200, (path, r.text[-500:])
+    runs = client.get("/").text
+    for run in (seed.rollout, seed.distill, seed.eval_run):
+        assert f'href="/runs/{run.id}"' in runs
+    lo, hi = bootstrap_ci([1.0, 0.5])
+    assert f"[{lo:.3f}, {hi:.3f}]" in runs and "0.750" in runs  # mean F1 of the scored episodes, and its interval
+    assert seed.checkpoint.id[:10] in runs  # the rollout's policy version
+    assert f'href="/runs/{seed.distill.id}/training"' in runs and 'href="/evals"' in runs
+    failed = client.get(f"/episodes/{seed.episodes[2].id}").text
+    assert "BackendError: out of memory" in failed and "no teacher scores" in failed
+
+
+def test_heat_map_has_one_element_per_action_token_with_the_stored_value(client, seeded):
+    _, seed, folder = seeded
+    ep = seed.episodes[0]
+    calls = seed.calls[ep.id]
+    tok = tiny_tokenizer()
+    for query, context, field in [("", TeacherContext.aligned, "token_logprobs"),
+                                  ("?context=persistent&metric=reverse_kl", TeacherContext.persistent, "reverse_kl"),
+                                  (f"?teacher={TEACHER}&context=aligned&metric=logprob", TeacherContext.aligned,
+                                   "token_logprobs")]:
+        html = client.get(f"/episodes/{ep.id}{query}").text
+        outputs = parse(html).outputs
+        scored = [c for c in calls if (c.id, context) in seed.scores]
+        assert len(outputs) == len(scored)
+        for inv, spans in zip(scored, outputs, strict=True):
+            stored = getattr(seed.scores[inv.id, context], field)
+            assert len(spans) == inv.output_tokens == len(stored)
+            assert [float(s["data-value"]) for s in spans] == [float(v) for v in stored]  # exact, not rounded
+            assert all(f"{float(v):.4f}" in s["title"] for s, v in zip(spans, stored, strict=True))
+            assert [s["text"] for s in spans] == [tok.decode([i]) for i in inv.output_ids]
+            assert "".join(s["text"] for s in spans) == inv.output_text
+        if context is TeacherContext.persistent:
+            assert "not scored under this teacher and context" in html  # step 0 has aligned scores only
+        assert 'class="legend"' in html
+
+
+def test_memory_diff_has_exactly_the_inserted_and_deleted_words(client, seeded):
+    _, seed, _ = seeded
+    html = client.get(f"/episodes/{seed.episodes[0].id}").text
+    diffs = parse(html).diffs
+    assert diffs[0] == [("ins", "Bob lives in Oslo.")]
+    assert diffs[1] == [("span", "Bob lives in "), ("ins", "Bergen now. Alice works in "), ("span", "Oslo.")]
+    assert diffs[2] == [("span", "Bob lives in Bergen now. Alice works in Oslo.")]
+    parts = word_diff("keep old words\nhere", "keep new words\nhere too")
+    assert [(p.op, p.words) for p in parts] == [("equal", ("keep",)), ("delete", ("old",)), ("insert", ("new",)),
+                                                ("equal", ("words", "here")), ("insert", ("too",))]
+    assert "".join(p.text for p in parts if p.op != "delete") == "keep new words\nhere too"
+    assert word_diff("", "") == []
+
+
+def test_compare_shows_two_score_sets_side_by_side(client, seeded):
+    _, seed, _ = seeded
+    ep = seed.episodes[1]
+    html = client.get(f"/episodes/{ep.id}/compare?context_a=aligned&context_b=persistent&metric=reverse_kl").text
+    outputs = parse(html).outputs
+    calls = seed.calls[ep.id]
+    assert len(outputs) == len(calls) + len(calls) - 1  # step 0 has no persistent scores
+    # in call order: step 0 (A only: no persistent scores), then A and B for every later call
+    values = [[float(s["data-value"]) for s in spans] for spans in outputs]
+    expected = [seed.scores[calls[0].id, TeacherContext.aligned].reverse_kl]
+    for inv in calls[1:]:
+        expected += [seed.scores[inv.id, TeacherContext.aligned].reverse_kl,
+                     seed.scores[inv.id, TeacherContext.persistent].reverse_kl]
+    assert values == [[float(v) for v in e] for e in expected]
+    assert "A: aligned" in html and "B: persistent" in html
+
+
+def test_unknown_ids_and_bad_queries_give_error_pages(client, seeded):
+    _, seed, _ = seeded
+    ep = seed.episodes[0].id
+    for path in ["/runs/ffffffffffff", "/runs/ffffffffffff/training", "/episodes/ffffffffffff",
+                 "/episodes/ffffffffffff/compare", "/no/such/page", f"/episodes/{ep}?teacher=nobody",
+                 "/static/nothing.css"]:
+        r = client.get(path)
+        assert r.status_code == 404, path
+        assert "text/html" in r.headers["content-type"] and "404" in r.text, path
+    assert "no run with id &#39;ffffffffffff&#39;" in client.get("/runs/ffffffffffff").text
+    for path in [f"/episodes/{ep}?metric=colour", f"/episodes/{ep}?context=upside_down", "/?page=0",
+                 f"/runs/{seed.rollout.id}?sort=question"]:
+        r = client.get(path)
+        assert r.status_code == 400 and "bad request" in r.text, path
+
+
+def test_run_table_sorts_filters_and_counts_in_sql(client, seeded):
+    _, seed, _ = seeded
+    rid = seed.rollout.id
+
+    def rows(query: str) -> list[str]:
+        return re.findall(r'<a href="/episodes/([0-9a-f]+)">', client.get(f"/runs/{rid}{query}").text)
+
+    ids = [e.id for e in seed.episodes]
+    assert rows("") == ids  # task order
+    assert rows("?sort=f1&desc=1") == ids  # 1.0, 0.5, then the failed one (no F1) last
+    assert rows("?sort=f1") == [ids[1], ids[0], ids[2]]
+    assert rows("?status=failed") == [ids[2]]
+    assert rows("?q=TASK-1") == [ids[1]]
+    assert rows(f"?q={ids[2][:8]}") == [ids[2]]
+    assert rows("?q=100%25") == []
+    store = open_read_only(seeded[0])
+    with store.session() as s:
+        stats = {e.episode.id: e for e in repo.list_episode_stats(s, rid, sort="tokens", descending=True)}
+        assert repo.count_episodes(s, rid, status="answered") == 2
+    store.dispose()
+    for ep_id, calls in seed.calls.items():
+        assert stats[ep_id].calls == len(calls)
+        assert stats[ep_id].tokens == sum(c.prompt_tokens + c.output_tokens for c in calls)
+    assert stats[ids[2]].calls == stats[ids[2]].tokens == 0
+    html = client.get(f"/runs/{rid}").text
+    assert html.count('class="bar"') == 10 and "F1 of 2 scored episodes" in html
+
+
+def test_training_page_plots_steps_and_evals(client, seeded):
+    _, seed, _ = seeded
+    html = client.get(f"/runs/{seed.distill.id}/training").text
+    for title in ("loss parts", "KL", "clip fraction", "throughput", "eval F1"):
+        assert f">{title}" in html
+    assert "loss: step 2, 1</title>" in html and "clip fraction: step 3, 0.3</title>" in html
+    assert "tokens/s: step 3, 1500</title>" in html and "ce_loss: step 1, 0.5</title>" in html
+    assert "step 3, 0.5 [0.4, 0.6]</title>" in html  # the trained checkpoint's eval, with its interval
+    evals = client.get("/evals").text
+    assert "F1 on synthetic" in evals and evals.count("<tr>") == 3
+
+
+def file_state(url: str) -> tuple[dict, dict]:
+    path = Path(url.removeprefix("sqlite:///"))
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in path.parent.glob(path.name + "*")}
+    engine = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+    with engine.connect() as conn:
+        tables = [r[0] for r in conn.exec_driver_sql("select name from sqlite_master where type = 'table'")]
+        counts = {t: conn.exec_driver_sql(f'select count(*) from "{t}"').scalar() for t in tables}
+    engine.dispose()
+    return digests, counts
+
+
+def test_no_page_writes_to_the_store(seeded):
+    url, seed, _ = seeded
+    before = file_state(url)
+    store = open_read_only(url)
+    client = TestClient(create_app(store))
+    for path in pages(seed) + ["/runs/ffffffffffff", f"/episodes/{seed.episodes[0].id}?metric=bad"]:
+        client.get(path)
+    with store.session() as s, pytest.raises((ReadOnlyDatabase, StoreError, sa.exc.OperationalError)):
+        repo.insert_run(s, seed.rollout.model_copy(update={"id": "x" * 32}))
+        s.commit()
+    store.dispose()
+    assert file_state(url) == before
+
+
+def test_report_is_one_self_contained_file(seeded, tmp_path):
+    url, seed, _ = seeded
+    store = open_read_only(url)
+    out = write_report(store, seed.rollout.id[:8], tmp_path / "r" / "report.html")
+    store.dispose()
+    html = out.read_text()
+    assert "<link" not in html and "<script" not in html and "src=" not in html
+    assert not re.search(r"(href|src|url)\s*[=(]\s*[\"']?(https?:|//|/)", html)  # no external or absolute refs
+    assert "<style>" in html and ".tok {" in html and html.count("<svg") == 1  # histogram (no training steps)
+    for ep in seed.episodes:
+        assert f'id="episode-{ep.id}"' in html and f'href="#episode-{ep.id}"' in html
+    outputs = parse(html).outputs
+    scored = [c for ep in seed.episodes[:2] for c in seed.calls[ep.id]]
+    assert [len(o) for o in outputs] == [c.output_tokens for c in scored]
+    store = open_read_only(url)
+    training = write_report(store, seed.distill.id, tmp_path / "t.html").read_text()
+    store.dispose()
+    assert 'id="training"' in training and training.count("<svg") == 6  # histogram, 4 step charts, eval F1
+
+
+def am(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1", "AGENTMEM_DEBUG": ""}
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_report_and_errors(seeded, tmp_path):
+    url, seed, _ = seeded
+    done = am("report", "--run", seed.rollout.id, "--out", str(tmp_path / "x.html"), "--episodes", "1", "--db", url)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "x.html").read_text().count('class="episode"') == 1
+    missing = am("report", "--run", "ffffffff", "--out", str(tmp_path / "y.html"), "--db", url)
+    assert missing.returncode == 1 and missing.stderr.strip() == "error: no run with id 'ffffffff' (see `agentmem runs`)"
+    nodb = am("view", "--db", str(tmp_path / "none.db"))
+    assert nodb.returncode == 1 and nodb.stderr.startswith("error: no database at ")
+    assert not (tmp_path / "none.db").exists()
+    helptext = am("view", "--help").stdout
+    assert all(f in helptext for f in ("--host", "--port", "--db", "--tokenizer", "127.0.0.1", "8000"))
+
+
+def test_tokens_without_a_tokenizer_show_ids(seeded, tmp_path):
+    url, seed, _ = seeded
+    store = open_read_only(url)
+    client = TestClient(create_app(store, tokenizer=str(tmp_path / "no-tokenizer-here")))
+    html = client.get(f"/episodes/{seed.episodes[0].id}").text
+    store.dispose()
+    inv = seed.calls[seed.episodes[0].id][0]
+    assert [s["text"] for s in parse(html).outputs[0]] == [f"‹{i}›" for i in inv.output_ids]
+    assert "their tokens show as ids" in html
+    assert np.isfinite([float(s["data-value"]) for s in parse(html).outputs[0]]).all()
