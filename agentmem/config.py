@@ -420,6 +420,7 @@ class SftConfig(Frozen):
     packing: Packing = Packing.segments
     oversize: Oversize = Oversize.error
     dtype: DType = DType.float32
+    anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
 
     @field_validator("kinds", mode="before")
     @classmethod
@@ -437,11 +438,12 @@ class SftConfig(Frozen):
         return names
 
     def distill_config(self) -> DistillConfig:
-        """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only."""
+        """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
+        (plus the anchor term when ``anchor_weight > 0``)."""
         return DistillConfig(
             run_ids=self.run_ids, student=self.student, teacher=None, rl=RLKind.none, kd_weight=0.0,
             rl_weight=0.0, ce_weight=1.0, weighting=self.weighting, steps=self.steps,
             invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens, lr=self.lr,
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
             save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
-            oversize=self.oversize, dtype=self.dtype)
+            oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight)

@@ -1,6 +1,6 @@
 """The distillation-method flags shared by ``distill`` and ``train`` (docs/methods.md): the target (the
-teacher, or DemoPSD's barycenter with its alpha options), OPSD's per-token clip and the frozen anchor.
-Defaults are ``DistillConfig``'s."""
+teacher, or DemoPSD's barycenter with its alpha options), OPSD's per-token clip and the frozen anchor
+(also on ``sft``). Defaults are ``DistillConfig``'s."""
 
 from __future__ import annotations
 
@@ -30,4 +30,4 @@ JsdClipOption = Annotated[float | None, typer.Option(
     show_default=False)]
 AnchorWeightOption = Annotated[float, typer.Option(
     help="Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (in train: "
-         "each round's starting checkpoint).")]
+         "each round's starting checkpoint; in sft: the starting weights, without LoRA adapters).")]

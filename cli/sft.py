@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import AttentionPath, Device, DType, Oversize, Packing, Weighting
+from cli.method_options import AnchorWeightOption
 from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
 
 
@@ -36,6 +37,7 @@ def sft(
     weighting: Annotated[Weighting, typer.Option(help="Token averaging over the global step.")] = Weighting.token,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
     weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.0,
+    anchor_weight: AnchorWeightOption = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the data order (and of the LoRA initialisation).")] = 0,
     out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
     save_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps (and at the end).")]
@@ -73,7 +75,8 @@ def sft(
             run_ids=run, student=student, min_f1=min_f1, kinds=kinds, lora_rank=lora_rank, lora_alpha=lora_alpha,
             lora_dropout=lora_dropout, steps=steps or 10, invocations_per_step=invocations_per_step,
             row_tokens=row_tokens, oversize=oversize, weighting=weighting, lr=lr, weight_decay=weight_decay,
-            seed=seed, out=out, save_every=save_every, path=attention, packing=packing, dtype=dtype, **extra,
+            seed=seed, out=out, save_every=save_every, path=attention, packing=packing, dtype=dtype,
+            anchor_weight=anchor_weight, **extra,
         )
     rt = runtime(device, threads)
     setup_logging()

@@ -1,5 +1,5 @@
 """The seed distillation methods' flags (docs/methods.md): `distill` and `train` build the config they
-name (the job itself patched out), `score` and `distill` accept `--context persistent_chat`, and an
+name (the job itself patched out), `sft` takes the anchor weight, `score` and `distill` accept `--context persistent_chat`, and an
 inconsistent method option fails validation naming its flag, before any store or model is opened."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def captured(monkeypatch):
     monkeypatch.setattr("agentmem.jobs.distill.run_distill", job("distill"))
     monkeypatch.setattr("agentmem.jobs.train.run_train", job("train"))
     monkeypatch.setattr("agentmem.jobs.score.run_score", job("score"))
+    monkeypatch.setattr("agentmem.jobs.sft.run_sft", job("sft"))
     monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
     return seen
 
@@ -63,6 +64,12 @@ def test_train_forwards_the_method_flags(captured):
     assert isinstance(result.exception, Called), result.output
     distill = captured["train"].distill
     assert {k: getattr(distill, k) for k in METHOD_FIELDS} == METHOD_FIELDS
+
+
+def test_sft_takes_the_anchor_weight(captured):
+    result = invoke("sft", "--run", "r1", "--anchor-weight", "0.2")
+    assert isinstance(result.exception, Called), result.output
+    assert captured["sft"].anchor_weight == 0.2 and captured["sft"].distill_config().anchor_weight == 0.2
 
 
 def test_score_accepts_persistent_chat(captured):

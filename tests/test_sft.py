@@ -191,3 +191,15 @@ def test_cli_help_and_a_bad_kinds_value(tmp_path):
     (line,) = bad.stderr.strip().splitlines()
     assert line.startswith("error: --kinds (SftConfig.kinds): ") and "'updates'" in line
     assert not db.exists()
+
+
+@pytest.mark.parametrize("lora_rank", [None, 4])
+def test_anchor_is_zero_at_the_start_and_grows_after_a_step(stored, tmp_path, lora_rank):
+    """`sft --anchor-weight`: KL to a frozen copy of the starting weights is 0 at the first step and
+    positive once the student (or its LoRA adapters) moved; the loss adds it to the cross-entropy."""
+    store, run_id, folder = stored
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, anchor_weight=0.5, lora_rank=lora_rank, lr=1e-2))
+    first, second = result.history
+    assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert second.metrics["anchor_loss"] > 1e-6
+    assert second.loss == pytest.approx(second.metrics["ce_loss"] + 0.5 * second.metrics["anchor_loss"], rel=1e-5)

@@ -180,7 +180,8 @@ def user_content(inv) -> str:
 
 def test_persistent_chat_truncation_is_counted(rolled, teacher_model):
     """Teacher contexts over the row budget are cut from the left and counted as for `persistent` (the
-    same packing path); without --teacher-truncation left they are refused naming the call."""
+    same packing path), by the online teacher and in what `agentmem score` reports; without
+    --teacher-truncation left they are refused naming the call."""
     store, run_id, _ = rolled
     tok = tiny_tokenizer()
     selection = select(store, [run_id])
@@ -199,6 +200,10 @@ def test_persistent_chat_truncation_is_counted(rolled, teacher_model):
                                          row_tokens=budget)
     with pytest.raises(Exception, match=f"invocation {over[0].invocation_id}: {len(over[0])} tokens"):
         refuse.targets(selection.ids)
+    scored = run_score(store, ScoreConfig(run_ids=[run_id], context=TeacherContext.persistent_chat, row_tokens=budget,
+                                          teacher_truncation=TeacherTruncation.left),
+                       teacher=LoadedModel(teacher_model, tok, "t-chat"))
+    assert scored.scored == len(seqs) and scored.teacher_truncated_calls == len(over)  # what `score` prints
 
 
 def test_persistent_chat_refuses_a_prompt_the_template_did_not_render(rolled):

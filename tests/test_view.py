@@ -313,3 +313,30 @@ def test_tokens_without_a_tokenizer_show_ids(seeded, tmp_path):
     assert [s["text"] for s in parse(html).outputs[0]] == [f"‹{i}›" for i in inv.output_ids]
     assert "their tokens show as ids" in html
     assert np.isfinite([float(s["data-value"]) for s in parse(html).outputs[0]]).all()
+
+
+def test_viewer_reads_on_both_databases(store, tmp_path):
+    """The repository reads behind the pages, through a read-only store, on SQLite and Postgres."""
+    tok = tiny_tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    seed = seed_view_store(store, str(tmp_path / "tok"), lambda text: tok(text)["input_ids"])
+    rid, ids = seed.rollout.id, [e.id for e in seed.episodes]
+    ro = open_read_only(store.engine.url.render_as_string(hide_password=False))
+    with ro.session() as s:
+        assert [e.episode.id for e in repo.list_episode_stats(s, rid, sort="f1", descending=True)] == ids
+        assert [e.episode.id for e in repo.list_episode_stats(s, rid, sort="f1")] == [ids[1], ids[0], ids[2]]
+        assert [e.episode.id for e in repo.list_episode_stats(s, rid, sort="calls", limit=1, offset=2)] == [ids[1]]
+        assert repo.count_episodes(s, rid, search="TASK-1") == 1 and repo.count_episodes(s, rid, search="%") == 0
+        assert repo.count_episodes(s, rid, status="failed") == 1
+        assert sorted(repo.episode_f1s(s, [rid])[rid]) == [0.5, 1.0]
+        assert repo.run_policy_versions(s, [rid, seed.distill.id]) == {rid: [seed.checkpoint.id]}
+        calls = [c.id for cs in seed.calls.values() for c in cs]
+        assert repo.teacher_score_keys(s, calls) == [(TEACHER, TeacherContext.aligned),
+                                                     (TEACHER, TeacherContext.persistent)]
+        assert [r.run.id for r in repo.list_runs(s, 1, 1)] == [seed.distill.id] and repo.count_runs(s) == 3
+        assert [r.f1 for r in repo.list_eval_results(s, checkpoint_ids=[seed.trained.id])] == [0.5]
+        assert [r.id for r in repo.list_runs_of_kind(s, seed.distill.kind)] == [seed.distill.id]
+    with ro.session() as s, pytest.raises((ReadOnlyDatabase, sa.exc.DBAPIError)):
+        repo.insert_run(s, seed.rollout.model_copy(update={"id": "y" * 32}))
+        s.commit()
+    ro.dispose()

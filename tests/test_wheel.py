@@ -20,6 +20,8 @@ def test_db_upgrade_from_installed_wheel(tmp_path):
                    check=True, timeout=300)
     assert (site / "store" / "migrations" / "versions" / "0001_initial.py").is_file()
     assert (site / "store" / "migrations" / "versions" / "0002_run_liveness_memory_policy.py").is_file()
+    for name in ("templates/base.html", "templates/episode.html", "templates/report.html", "static/style.css"):
+        assert (site / "agentmem" / "view" / name).is_file(), name  # the viewer's non-Python files ship
     env = {**os.environ, "PYTHONPATH": str(site), "AGENTMEM_DB": ""}
     code = ("import store.migrations as m, cli.app as a; print(m.script_location()); a.main()")
     run = lambda *args: subprocess.run([sys.executable, "-c", code, *args], cwd=work, env=env,  # noqa: E731

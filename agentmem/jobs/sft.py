@@ -50,18 +50,20 @@ def load_sft_run(store: Store, run_id: str) -> tuple[str, SftConfig, Checkpoint 
 def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRef,
                  resume_from: Checkpoint | None = None) -> Models:
     """The trainable student on the runtime's device: with LoRA, the starting weights wrapped with
-    adapters (restored from ``resume_from``); without, the starting or the resumed weights."""
+    adapters (restored from ``resume_from``); without, the starting or the resumed weights. With
+    ``anchor_weight``, also a frozen copy of the starting weights (the anchor's reference)."""
     start = model_refs.register(store, ref)
+    reference = model_refs.load(ref.path, config.dtype, runtime)[0] if config.anchor_weight else None
     if config.lora_rank is None:
         model, tokenizer = model_refs.load(resume_from.path if resume_from else ref.path, config.dtype, runtime,
                                            trainable=True)
-        return Models(model, tokenizer, start)
+        return Models(model, tokenizer, start, reference=reference)
     base, tokenizer = model_refs.load(ref.path, config.dtype, runtime, trainable=True)
     model = lora.wrap(base, config.lora_rank, config.lora_alpha, config.lora_dropout, config.lora_targets,
                       config.seed)
     if resume_from is not None:
         load_adapters(Path(resume_from.path), model)
-    return Models(model, tokenizer, start)
+    return Models(model, tokenizer, start, reference=reference)
 
 
 def run_sft(
