@@ -5,6 +5,7 @@ Each job takes exactly one of these configs; a run stores ``config.model_dump(mo
 
 - ``AgentConfig``: how the agent reads (memory budget, generation limits, sampling, memory policy);
 - ``RolloutConfig``: environment + model + an ``AgentConfig``;
+- ``ReplayConfig``: ReOPD's single-call samples branched from a stored teacher run;
 - ``EvalConfig``: a ``RolloutConfig`` that is greedy with one sample per task (checked), with held-out
   defaults;
 - ``ScoreConfig``: teacher scoring of stored calls;
@@ -146,6 +147,19 @@ class PolicySource(Choice):
     oracle = "oracle"
 
 
+class PsdMode(Choice):
+    """Pseudo self-distillation (PSD, docs/methods.md): the teacher is the model under the ``privileged``
+    context (gold answer and evidence); this names whose samples it scores. ``none``: no PSD (no check);
+    ``on_policy``: the student's own rollouts; ``off_policy``: privileged rollouts (``agentmem rollout
+    --context privileged``: sampled under the teacher's prompt); ``mixed``: both, the step loss
+    ``(1 - psd_mix) * L_on + psd_mix * L_off``."""
+
+    none = "none"
+    on_policy = "on_policy"
+    off_policy = "off_policy"
+    mixed = "mixed"
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
@@ -195,6 +209,18 @@ class RolloutConfig(Frozen):
     seed: int = Field(0, ge=0)
     chunk_tokens: int = Field(512, ge=16)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
+    # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
+    context: TeacherContext = TeacherContext.aligned
+
+    @field_validator("context")
+    @classmethod
+    def _sampling_context(cls, value: TeacherContext, info: ValidationInfo) -> TeacherContext:
+        if value not in (TeacherContext.aligned, TeacherContext.privileged):
+            raise ValueError(f"a rollout samples under context aligned or privileged, not {value.value}")
+        if value is TeacherContext.privileged and info.data.get("policy") is PolicySource.oracle:
+            raise ValueError("the oracle reads no prompt: context privileged needs policy model")
+        return value
 
 
 def _greedy_agent() -> AgentConfig:
@@ -297,6 +323,31 @@ class DistillConfig(Frozen):
     alpha_ema: float = Field(0.0, ge=0, lt=1)
     prob_floor: float = Field(0.0, ge=0, lt=1)
     jsd_clip: float | None = Field(None, gt=0)
+    # Pseudo self-distillation: whose samples the privileged teacher scores, and the off-policy share of mixed.
+    psd: PsdMode = PsdMode.none
+    psd_mix: float = Field(0.5, ge=0, le=1)
+
+    @field_validator("psd")
+    @classmethod
+    def _psd_is_privileged(cls, value: PsdMode, info: ValidationInfo) -> PsdMode:
+        if value is PsdMode.none:
+            return value
+        if info.data.get("context") is not TeacherContext.privileged:
+            raise ValueError(f"psd={value.value} distils from the privileged teacher: set context=privileged "
+                             "(--context privileged)")
+        if not (info.data.get("teacher") and info.data.get("kd_weight")):
+            raise ValueError(f"psd={value.value} needs a teacher and kd_weight > 0")
+        if value is PsdMode.mixed and info.data.get("invocations_per_step", 2) < 2:
+            raise ValueError("psd=mixed draws calls of both kinds every step: invocations_per_step must be >= 2")
+        return value
+
+    @field_validator("psd_mix")
+    @classmethod
+    def _mixed_only(cls, value: float, info: ValidationInfo) -> float:
+        if info.data.get("psd") is not PsdMode.mixed and value != cls.model_fields["psd_mix"].default:
+            raise ValueError("psd_mix weights the off-policy loss of psd=mixed: set psd=mixed (--psd mixed) or "
+                             "leave it at its default")
+        return value
 
     @field_validator("target", "jsd_clip")
     @classmethod
@@ -347,6 +398,25 @@ class DistillConfig(Frozen):
     @property
     def effective_rl_weight(self) -> float:
         return self.rl_weight if self.rl is RLKind.grpo else 0.0
+
+
+class ReplayConfig(Frozen):
+    """ReOPD's replay rollout (``agentmem rollout --replay-from RUN``): for every episode of the stored
+    ``teacher_run`` one step ``t`` is drawn with probability ``kappa**t / sum_s kappa**s`` (seeded by
+    ``seed``), and the student ``model`` samples that call ``group_size`` times from the teacher's stored
+    prompt ids (which hold the teacher's memory), with the teacher run's token limits. No environment is
+    stepped. Stored as a run of kind ``replay``; its calls carry no reward."""
+
+    teacher_run: str
+    model: str = "default"
+    backend: BackendKind = BackendKind.transformers
+    dtype: DType = DType.float32
+    group_size: int = Field(1, ge=1)
+    kappa: float = Field(0.6, gt=0)
+    seed: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_batch: int = Field(8, ge=1)
 
 
 def _train_rollout() -> RolloutConfig:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
 
 def new_id() -> str:
@@ -109,6 +109,7 @@ class RunKind(str, enum.Enum):
     train = "train"
     bench = "bench"
     sft = "sft"  # supervised fine-tuning on stored calls (cross-entropy on the action tokens)
+    replay = "replay"  # ReOPD: the student's samples of single calls branched from a stored teacher run
 
 
 class Run(Record):
@@ -199,7 +200,13 @@ class Invocation(Record):
 
     ``role`` says who wrote the outputs: ``model`` (sampled; ``output_logprobs`` set) or ``oracle``
     (scripted by ``agentmem.agent.oracle`` from the task's evidence and gold answer; ``output_logprobs``
-    is None: nothing sampled them, so they train by cross-entropy or distillation, never by RL)."""
+    is None: nothing sampled them, so they train by cross-entropy or distillation, never by RL).
+
+    ``sampled_context`` says which prompt sampled the outputs: ``aligned`` (``prompt_ids`` as stored) or
+    ``privileged`` (``privileged_ids + prompt_ids``: a privileged rollout, PSD's off-policy samples). The
+    privileged ids are kept apart, so ``prompt_ids`` is always the student-visible prompt; the stored
+    log-probs are then the privileged sampler's, not the student's. ``parent_invocation_id`` names the
+    stored call a ReOPD replay call branched from (it was generated from that call's ``prompt_ids``)."""
 
     id: str = Field(default_factory=new_id)
     episode_id: str
@@ -221,6 +228,25 @@ class Invocation(Record):
     temperature: float = 1.0
     latency_s: float = 0.0
     created_at: datetime = Field(default_factory=utcnow)
+    sampled_context: TeacherContext = TeacherContext.aligned  # aligned | privileged
+    privileged_ids: IntArray | None = None  # set iff sampled_context is privileged
+    parent_invocation_id: str | None = None
+
+    @model_validator(mode="after")
+    def _sampled_prompt(self) -> Invocation:
+        privileged = self.sampled_context is TeacherContext.privileged
+        if self.sampled_context not in (TeacherContext.aligned, TeacherContext.privileged):
+            raise ValueError(f"a call is sampled under context aligned or privileged, not {self.sampled_context.value}")
+        if privileged != (self.privileged_ids is not None):
+            raise ValueError("privileged_ids are stored exactly when sampled_context is privileged")
+        return self
+
+    @property
+    def sampled_prompt_ids(self) -> np.ndarray:
+        """The ids the sampler consumed: ``privileged_ids + prompt_ids`` for a privileged call."""
+        if self.privileged_ids is None:
+            return self.prompt_ids
+        return np.concatenate([self.privileged_ids, self.prompt_ids]).astype(np.int32)
 
     @property
     def prompt_tokens(self) -> int:

@@ -11,7 +11,11 @@ the shared HotpotQA file (its gold paragraphs only, when ``../shared`` is there)
   opd_persistent    the same with the teacher on the flattened episode history (``persistent``);
   opd_privileged    the same with the teacher also shown the gold answer and evidence (``privileged``);
   grpo              the RL term only (group-relative advantages on the final F1, groups of ``--group``);
-  opd_grpo          on-policy distillation (aligned) + the RL term.
+  opd_grpo          on-policy distillation (aligned) + the RL term;
+  opd_persistent_chat  the teacher on the episode history as one well-formed chat (``persistent_chat``);
+  demopsd           aligned, towards DemoPSD's barycenter target (``--target barycenter``, defaults);
+  opsd_clip         aligned, each token's divergence clipped at 1 nat, plus a 0.1 KL anchor to the
+                    starting model (OPSD's clip and OPTD's frozen anchor; both values the project's choice).
 
 The on-policy arms run ``agentmem train``'s loop: ``rounds`` x (a sampled rollout of the current student on
 training tasks of level ``--train-level``, ``steps / rounds`` distill steps on it). Their teacher is the
@@ -24,7 +28,8 @@ Everything goes to one SQLite store (``WORK/learning.db``); a finished phase is 
 ``WORK/state.json`` and skipped when the benchmark is run again on the same folder, so a killed run resumes.
 Intervals are percentile-bootstrap 95% intervals over held-out episodes (differences: paired bootstrap over
 the same tasks). Outputs: ``WORK/learning.md`` (the table), ``WORK/learning.png`` (F1 against step, every
-arm), and the last line ``trained_minus_base=<d> aligned_minus_persistent=<d> opd_rl_minus_rl=<d>``.
+arm), and the last line ``trained_minus_base=<d> aligned_minus_persistent=<d> opd_rl_minus_rl=<d>
+best_method=<arm> best_minus_sft=<d>`` (best_method: the best arm other than sft, the methods' yardstick).
 
   .venv/bin/python bench/learning.py --quick --work /tmp/learning-quick   # about 30 minutes, 2 threads
   .venv/bin/python bench/learning.py --work /tmp/learning                 # the full run
@@ -50,6 +55,7 @@ from agentmem.config import (  # noqa: E402
     HELD_OUT_SEED,
     AgentConfig,
     DistillConfig,
+    DistillTarget,
     EvalConfig,
     Oversize,
     PolicySource,
@@ -69,7 +75,19 @@ from envs.metrics import bootstrap_ci  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
-ARMS = ("base", "sft", "opd_aligned", "opd_persistent", "opd_privileged", "grpo", "opd_grpo")
+ARMS = ("base", "sft", "opd_aligned", "opd_persistent", "opd_privileged", "grpo", "opd_grpo",
+        "opd_persistent_chat", "demopsd", "opsd_clip")
+# what each on-policy arm changes in DistillConfig (kd: a teacher term; rl: the GRPO term)
+ON_POLICY: dict[str, dict] = {
+    "opd_aligned": {"kd": True},
+    "opd_persistent": {"kd": True, "context": TeacherContext.persistent},
+    "opd_privileged": {"kd": True, "context": TeacherContext.privileged},
+    "grpo": {"rl": True},
+    "opd_grpo": {"kd": True, "rl": True},
+    "opd_persistent_chat": {"kd": True, "context": TeacherContext.persistent_chat},
+    "demopsd": {"kd": True, "target": DistillTarget.barycenter},
+    "opsd_clip": {"kd": True, "jsd_clip": 1.0, "anchor_weight": 0.1},
+}
 HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
 
 
@@ -224,15 +242,13 @@ def on_policy_arm(store, runtime: Runtime, plan: Plan, work: Path, arm: str, tea
     """``rounds`` x (sampled rollout of the current student, ``steps / rounds`` distill steps on it): the
     rounds of ``agentmem train`` (``TrainConfig.round_configs``). A rollout is a function of (policy, seed),
     so the first round's rollout of the base model is made once and shared by every on-policy arm."""
-    kd = arm.startswith("opd")
-    rl = arm in ("grpo", "opd_grpo")
-    context = {"opd_persistent": TeacherContext.persistent,
-               "opd_privileged": TeacherContext.privileged}.get(arm, TeacherContext.aligned)
+    spec = dict(ON_POLICY[arm])
+    kd, rl = spec.pop("kd", False), spec.pop("rl", False)
     distill = DistillConfig(
-        teacher=teacher if kd else None, context=context, kd_weight=1.0 if kd else 0.0,
+        teacher=teacher if kd else None, kd_weight=1.0 if kd else 0.0,
         rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=plan.steps_per_round,
         invocations_per_step=plan.calls_per_step, lr=plan.lr, out=str(work / "ckpt" / arm),
-        oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left)
+        oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left, **spec)
     rollout = RolloutConfig(env="synthetic", env_knobs={"level": plan.train_level}, episodes=plan.rollout_tasks,
                             group_size=plan.group, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
                             agent=plan.agent(plan.temperature, plan.seed))
@@ -399,8 +415,11 @@ def main() -> None:
         return paired_diff(finals[a], finals[b])[0] if a in finals and b in finals else float("nan")
 
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; best arm: {best}; outputs in {work}")
+    methods = {a: v for a, v in finals.items() if a != "sft"}
+    best_method = max(methods, key=lambda a: np.mean(methods[a])) if methods else None
     print(f"trained_minus_base={trained:.3f} aligned_minus_persistent={diff('opd_aligned', 'opd_persistent'):.3f} "
-          f"opd_rl_minus_rl={diff('opd_grpo', 'grpo'):.3f}")
+          f"opd_rl_minus_rl={diff('opd_grpo', 'grpo'):.3f} best_method={best_method} "
+          f"best_minus_sft={diff(best_method, 'sft') if best_method else float('nan'):.3f}")
 
 
 def prune(ckpts: list[dict], keep_weights: set[str]) -> None:

@@ -13,6 +13,7 @@ from agentmem.config import (
     Divergence,
     Oversize,
     Packing,
+    PsdMode,
     RLKind,
     TeacherSourceKind,
     TeacherTruncation,
@@ -28,6 +29,8 @@ from cli.method_options import (
     AnchorWeightOption,
     JsdClipOption,
     ProbFloorOption,
+    PsdMixOption,
+    PsdOption,
     TargetOption,
 )
 from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
@@ -64,6 +67,8 @@ def distill(
     alpha_ema: AlphaEmaOption = 0.0,
     prob_floor: ProbFloorOption = 0.0,
     jsd_clip: JsdClipOption = None,
+    psd: PsdOption = PsdMode.none,
+    psd_mix: PsdMixOption = 0.5,
     normalize_std: Annotated[bool, typer.Option(help="Divide advantages by the group's std.")] = False,
     weighting: Annotated[Weighting, typer.Option(help="Token averaging over the global step.")] = Weighting.token,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps in all (default 10; on --resume, the "
@@ -116,6 +121,7 @@ def distill(
             teacher_truncation=teacher_truncation, lr=lr, seed=seed, out=out, save_every=save_every,
             path=attention, packing=packing, target=target, alpha_tau=alpha_tau, alpha_topk=alpha_topk,
             alpha_min=alpha_min, alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor, jsd_clip=jsd_clip,
+            psd=psd, psd_mix=psd_mix,
         )
     rt = runtime(device, threads)
     setup_logging()

@@ -1,6 +1,6 @@
 """The distillation-method flags shared by ``distill`` and ``train`` (docs/methods.md): the target (the
 teacher, or DemoPSD's barycenter with its alpha options), OPSD's per-token clip and the frozen anchor
-(also on ``sft``). Defaults are ``DistillConfig``'s."""
+(also on ``sft``); PSD's sample mode and mix (``distill`` only). Defaults are ``DistillConfig``'s."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import DistillTarget
+from agentmem.config import DistillTarget, PsdMode
 
 TargetOption = Annotated[DistillTarget, typer.Option(
     help="What the distillation term pulls towards: teacher (its distribution) or barycenter (DemoPSD: "
@@ -31,3 +31,10 @@ JsdClipOption = Annotated[float | None, typer.Option(
 AnchorWeightOption = Annotated[float, typer.Option(
     help="Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (in train: "
          "each round's starting checkpoint; in sft: the starting weights, without LoRA adapters).")]
+PsdOption = Annotated[PsdMode, typer.Option(
+    help="Pseudo self-distillation (needs --context privileged): whose samples the privileged teacher scores: "
+         "on_policy (the student's rollouts), off_policy (`rollout --context privileged` runs), mixed (one of "
+         "each; loss (1 - m) L_on + m L_off, m = --psd-mix). Checks the runs before any model loads.")]
+PsdMixOption = Annotated[float, typer.Option(
+    help="PSD mixed: m, the off-policy part's share of the step loss (each part's tokens weighted within the "
+         "part; each step draws half its calls from each).")]

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import BackendKind, Device, DType, PolicySource, PromptLayout
+from agentmem.records import TeacherContext
 from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
 
 
@@ -42,6 +43,17 @@ def rollout(
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
+    context: Annotated[TeacherContext, typer.Option(
+        help="Prompt the model samples from: aligned (the task prompt) or privileged (the episode's gold "
+             "answer and evidence as a system message before every prompt, stored apart: PSD's off-policy "
+             "samples, `distill --psd off_policy`).")] = TeacherContext.aligned,
+    replay_from: Annotated[str | None, typer.Option(
+        help="ReOPD: branch from stored run RUN_ID instead of reading an environment: per episode one step t "
+             "drawn with P(t) ∝ kappa^t, sampled --group-size times by --model from the stored prompt; "
+             "stored as a replay run (no reward). Environment and memory flags do not apply.",
+        show_default=False)] = None,
+    kappa: Annotated[float, typer.Option(help="ReOPD: decay of the branch-step distribution P(t) ∝ kappa^t "
+                                              "(with --replay-from).")] = 0.6,
     resume: Annotated[str | None, typer.Option(help="Finish run RUN_ID (its stored config is used).")] = None,
     db: DbOption = None,
 ) -> None:
@@ -49,6 +61,7 @@ def rollout(
 
     With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (a few minutes on a
     laptop CPU). Kill it at any time; `--resume RUN_ID` finishes the run without duplicating rows.
+    `--replay-from RUN_ID` samples ReOPD's single calls branched from a stored teacher run instead.
     """
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
@@ -56,6 +69,17 @@ def rollout(
     from cli.common import env_knobs, runtime, setup_logging
     from store.engine import open_store
 
+    if replay_from is not None or kappa != 0.6 or (resume and _is_replay(resume, db)):
+        _replay(replay_from, resume, kappa=kappa, model=model, backend=backend, dtype=dtype, group_size=group_size,
+                seed=seed, temperature=temperature, top_p=top_p, batch=batch, device=device, threads=threads, db=db,
+                rest={"--env": env.value != "synthetic", "--data": data is not None, "--knob": bool(knob),
+                      "--level": level is not None, "--policy": policy is not PolicySource.model,
+                      "--episodes": episodes != 8, "--chunk-tokens": chunk_tokens != 512,
+                      "--memory-tokens": memory_tokens != 128, "--answer-tokens": answer_tokens != 32,
+                      "--max-chunks": max_chunks is not None, "--memory-policy": memory_policy != "overwrite",
+                      "--prompt-layout": prompt_layout is not PromptLayout.chunk_first,
+                      "--context": context is not TeacherContext.aligned})
+        return
     config = None
     if not resume:
         config = RolloutConfig(
@@ -65,6 +89,7 @@ def rollout(
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,
                               seed=seed, memory_policy=memory_policy, prompt_layout=prompt_layout),
+            context=context,
         )
     rt = runtime(device, threads)
     setup_logging()
@@ -97,5 +122,65 @@ def _summary(result) -> None:
                f"'{result.run_id}'\")")
 
 
+def _replay(replay_from: str | None, resume: str | None, *, kappa: float, model: str, backend: BackendKind,
+            dtype: DType, group_size: int, seed: int, temperature: float, top_p: float, batch: int, device: Device,
+            threads: int | None, db: str | None, rest: dict[str, bool]) -> None:
+    """``rollout --replay-from``: ReOPD's replay run (``agentmem.jobs.replay``)."""
+    from agentmem.config import ReplayConfig
+    from agentmem.errors import ConfigError
+    from agentmem.jobs.replay import run_replay
+    from cli.common import runtime, setup_logging
+    from store.engine import open_store
+
+    config = None
+    if resume is None:
+        if replay_from is None:
+            raise ConfigError("--kappa weights the branch steps of a replay: give --replay-from RUN_ID")
+        given = [flag for flag, on in rest.items() if on]
+        if given:
+            raise ConfigError(f"--replay-from takes the tasks, prompts and token limits from the teacher run: "
+                              f"{', '.join(given)} do(es) not apply")
+        config = ReplayConfig(teacher_run=replay_from, model=model, backend=backend, dtype=dtype,
+                              group_size=group_size, kappa=kappa, seed=seed, temperature=temperature, top_p=top_p,
+                              max_batch=batch)
+    rt = runtime(device, threads)
+    setup_logging()
+    store = open_store(db, create=True)
+    result = run_replay(store, config, rt, resume=resume)
+    failed = sum(1 for e in result.episodes if e.status.value == "failed")
+    typer.echo(f"replay_run_id={result.run_id} episodes={len(result.episodes)} calls={result.calls}"
+               + (f" failed={failed}" if failed else "")
+               + f"  (train: agentmem distill --run {result.run_id} --rl none)")
+
+
+def _is_replay(run_id: str, db: str | None) -> bool:
+    from agentmem.records import RunKind
+    from store import repository as repo
+    from store.engine import open_store
+
+    with open_store(db).session() as s:
+        return repo.get_run(s, run_id).kind is RunKind.replay
+
+
+def replay_audit(
+    student_run: Annotated[str, typer.Option(help="A normal rollout of the student (its on-policy states).")],
+    teacher_run: Annotated[str, typer.Option(help="The teacher (or oracle) rollout ReOPD branches from.")],
+    db: DbOption = None,
+) -> None:
+    """ReOPD's state-coverage audit: the share of the student's calls whose state (task, step, call kind,
+    memory read) the teacher run visited, in all and per step."""
+    from agentmem.jobs.replay import audit_coverage
+    from store.engine import open_store
+
+    cov = audit_coverage(open_store(db), student_run, teacher_run)
+    later = cov.share_after_first
+    typer.echo(f"coverage={cov.share:.4f} matched={cov.matched} student_calls={cov.total} "
+               f"teacher_states={cov.teacher_states}"
+               + (f" coverage_after_step0={later:.4f}" if later is not None else ""))
+    for step, (matched, total) in cov.by_step.items():
+        typer.echo(f"step={step} matched={matched} of={total} share={matched / total:.4f}")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(rollout)
+    app.command("replay-audit")(replay_audit)

@@ -123,8 +123,9 @@ def check_reachable(engine: sa.Engine) -> None:
         raise StoreUnavailable(f"cannot reach database {engine.url.render_as_string()}: {reason}") from None
 
 
-def check_schema(engine: sa.Engine) -> None:
-    """Raise SchemaOutOfDate unless the database is at the code's head revision."""
+def check_schema(engine: sa.Engine, name: str | None = None) -> None:
+    """Raise SchemaOutOfDate unless the database is at the code's head revision; ``name`` is how the
+    message names the database (default: the engine's URL)."""
     from store.migrations import current_revision, head_revision
 
     check_reachable(engine)
@@ -132,7 +133,7 @@ def check_schema(engine: sa.Engine) -> None:
     if current != head:
         where = "has no agentmem schema" if current is None else f"is at revision {current}, code expects {head}"
         raise SchemaOutOfDate(
-            f"database {engine.url.render_as_string()} {where}: run `agentmem db upgrade --db URL`"
+            f"database {name or engine.url.render_as_string()} {where}: run `agentmem db upgrade --db URL`"
         )
 
 
@@ -209,7 +210,7 @@ def open_read_only(url: str | None = None) -> Store:
                                                      "check_same_thread": False})
         sa.event.listen(engine, "connect", _sqlite_read_only_pragmas)
         sa.event.listen(engine, "handle_error", _sqlite_errors(str(path)))
-    check_schema(engine)
+    check_schema(engine, f"sqlite:///{path}" if path is not None else None)
     return Store(engine)
 
 

@@ -104,6 +104,11 @@ class InvocationRow(Base):
     temperature: Mapped[float]
     latency_s: Mapped[float]
     created_at: Mapped[datetime]
+    # which prompt sampled the outputs: 'aligned' (prompt_ids) or 'privileged' (privileged_ids + prompt_ids)
+    sampled_context: Mapped[str] = mapped_column(sa.String(16), server_default="aligned")
+    privileged_ids: Mapped[bytes | None]
+    # ReOPD: the stored call a replay call branched from (its prompt_ids are that call's)
+    parent_invocation_id: Mapped[str | None] = mapped_column(sa.ForeignKey("invocations.id"), index=True)
 
 
 class TeacherScoreRow(Base):

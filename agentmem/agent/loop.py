@@ -12,6 +12,10 @@ Invariants:
 - the ``prompt_ids`` of every emitted Invocation are exactly the ids passed to the backend, and
   ``output_ids``/``output_logprobs`` exactly what it returned (the oracle returns no log-probs: None);
   ``kind`` is the call's kind, ``memory_policy`` the policy's name and ``role`` ``model`` or ``oracle``; ``memory_before``/``memory_after`` are the policy's memory text;
+- with ``privileged`` (a privileged rollout, PSD's off-policy samples) the backend is passed
+  ``privileged(episode) + prompt ids``; the Invocation stores the spliced ids apart (``privileged_ids``,
+  ``sampled_context`` ``privileged``) and ``prompt_ids`` stays the student-visible prompt; the memory
+  carried on is the privileged sampler's output;
 - a policy sees only the chunks ``max_chunks`` lets it read; the outcome is ``truncated`` when chunks
   were left unread or the answer hit its token limit, ``answered`` otherwise;
 - an episode's state is rebuilt from its stored calls (``AgentLoop.start``), so a resumed episode
@@ -34,7 +38,7 @@ from agentmem.agent.registry import memory_policy, register_memory_policy
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
 from agentmem.policy.types import Backend, Generation, SamplingParams
-from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, Task, utcnow
+from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, Task, TeacherContext, utcnow
 from envs.metrics import Scores
 
 __all__ = [
@@ -59,6 +63,7 @@ class EpisodeState:
     stored: Sequence[Invocation] = ()
     readable: Task | None = None
     answered: Invocation | None = None  # a stored final call whose outcome was never written
+    privileged_ids: list[int] | None = None  # spliced before every prompt of a privileged rollout
 
     def n_updates(self, max_chunks: int | None) -> int:
         n = len(self.task.chunks)
@@ -127,7 +132,9 @@ class AgentLoop:
     ``"*"`` default. Every routed backend must consume the same token ids (one tokenizer: the default's,
     else the first's); the policy renders prompts with it. With ``oracle`` instead (``backend`` None), the
     oracle writes every call's output from the (call, task) pair, with no model; the policy renders
-    prompts with the oracle's tokenizer, and the calls are stored with role ``oracle``."""
+    prompts with the oracle's tokenizer, and the calls are stored with role ``oracle``. ``privileged``:
+    the ids to splice before every prompt of an episode (``agent.prompts.privileged_ids``), for a
+    privileged rollout (module docstring)."""
 
     def __init__(
         self,
@@ -138,9 +145,13 @@ class AgentLoop:
         *,
         memory: MemoryPolicy | None = None,
         oracle: OracleWriter | None = None,
+        privileged: Callable[[Episode], Sequence[int]] | None = None,
     ):
         self.backends = _routes(backend, oracle)
+        if oracle is not None and privileged is not None:
+            raise AgentError("the oracle reads no prompt: a privileged rollout needs a backend")
         self.oracle = oracle
+        self.privileged = privileged
         self.role = "model" if oracle is None else oracle.name
         self.config = config
         self.score = score
@@ -185,7 +196,7 @@ class AgentLoop:
         return EpisodeState(
             episode, task, memory=self.memory.resume(readable, stored), next_step=len(stored), calls=len(stored),
             tokens=sum(i.prompt_tokens + i.output_tokens for i in stored), readable=readable,
-            answered=answered,
+            answered=answered, privileged_ids=list(self.privileged(episode)) if self.privileged else None,
         )
 
     def _started(self, s: EpisodeState) -> EpisodeState:
@@ -231,9 +242,11 @@ class AgentLoop:
                 out.append(exc)
         return out
 
-    def _run_calls(self, calls: list[Call | AgentError], tasks: list[Task]) -> dict[int, Generation | Exception]:
+    def _run_calls(self, calls: list[Call | AgentError], states: list[EpisodeState]
+                   ) -> dict[int, Generation | Exception]:
         """Every planned call's generation (or error), by position; one backend (or oracle) call per
-        (kind, limit)."""
+        (kind, limit). A privileged episode's prompt is its privileged ids, then the call's ids."""
+        tasks = [s.readable or s.task for s in states]
         groups: dict[tuple[str, int], list[int]] = {}
         for i, call in enumerate(calls):
             if isinstance(call, Call):
@@ -243,7 +256,8 @@ class AgentLoop:
             if self.oracle is not None:
                 gens = self._write(self.oracle, [(calls[i], tasks[i]) for i in idx])  # type: ignore[misc]
             else:
-                prompts = [calls[i].prompt.ids for i in idx]  # type: ignore[union-attr]
+                prompts = [(states[i].privileged_ids or []) + calls[i].prompt.ids  # type: ignore[union-attr]
+                           for i in idx]
                 gens = self._generate(self._backend(kind), prompts, self._params(max_new_tokens))
             results.update(zip(idx, gens, strict=True))
         return results
@@ -258,7 +272,7 @@ class AgentLoop:
         for lo in range(0, len(live), self.config.max_batch):
             batch = live[lo : lo + self.config.max_batch]
             calls = [self._plan(s) for s in batch]
-            results = self._run_calls(calls, [s.readable or s.task for s in batch])
+            results = self._run_calls(calls, batch)
             for i, (s, call) in enumerate(zip(batch, calls, strict=True)):
                 if isinstance(call, AgentError):
                     finished.append(self._end(s, "memory policy error", f"AgentError: {call}"))
@@ -297,6 +311,8 @@ class AgentLoop:
             memory_before=self.memory.memory_text(s.memory), memory_after=self.memory.memory_text(after),
             chunk_text=call.chunk_text, chunk_index=call.chunk_index, finish_reason=gen.finish_reason,
             temperature=self.config.temperature, latency_s=gen.latency_s,
+            sampled_context=TeacherContext.aligned if s.privileged_ids is None else TeacherContext.privileged,
+            privileged_ids=s.privileged_ids,
         )
         s.memory, s.next_step = after, s.next_step + 1
         s.calls += 1

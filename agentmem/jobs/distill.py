@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmem import models as model_refs
-from agentmem.config import DistillConfig, PolicySource, TeacherSourceKind
+from agentmem.config import DistillConfig, PolicySource, PsdMode, TeacherSourceKind
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, check_runs, load_run, tracked_run
 from agentmem.models import ModelRef
-from agentmem.records import Checkpoint, RunKind, TrainStep
+from agentmem.records import Checkpoint, Run, RunKind, TeacherContext, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
 from agentmem.training.checkpoints import load_objective_state, load_trainer_state
@@ -80,15 +80,50 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
                   reference)
 
 
+def _privileged_rollout(run: Run) -> bool:
+    """A rollout whose calls were sampled under the privileged prompt (PSD's off-policy samples)."""
+    return run.kind is RunKind.rollout and run.config.get("context") == TeacherContext.privileged.value
+
+
 def check_rl_runs(store: Store, config: DistillConfig) -> None:
-    """Refuse the RL term on oracle runs before any weights load: their calls have no sampler log-probs."""
+    """Refuse the RL term, before any weights load, on runs whose calls are not the student's samples with
+    a reward: oracle runs (no sampler log-probs), privileged rollouts (the log-probs are the privileged
+    sampler's) and replay runs (one call branched from a teacher's episode: no reward)."""
     if not config.effective_rl_weight:
         return
+    fix = "the RL term cannot train on it; use rl_weight 0 / --rl none"
     with store.session() as s:
         for rid in config.run_ids:
-            if repo.get_run(s, rid).config.get("policy") == PolicySource.oracle.value:
-                raise ConfigError(f"run {rid} is an oracle rollout (no sampler log-probs): the RL term cannot "
-                                  "train on it; use rl_weight 0 / --rl none, or agentmem sft")
+            run = repo.get_run(s, rid)
+            if run.config.get("policy") == PolicySource.oracle.value:
+                raise ConfigError(f"run {rid} is an oracle rollout (no sampler log-probs): {fix}, or agentmem sft")
+            if _privileged_rollout(run):
+                raise ConfigError(f"run {rid} was sampled under the privileged prompt (its log-probs are not the "
+                                  f"student's): {fix}")
+            if run.kind is RunKind.replay:
+                raise ConfigError(f"run {rid} is a replay run (single calls branched from a teacher's episodes carry "
+                                  f"no reward): {fix}")
+
+
+def check_psd_runs(store: Store, config: DistillConfig) -> None:
+    """Refuse, before any weights load, runs that do not match ``config.psd``: ``on_policy`` trains on the
+    student's own samples (no privileged rollout), ``off_policy`` only on privileged rollouts, ``mixed``
+    on at least one of each."""
+    if config.psd is PsdMode.none:
+        return
+    with store.session() as s:
+        privileged = {rid: _privileged_rollout(repo.get_run(s, rid)) for rid in config.run_ids}
+    names = {True: [r for r, p in privileged.items() if p], False: [r for r, p in privileged.items() if not p]}
+    hint = "(`agentmem rollout --context privileged` samples under the privileged prompt)"
+    if config.psd is PsdMode.on_policy and names[True]:
+        raise ConfigError(f"psd=on_policy scores the student's own samples, but run {names[True][0]} was sampled "
+                          "under the privileged prompt: use --psd off_policy or mixed")
+    if config.psd is PsdMode.off_policy and names[False]:
+        raise ConfigError(f"psd=off_policy scores the privileged sampler's tokens, but run {names[False][0]} is "
+                          f"not a privileged rollout {hint}")
+    if config.psd is PsdMode.mixed and not (names[True] and names[False]):
+        raise ConfigError("psd=mixed trains on a normal rollout and a privileged rollout together: give one of each "
+                          f"with --run {hint}")
 
 
 def run_distill(
@@ -115,6 +150,7 @@ def run_distill(
         raise ConfigError("run_distill needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     check_rl_runs(store, config)
+    check_psd_runs(store, config)
     check_installed(report_to)
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     with tracked_run(store, RunKind.distill, config, resume=resumed) as run:

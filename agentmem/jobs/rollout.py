@@ -9,6 +9,10 @@ so a killed job loses at most the calls in flight and ``resume`` finishes the ru
 With ``policy: oracle`` no weights load at all: the model reference gives only the tokenizer and its chat
 template, ``agentmem.agent.oracle`` writes every output from the task's facts and gold answer, and the
 calls are stored with role ``oracle``, no log-probs and no policy version (no checkpoint sampled them).
+
+With ``context: privileged`` (PSD's off-policy samples) every call is sampled with the episode's privileged
+message (``agent.prompts.privileged_ids``: gold answer and evidence, the privileged teacher's splice)
+before its prompt; the calls store those ids apart from the student-visible prompt (``agent.loop``).
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from agentmem import models
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.overwrite import OverwritePolicy
+from agentmem.agent.prompts import privileged_ids
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, load_run, tracked_run
 from agentmem.policy.types import Backend
-from agentmem.records import Checkpoint, Episode, EpisodeStatus, Invocation, RunKind
+from agentmem.records import Checkpoint, Episode, EpisodeStatus, Invocation, RunKind, TeacherContext
 from agentmem.runtime import CPU, Runtime
 from envs import load_env
 from envs.types import Env
@@ -133,8 +138,12 @@ def run_rollout(
             for t in tasks for g in range(config.group_size)
         ]
         by_task = {t.task_id: t for t in tasks}
+        privileged = None
+        if config.context is TeacherContext.privileged:
+            def privileged(episode: Episode) -> list[int]:
+                return privileged_ids(tokenizer, episode)
         loop = AgentLoop(backend, config.agent, env.score, policy_version=policy.id if policy else None,
-                         oracle=writer)
+                         oracle=writer, privileged=privileged)
         with store.session() as s:
             repo.insert_episodes(s, episodes)
             s.commit()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,7 +28,9 @@ class Sequence:
 
     ``action_ids`` (the sampled tokens, one per True in ``action_mask``, in order) and ``sampler_logprobs``
     are the stored ``output_ids`` / ``output_logprobs`` (all NaN for a call stored without log-probs, an
-    oracle call: cross-entropy and distillation use only the ids; the RL term refuses NaN). ``truncated_tokens`` counts prompt tokens cut from
+    oracle call, and in the ``aligned`` rebuild of a call sampled under a privileged prompt, whose stored
+    log-probs belong to another input: cross-entropy and distillation use only the ids; the RL term refuses
+    NaN). ``truncated_tokens`` counts prompt tokens cut from
     the left by packing (0 when the sequence is whole). ``group``: the calls that may share a prompt
     prefix when packed with ``shared_prefix=True`` carry the same key (the training layer sets it to the
     call's (run, task, step)); None packs the sequence as an ordinary segment."""
@@ -81,9 +83,15 @@ def _sampler_logprobs(inv: Invocation) -> np.ndarray:
 
 
 def rebuild_aligned(inv: Invocation) -> Sequence:
-    """Exactly the student's state: ``prompt_ids + output_ids`` at positions ``0..len-1``."""
+    """Exactly the student's state: ``prompt_ids + output_ids`` at positions ``0..len-1``. For a call
+    sampled under a privileged prompt (``inv.privileged_ids``) that is the prompt without the privileged
+    ids, and its sampler log-probs are NaN: the stored ones were taken under the privileged prompt, so no
+    policy-gradient ratio of the student may use them."""
     _checked(inv)
-    return _sequence(inv, inv.prompt_ids)
+    seq = _sequence(inv, inv.prompt_ids)
+    if inv.privileged_ids is None:
+        return seq
+    return replace(seq, sampler_logprobs=np.full(inv.output_tokens, np.nan, dtype=np.float32))
 
 
 def _check_history(history: Seq[Invocation], inv: Invocation) -> None:

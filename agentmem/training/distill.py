@@ -17,6 +17,10 @@ Packing: ``config.packing`` lays out the student's rows, the online teacher's an
 batch) the anchor reference's; with ``shared_prefix`` the calls of one (run, task, step) group compute
 their common prompt prefix once, and the step's loss and gradient are those of ``segments``.
 
+PSD mixed (``config.psd``): the calls the student sampled and those sampled under the privileged prompt
+are two parts; every step draws from each (its own seeded order, the calls split evenly) and the step loss
+is ``(1 - psd_mix) L_on + psd_mix L_off`` (``objective.Mix``).
+
 Temperature: every compared distribution at ``config.temperature`` (see ``terms``); the policy-gradient
 ratio at each call's sampling temperature.
 """
@@ -31,14 +35,15 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import DistillConfig, Oversize, Packing
+from agentmem.config import DistillConfig, Oversize, Packing, PsdMode
+from agentmem.errors import TrainingError
 from agentmem.records import Checkpoint, TrainStep
 from agentmem.replay import pack
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
 from agentmem.training.checkpoints import save_checkpoint
 from agentmem.training.forward import PackedModel
-from agentmem.training.objective import StepInputs, StepResult, accumulate_step
+from agentmem.training.objective import Mix, StepInputs, StepResult, accumulate_step
 from agentmem.training.selection import Selection, select, student_sequences
 from agentmem.training.teachers import TeacherSource, teacher_source
 from agentmem.training.terms import objective_from_config
@@ -63,12 +68,13 @@ class Models:
     reference: PreTrainedModel | None = None
 
 
-def step_indices(n: int, per_step: int, seed: int, step: int) -> np.ndarray:
+def step_indices(n: int, per_step: int, seed: int, step: int, stream: int | None = None) -> np.ndarray:
     """The selection indices of step ``step`` (0-based): epochs of a seeded permutation, a function of
-    (n, per_step, seed, step) only, so a resumed run draws exactly what an uninterrupted one would."""
+    (n, per_step, seed, step) only, so a resumed run draws exactly what an uninterrupted one would.
+    ``stream`` gives an independent order under the same seed (each part of a PSD mixed step)."""
     per_epoch = max(1, -(-n // per_step))
     epoch, pos = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    perm = np.random.default_rng([seed, epoch] if stream is None else [seed, stream, epoch]).permutation(n)
     return np.sort(perm[pos * per_step : (pos + 1) * per_step])
 
 
@@ -84,11 +90,24 @@ def draw_units(seqs: list, packing: Packing) -> list[list[int]]:
     return list(groups.values())
 
 
-def step_units(units: list[list[int]], calls_per_step: int, seed: int, step: int) -> list[int]:
+def step_units(units: list[list[int]], calls_per_step: int, seed: int, step: int,
+               stream: int | None = None) -> list[int]:
     """The units (see ``draw_units``) of step ``step``: a seeded permutation per epoch, as many units as
     make ``calls_per_step`` calls on average (at least one)."""
     mean = sum(len(u) for u in units) / len(units)
-    return step_indices(len(units), max(1, round(calls_per_step / mean)), seed, step).tolist()
+    return step_indices(len(units), max(1, round(calls_per_step / mean)), seed, step, stream).tolist()
+
+
+def psd_mix(selection: Selection, off_policy_share: float) -> Mix:
+    """PSD mixed: part 0 holds the episodes the student sampled, part 1 those sampled under the privileged
+    prompt (their calls store ``privileged_ids``); the step loss is ``(1 - share) L_0 + share L_1``.
+    Raises TrainingError unless the selection holds calls of both."""
+    privileged = {i.episode_id for i in selection.invocations if i.privileged_ids is not None}
+    part_of = {e: int(e in privileged) for e in selection.episodes}
+    if len(set(part_of[i.episode_id] for i in selection.invocations)) < 2:
+        raise TrainingError("psd=mixed needs calls sampled by the student and calls sampled under the privileged "
+                            "prompt (a normal and a `rollout --context privileged` run) in the selection")
+    return Mix(part_of, (1.0 - off_policy_share, off_policy_share))
 
 
 def advantages(selection: Selection, normalize_std: bool) -> dict[str, float]:
@@ -121,18 +140,20 @@ class Trainer:
         self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)
         self.student_seqs = student_sequences(self.selection)
         self.units = draw_units(self.student_seqs, config.packing)
+        self.episode_of = {i.id: i.episode_id for i in self.selection.invocations}
+        self.mix = psd_mix(self.selection, config.psd_mix) if config.psd is PsdMode.mixed else None
+        self.part_units = self._part_units()
         self.teacher = teacher if teacher is not None else teacher_source(
             config, store, self.selection, model=models.teacher, tokenizer=models.teacher_tokenizer,
             name=models.teacher_name, vocab=self.student.vocab, runtime=runtime)
         self.advantage_of = advantages(self.selection, config.normalize_std)
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
-        self.episode_of = {i.id: i.episode_id for i in self.selection.invocations}
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
                                            lr=config.lr, weight_decay=config.weight_decay)
 
     def step(self, step: int) -> TrainStep:
         t0 = time.perf_counter()
-        units = step_units(self.units, self.config.invocations_per_step, self.config.seed, step)
+        units = self._draw(step)
         drawn = [i for u in units for i in self.units[u]]
         step_episodes = list(dict.fromkeys(self.episode_of[self.student_seqs[i].invocation_id] for i in drawn))
         mine = [self.student_seqs[i] for u in units[self.runtime.rank :: self.runtime.world_size]
@@ -143,7 +164,7 @@ class Trainer:
         skipped = set(stats.skipped_ids)
         kept = [s.invocation_id for s in mine if s.invocation_id not in skipped]
         targets = self.teacher.targets(kept) if self.teacher is not None and kept else None
-        inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, targets)
+        inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, targets, self.mix)
         model = self.models.student
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -162,6 +183,23 @@ class Trainer:
             metrics={**result.metrics, "grad_norm": float(grad_norm), "actions": float(result.actions),
                      "fill": stats.fill, "rows": float(stats.rows), **counts},
         )
+
+    def _part_units(self) -> list[list[int]]:
+        """Unit indices per part (one part unless PSD mixed)."""
+        if self.mix is None:
+            return [list(range(len(self.units)))]
+        part = [self.mix.part_of[self.episode_of[self.student_seqs[u[0]].invocation_id]] for u in self.units]
+        return [[k for k, p in enumerate(part) if p == q] for q in range(len(self.mix.shares))]
+
+    def _draw(self, step: int) -> list[int]:
+        """The units of step ``step``; with PSD mixed, each part's own seeded order, the step's calls split
+        evenly between the parts (the first gets the odd one)."""
+        per_step, seed = self.config.invocations_per_step, self.config.seed
+        if self.mix is None:
+            return step_units(self.units, per_step, seed, step)
+        counts = [per_step // 2 + per_step % 2, per_step // 2]
+        return [units[k] for p, units in enumerate(self.part_units)
+                for k in step_units([self.units[u] for u in units], counts[p], seed, step, stream=p)]
 
     def _reduce(self, result: StepResult, counts: dict[str, float]) -> tuple[StepResult, dict[str, float]]:
         """With several processes: sum gradients, losses and counts over them in one all-reduce."""

@@ -14,6 +14,10 @@ gradient summed over processes do not depend on how its calls are packed or spli
   it from the step's full draw, which every process computes) and the reduced vector carries one token
   count per episode: ``[N, C, n_e1, n_e2, ...]``.
 
+A step of weighted parts (``Mix``, PSD ``mixed``) normalises each part's weights as above within the part
+(the vector carries ``N`` and ``C`` per part) and scales them by the part's share, so the step loss is the
+shares' weighted sum of the parts' losses.
+
 Each process's loss is its share of the step loss; the step gradient is the *sum* of the processes'
 gradients (not their mean: DDP's averaging would need the loss scaled by the world size).
 """
@@ -34,19 +38,21 @@ from agentmem.training.forward import PackedModel
 from agentmem.training.teachers import TeacherTargets
 from agentmem.training.terms import MicroBatch, Objective, objective_from_config
 
-__all__ = ["Objective", "StepInputs", "StepResult", "accumulate_step", "objective_from_config", "step_totals",
+__all__ = ["Mix", "Objective", "StepInputs", "StepResult", "accumulate_step", "objective_from_config", "step_totals",
            "step_weights"]
 
 
 @dataclass(frozen=True)
 class StepInputs:
     """Per-invocation facts the objective needs besides the rows: its episode, the episode's advantage,
-    the sampling temperature (> 0), and the teacher's targets (None when no term needs a teacher)."""
+    the sampling temperature (> 0), the teacher's targets (None when no term needs a teacher) and, for a
+    step of weighted parts (PSD mixed), the ``Mix``."""
 
     episode_of: Mapping[str, str]
     advantage_of: Mapping[str, float]
     temperature_of: Mapping[str, float]
     teacher: TeacherTargets | None = None
+    mix: Mix | None = None  # PSD mixed: the step's weighted parts
 
 
 @dataclass(frozen=True)
@@ -66,53 +72,93 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class StepTotals:
-    """The step's counts over all processes: action tokens, calls with an action, and tokens per episode
-    (in ``step_episodes`` order; ``slot`` maps an episode id to its index)."""
+class Mix:
+    """A step made of weighted parts (PSD ``mixed``: on-policy calls, part 0, and off-policy calls, part 1).
+    ``part_of`` maps an episode id to its part; token weights are normalised within each part as the
+    weighting says, then scaled by the part's ``shares[p]``, so the step loss of any term is exactly
+    ``sum_p shares[p] * L_p`` with ``L_p`` that term's step loss over part ``p`` alone (a part with no
+    action token in a step adds nothing)."""
 
-    actions: int
-    calls: int
+    part_of: Mapping[str, int]
+    shares: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """The step's counts over all processes, per part (one part unless the step is a ``Mix``): action
+    tokens, calls with an action, and tokens per episode (in ``step_episodes`` order; ``slot`` maps an
+    episode id to its index, ``episode_parts`` gives each slot's part)."""
+
+    part_actions: tuple[int, ...]
+    part_calls: tuple[int, ...]
     episode_tokens: torch.Tensor  # float32 [E]
     slot: Mapping[str, int]
+    episode_parts: torch.Tensor  # int64 [E]
+
+    @property
+    def actions(self) -> int:
+        return sum(self.part_actions)
+
+    @property
+    def calls(self) -> int:
+        return sum(self.part_calls)
 
     @property
     def episodes(self) -> int:
         return int((self.episode_tokens > 0).sum())
 
+    def part_episodes(self) -> list[int]:
+        """Episodes with any action token, per part."""
+        return [int(((self.episode_tokens > 0) & (self.episode_parts == p)).sum()) for p in range(len(self.part_actions))]
+
+
+def _part(mix: Mix | None, episode: str) -> int:
+    return mix.part_of[episode] if mix is not None else 0
+
 
 def step_totals(batches: Sequence[PackedBatch], episode_of: Mapping[str, str], runtime: Runtime = CPU,
-                step_episodes: Sequence[str] | None = None) -> StepTotals:
+                step_episodes: Sequence[str] | None = None, mix: Mix | None = None) -> StepTotals:
     """Local counts summed over processes with one ``all_reduce_sum``; ``step_episodes`` defaults to this
-    process's episodes (right for one process)."""
+    process's episodes (right for one process). The vector is ``[N_p..., C_p..., n_e...]``."""
     calls = [(i, n) for b in batches for i, n in zip(b.invocation_ids, b.action_counts, strict=True) if n]
     if step_episodes is None:
         step_episodes = list(dict.fromkeys(episode_of[i] for i, _ in calls))
+    parts = len(mix.shares) if mix is not None else 1
     slot = {e: k for k, e in enumerate(step_episodes)}
-    local = torch.zeros(2 + len(slot), dtype=torch.float64)
-    local[0], local[1] = sum(n for _, n in calls), len(calls)
+    local = torch.zeros(2 * parts + len(slot), dtype=torch.float64)
     for inv_id, n in calls:
-        local[2 + slot[episode_of[inv_id]]] += n
+        p = _part(mix, episode_of[inv_id])
+        local[p] += n
+        local[parts + p] += 1
+        local[2 * parts + slot[episode_of[inv_id]]] += n
     total = runtime.all_reduce_sum(local.to(runtime.device)).cpu()
-    return StepTotals(int(total[0]), int(total[1]), total[2:].to(torch.float32), slot)
+    return StepTotals(tuple(int(x) for x in total[:parts]), tuple(int(x) for x in total[parts : 2 * parts]),
+                      total[2 * parts :].to(torch.float32), slot,
+                      torch.tensor([_part(mix, e) for e in step_episodes], dtype=torch.long))
 
 
 def step_weights(batches: Sequence[PackedBatch], episode_of: Mapping[str, str], mode: Weighting | str,
-                 totals: StepTotals, device: str = "cpu") -> list[torch.Tensor]:
-    """Float32 weights ``[A_b]`` per batch, normalised over the global step (module docstring)."""
+                 totals: StepTotals, device: str = "cpu", mix: Mix | None = None) -> list[torch.Tensor]:
+    """Float32 weights ``[A_b]`` per batch, normalised over the global step (module docstring), within
+    each part of a ``Mix`` and scaled by its share."""
     mode = Weighting(mode)
+    shares = torch.tensor(mix.shares if mix is not None else (1.0,), dtype=torch.float32)
+    inv_actions = torch.tensor([1.0 / a if a else 0.0 for a in totals.part_actions], dtype=torch.float32)
+    calls = torch.tensor(totals.part_calls, dtype=torch.float32)
+    episodes = torch.tensor(totals.part_episodes(), dtype=torch.float32)
     out = []
     for b in batches:
-        n = int(b.action_ids.shape[0])
         per_token_calls = [(i, c) for i, c in zip(b.invocation_ids, b.action_counts, strict=True) for _ in range(c)]
+        part = torch.tensor([_part(mix, episode_of[i]) for i, _ in per_token_calls], dtype=torch.long)
         if mode is Weighting.token:
-            w = torch.full((n,), 1.0 / totals.actions if totals.actions else 0.0, dtype=torch.float32)
+            w = inv_actions[part]
         elif mode is Weighting.call:
             sizes = torch.tensor([c for _, c in per_token_calls], dtype=torch.float32)
-            w = 1.0 / (totals.calls * sizes)
+            w = 1.0 / (calls[part] * sizes)
         else:
             index = torch.tensor([totals.slot[episode_of[i]] for i, _ in per_token_calls], dtype=torch.long)
-            w = 1.0 / (totals.episodes * totals.episode_tokens[index])
-        out.append(w.to(device))
+            w = 1.0 / (episodes[part] * totals.episode_tokens[index])
+        out.append((w * shares[part]).to(device))
     return out
 
 
@@ -127,8 +173,8 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     """Forward and backward over this process's student rows, one row per micro-batch (gradients
     accumulate in ``student.model``). ``reference``: the frozen model of the anchor term."""
     batches = [student.collate([r]) for r in rows]
-    totals_ = step_totals(batches, inputs.episode_of, runtime, step_episodes)
-    weights = step_weights(batches, inputs.episode_of, objective.weighting, totals_, student.device)
+    totals_ = step_totals(batches, inputs.episode_of, runtime, step_episodes, inputs.mix)
+    weights = step_weights(batches, inputs.episode_of, objective.weighting, totals_, student.device, inputs.mix)
     totals = {t.name: 0.0 for _, t in objective.terms}
     metrics: dict[str, float] = {}
     tokens = actions = 0

@@ -5,6 +5,12 @@ Both rebuilds of one invocation have the same action tokens in the same order, s
 slices of the two forward passes line up one to one. Every rebuilt sequence carries its group key
 ``(run id, task id, step)`` (``Sequence.group``): the G samples of a task at one step, which the
 shared-prefix packing lets share their common prompt prefix (found on token ids only, in ``replay.pack``).
+
+A call sampled under the privileged prompt (a privileged rollout: PSD's off-policy samples) stores its
+privileged ids apart from its student-visible ``prompt_ids``: the student rebuilds the prompt without them
+(``aligned``) and the ``privileged`` teacher the prompt with exactly the stored ids, so the teacher reads
+what the sampler read and both hold the same action tokens. Other calls get the privileged message
+rendered from their episode (``agent.prompts.privileged_ids``, the same function the rollout uses).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
+from agentmem.agent.prompts import privileged_ids
 from agentmem.errors import TrainingError
 from agentmem.records import Episode, Invocation, InvocationKind, TeacherContext
 from agentmem.replay import Sequence, rebuild
@@ -22,10 +29,7 @@ from agentmem.training.chat_history import ChatHistory
 from store import repository as repo
 from store.engine import Store
 
-PRIVILEGED_TEMPLATE = (
-    "Privileged information for grading, not visible to the reader. Gold answer: {answers}."
-    "{evidence}"
-)
+__all__ = ["Selection", "privileged_ids", "select", "student_sequences", "teacher_sequences"]
 
 
 @dataclass(frozen=True)
@@ -80,14 +84,6 @@ def select(
     return Selection(invocations, episodes)
 
 
-def privileged_ids(tokenizer: PreTrainedTokenizerBase, episode: Episode) -> list[int]:
-    """The privileged context as one complete system message rendered by the chat template."""
-    evidence = f" Supporting evidence: {' '.join(episode.evidence)}" if episode.evidence else ""
-    text = PRIVILEGED_TEMPLATE.format(answers=" | ".join(episode.gold_answers), evidence=evidence)
-    rendered = tokenizer.apply_chat_template([{"role": "system", "content": text}], tokenize=False)
-    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-
-
 def teacher_sequences(
     selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None
 ) -> list[Sequence]:
@@ -107,6 +103,8 @@ def teacher_sequences(
         cache: dict[str, list[int]] = {}
 
         def privileged(inv: Invocation) -> list[int]:
+            if inv.privileged_ids is not None:  # what the sampler read (a privileged rollout)
+                return inv.privileged_ids.tolist()
             if inv.episode_id not in cache:
                 cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
             return cache[inv.episode_id]

@@ -17,7 +17,8 @@ Terms:
   With full-vocabulary targets it may pull towards the barycenter of teacher and student instead
   (``barycenter``, DemoPSD) and cap each token's divergence (``jsd_clip``, OPSD);
 - ``PolicyGradientTerm``: PPO/GRPO clipped surrogate on the episode's group advantage (it needs the
-  sampler's log-probs: a call stored without them, an oracle call, is refused);
+  student sampler's log-probs: an oracle call, stored without them, and a call sampled under a privileged
+  prompt, rebuilt with NaN for the student, are refused);
 - ``CrossEntropyTerm``: ``-log p_s(a)`` of the sampled action (supervised fine-tuning on the calls);
 - ``AnchorTerm``: reverse KL(student || frozen reference), the reference being run on the student's own
   aligned rows (a KL anchor to the starting model).
@@ -137,7 +138,8 @@ class PolicyGradientTerm:
 
     def __call__(self, batch: MicroBatch) -> TermValue:
         if bool(torch.isnan(batch.sampler_logprobs).any()):
-            raise TrainingError("calls without sampler log-probs (oracle calls) cannot be trained with the RL term; "
+            raise TrainingError("calls without sampler log-probs (oracle calls) or sampled under a privileged "
+                                "prompt (PSD off-policy) cannot be trained with the RL term; "
                                 "use rl_weight 0 / --rl none, or agentmem sft")
         new = sampled_logprobs(batch.logits / batch.sampling_temperature[:, None], batch.action_ids)
         loss, m = policy_gradient_loss(new, batch.sampler_logprobs, batch.advantages, self.clip_eps,

@@ -25,10 +25,11 @@ def short(ident: str | None) -> str:
 
 
 def model_label(path: str | None) -> str:
-    """The last part of a model path (a folder's name), or the reference itself."""
+    """The last part of a model path (a folder's name), or the reference itself; at most 24 characters."""
     if not path:
         return ""
-    return Path(path).name or path
+    name = Path(path).name or path
+    return name if len(name) <= 24 else name[:10] + "…" + name[-8:]
 
 
 @functools.cache

@@ -41,8 +41,10 @@ class RunLine:
 
 
 def run_model(run: Run) -> str:
-    """The model a run used: a rollout's or eval's model, a training run's student."""
+    """The model a run used: a rollout's or eval's model, a score run's teacher, a training run's student."""
     config = run.config
+    if run.kind is RunKind.score:
+        return str(config.get("teacher") or "")
     return str(config.get("model") or config.get("student") or (config.get("distill") or {}).get("student") or "")
 
 

@@ -28,8 +28,8 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """About ``n`` round tick values covering [lo, hi]."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return [0.0]
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
+    if hi <= lo:  # one value: a unit range around it (from 0 when it is 0)
+        lo, hi = (0.0, 1.0) if lo == 0 else (lo - 0.5, hi + 0.5)
     raw = (hi - lo) / max(1, n)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
