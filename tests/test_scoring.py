@@ -9,9 +9,11 @@ import torch
 from helpers import register_policy
 from safetensors.torch import load_file
 from test_agent import SYNTH
+from test_teachers import user_content
 from tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from transformers import PreTrainedTokenizerFast
 
+from agentmem.agent.prompts import SYSTEM
 from agentmem.config import AgentConfig, RolloutConfig, ScoreConfig, TeacherTruncation
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
@@ -69,6 +71,16 @@ def test_scores_equal_direct_computation(rolled, model, context):
         elif context is TeacherContext.persistent:
             earlier = history.setdefault(inv.episode_id, [])
             ctx = np.concatenate([*[a for h in earlier for a in (h.prompt_ids, h.output_ids)], inv.prompt_ids])
+            earlier.append(inv)
+        elif context is TeacherContext.persistent_chat:  # one chat: system once, earlier turns and replies
+            earlier = history.setdefault(inv.episode_id, [])
+            messages = [{"role": "system", "content": SYSTEM}]
+            for h in earlier:
+                messages += [{"role": "user", "content": user_content(h)},
+                             {"role": "assistant", "content": h.output_text}]
+            messages.append({"role": "user", "content": user_content(inv)})
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ctx = np.asarray(tok(text, add_special_tokens=False)["input_ids"])
             earlier.append(inv)
         else:
             ctx = np.concatenate([privileged_ids(tok, eps[inv.episode_id]), inv.prompt_ids])
