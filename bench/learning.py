@@ -15,7 +15,16 @@ the shared HotpotQA file (its gold paragraphs only, when ``../shared`` is there)
   opd_persistent_chat  the teacher on the episode history as one well-formed chat (``persistent_chat``);
   demopsd           aligned, towards DemoPSD's barycenter target (``--target barycenter``, defaults);
   opsd_clip         aligned, each token's divergence clipped at 1 nat, plus a 0.1 KL anchor to the
-                    starting model (OPSD's clip and OPTD's frozen anchor; both values the project's choice).
+                    starting model (OPSD's clip and OPTD's frozen anchor; both values the project's choice);
+  psd_off           PSD off-policy: the tokens were sampled by the teacher under the privileged prompt
+                    (``rollout --context privileged``), scored by it under that prompt, the student trained
+                    on them from the plain prompt (PSD on-policy is ``opd_privileged``);
+  psd_mixed         PSD mixed: half of each step from the student's rollout, half from the privileged one;
+  reopd             ReOPD: the student samples one call per oracle episode (step t drawn with prob. ∝ 0.6^t)
+                    from the oracle's stored prompt (its memory), the teacher scores it there (aligned).
+
+Every arm's student starts from the base model and takes the same steps x calls (PSD's paper starts the
+student from the SFT checkpoint; here that would give its arms more student updates than the others).
 
 The on-policy arms run ``agentmem train``'s loop: ``rounds`` x (a sampled rollout of the current student on
 training tasks of level ``--train-level``, ``steps / rounds`` distill steps on it). Their teacher is the
@@ -59,6 +68,8 @@ from agentmem.config import (  # noqa: E402
     EvalConfig,
     Oversize,
     PolicySource,
+    PsdMode,
+    ReplayConfig,
     RLKind,
     RolloutConfig,
     SftConfig,
@@ -67,6 +78,7 @@ from agentmem.config import (  # noqa: E402
 )
 from agentmem.jobs.distill import run_distill  # noqa: E402
 from agentmem.jobs.eval import run_eval  # noqa: E402
+from agentmem.jobs.replay import run_replay  # noqa: E402
 from agentmem.jobs.rollout import run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.records import Checkpoint, TeacherContext  # noqa: E402
@@ -76,7 +88,7 @@ from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
 ARMS = ("base", "sft", "opd_aligned", "opd_persistent", "opd_privileged", "grpo", "opd_grpo",
-        "opd_persistent_chat", "demopsd", "opsd_clip")
+        "opd_persistent_chat", "demopsd", "opsd_clip", "psd_off", "psd_mixed", "reopd")
 # what each on-policy arm changes in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
@@ -87,6 +99,9 @@ ON_POLICY: dict[str, dict] = {
     "opd_persistent_chat": {"kd": True, "context": TeacherContext.persistent_chat},
     "demopsd": {"kd": True, "target": DistillTarget.barycenter},
     "opsd_clip": {"kd": True, "jsd_clip": 1.0, "anchor_weight": 0.1},
+    "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
+    "psd_mixed": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.mixed},
+    "reopd": {"kd": True},
 }
 HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
 
@@ -257,19 +272,55 @@ def on_policy_arm(store, runtime: Runtime, plan: Plan, work: Path, arm: str, tea
     for r in range(plan.rounds):
         rollout_cfg, distill_cfg = loop.round_configs(r, policy.id)
         key = f"rollout/{policy.id}/{rollout_cfg.seed}"
-        if not state.get(key):
+        if arm not in OFF_POLICY and not state.get(key):
             backend = models.backend("transformers", policy.path, "float32", runtime)
             rolled = run_rollout(store, rollout_cfg.model_copy(update={"model": policy.path}), runtime,
                                  backend=backend, policy=policy)
             mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
             state.put(key, {"run": rolled.run_id, "f1": mean})
             say(f"{arm} round {r + 1}: rollout {rolled.run_id} of {policy.id[:8]}, F1 {mean:.3f}")
-        done = run_distill(store, distill_cfg.model_copy(update={"run_ids": [state.get(key)["run"]]}), runtime)
+        if arm in OFF_POLICY:  # psd_off: the teacher's samples, made once; reopd: the current student's replay
+            key = off_policy_data(store, runtime, arm, rollout_cfg, teacher, policy, state)
+        runs = [state.get(key)["run"]]
+        if arm == "psd_mixed":
+            runs.append(state.get(off_policy_data(store, runtime, "psd_off", rollout_cfg, teacher, policy,
+                                                  state))["run"])
+        done = run_distill(store, distill_cfg.model_copy(update={"run_ids": runs}), runtime)
         policy = done.last_checkpoint
         say(f"{arm} round {r + 1}: {distill_cfg.steps} steps -> {policy.id[:8]}")
         out.append({**ckpt_json(policy), "step": (r + 1) * plan.steps_per_round, "round": r + 1,
                     "rollout_f1": state.get(key)["f1"]})
     return out
+
+
+OFF_POLICY = ("psd_off", "reopd")
+
+
+def off_policy_data(store, runtime: Runtime, arm: str, rollout_cfg: RolloutConfig, teacher: str,
+                    student: Checkpoint, state: State) -> str:
+    """The state key of the stored calls an off-policy arm trains on: for ``psd_off`` the teacher's rollout
+    under the privileged prompt (same tasks and seed as the on-policy rollouts; one for every round), for
+    ``reopd`` the current student's replay of one call per oracle episode (``group`` samples each)."""
+    key = "data/psd_off" if arm == "psd_off" else f"data/reopd/{student.id}"  # the replay is the student's
+    if state.get(key):
+        return key
+    if arm == "psd_off":
+        ckpt = _load_ckpt(store, teacher)
+        backend = models.backend("transformers", ckpt.path, "float32", runtime)
+        rolled = run_rollout(store, rollout_cfg.model_copy(update={"model": ckpt.path,
+                                                                   "context": TeacherContext.privileged}),
+                             runtime, backend=backend, policy=ckpt)
+        mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
+        state.put(key, {"run": rolled.run_id, "f1": mean})
+        say(f"psd_off: privileged rollout {rolled.run_id} of the teacher {teacher[:8]}, F1 {mean:.3f}")
+    else:
+        backend = models.backend("transformers", student.path, "float32", runtime)
+        config = ReplayConfig(teacher_run=state.get("oracle"), model=student.path, group_size=4, kappa=0.6,
+                              seed=rollout_cfg.seed, max_batch=32)
+        replayed = run_replay(store, config, runtime, backend=backend, policy=student)
+        state.put(key, {"run": replayed.run_id, "f1": float("nan")})
+        say(f"reopd: replay run {replayed.run_id}, {len(replayed.episodes)} branched calls")
+    return key
 
 
 # -- report --------------------------------------------------------------------------------------------
