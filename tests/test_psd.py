@@ -70,10 +70,10 @@ def stored(store, run_id) -> tuple[dict[str, Episode], list[Invocation]]:
 
 
 @pytest.fixture
-def runs(sqlite_store):
-    """A normal rollout and a privileged rollout of the same tasks by the same tiny model."""
-    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    return sqlite_store, rollout(sqlite_store, policy), rollout(sqlite_store, policy, context="privileged"), policy
+def runs(store):
+    """A normal rollout and a privileged rollout of the same tasks by the same tiny model (SQLite, Postgres)."""
+    policy = register_policy(store, "/models/tiny", "tiny")
+    return store, rollout(store, policy), rollout(store, policy, context="privileged"), policy
 
 
 def models(policy) -> Models:
