@@ -3,8 +3,11 @@
 Every job takes a ``Runtime``; nothing else in the library decides the device or assumes a CPU. A job's
 config says what to compute (and in which dtype, since that changes results); the runtime says where.
 
-Rank and world size come from the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, as
-``torchrun`` sets them); with one process they are 0 and 1 and ``all_reduce_sum`` is the identity.
+Rank and world size come from the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``/``MASTER_PORT``, as ``torchrun`` sets them); with one process they are 0 and 1 and the
+collectives (``all_reduce_sum``, ``broadcast``, ``barrier``) are the identity. With several, ``create``
+starts the process group (gloo on CPU, NCCL on CUDA) and ``close`` ends it. ``fsdp``: shard the trained
+student with FSDP2 instead of replicating it with DDP (CUDA only).
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ class Runtime:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    fsdp: bool = False
     _reduce: Any = field(default=None, repr=False, compare=False)  # injected all-reduce (tests)
 
     @classmethod
     def create(cls, device: Device | str = Device.auto, threads: int | None = None,
-               dtype: DType | str | None = None) -> Runtime:
+               dtype: DType | str | None = None, fsdp: bool = False) -> Runtime:
         """Resolve ``device`` (``auto``: CUDA when available, else CPU), apply ``threads`` to torch, read the
-        rank and world size from the environment. Raises ConfigError for an unusable choice."""
+        rank and world size from the environment and, with several processes, start the process group.
+        Raises ConfigError for an unusable choice (``fsdp`` off CUDA), before any model loads."""
         import torch
 
         choice = Device(device) if str(device) in Device._value2member_map_ else None
@@ -52,8 +57,14 @@ class Runtime:
             if not torch.cuda.is_available():
                 raise ConfigError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
             resolved = f"cuda:{local}" if name == "cuda" and world > 1 else name
-        return cls(device=resolved, threads=threads, dtype=DType(dtype) if dtype else None, rank=rank,
-                   world_size=world, local_rank=local)
+        if fsdp and not resolved.startswith("cuda"):
+            raise ConfigError("--fsdp needs --device cuda (FSDP2 shards the student over GPUs; on CPU several "
+                              "processes replicate it with DDP)")
+        runtime = cls(device=resolved, threads=threads, dtype=DType(dtype) if dtype else None, rank=rank,
+                      world_size=world, local_rank=local, fsdp=fsdp)
+        if world > 1:
+            _start_process_group(resolved)
+        return runtime
 
     @property
     def is_main(self) -> bool:
@@ -82,11 +93,64 @@ class Runtime:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value
 
+    @property
+    def process_group(self) -> bool:
+        """Whether the processes talk through torch.distributed (several, started by torchrun)."""
+        if self.world_size == 1 or self._reduce is not None:
+            return False
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+
+    def broadcast(self, value):
+        """Rank 0's ``value`` (any picklable object) on every process; also a barrier."""
+        if self.world_size == 1:
+            return value
+        self.require_group()
+        import torch.distributed as dist
+
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self.require_group()
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        """End the process group ``create`` started (nothing with one process)."""
+        if self.process_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+    def require_group(self) -> None:
+        if not self.process_group:
+            raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised: start "
+                              "the job with torchrun")
+
     def with_reduce(self, reduce) -> Runtime:
         """A copy whose ``all_reduce_sum`` is ``reduce`` (to simulate several processes in one)."""
         from dataclasses import replace
 
         return replace(self, _reduce=reduce)
+
+
+def _start_process_group(device: str) -> None:
+    """Join the group torchrun describes in the environment (``env://``): NCCL on CUDA, gloo on CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+        dist.init_process_group("nccl", device_id=torch.device(device))
+    else:
+        dist.init_process_group("gloo")
 
 
 def _env_int(name: str, default: int) -> int:

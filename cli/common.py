@@ -48,8 +48,17 @@ def setup_logging(verbose: bool = False) -> None:
     hf_logging.disable_progress_bar()
 
 
-def runtime(device, threads: int | None):
-    """The process's Runtime (validated: an unusable device fails before any model loads)."""
+def runtime(device, threads: int | None, fsdp: bool = False):
+    """The process's Runtime (validated: an unusable device or --fsdp off CUDA fails before any model loads;
+    under torchrun, in the process group)."""
     from agentmem.runtime import Runtime
 
-    return Runtime.create(device=device, threads=threads)
+    return Runtime.create(device=device, threads=threads, fsdp=fsdp)
+
+
+def training_store(db: str | None, rt):
+    """The store of a training job: read-write on rank 0, read-only on the other ranks of a torchrun job
+    (rank 0 alone writes)."""
+    from store.engine import open_read_only, open_store
+
+    return open_store(db) if rt.is_main else open_read_only(db)

@@ -33,7 +33,7 @@ from cli.method_options import (
     PsdOption,
     TargetOption,
 )
-from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
+from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
 
 
 def distill(
@@ -94,17 +94,15 @@ def distill(
     report_to: ReportToOption = [],  # noqa: B006
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
+    fsdp: FsdpOption = False,
     db: DbOption = None,
 ) -> None:
     """On-policy distillation from the store: the teacher scores each sampled token under the state the
     student saw (or another context), plus a clipped group-relative policy gradient on the final F1."""
     from agentmem.config import DistillConfig
     from agentmem.errors import ConfigError
-    from agentmem.jobs.distill import run_distill
     from agentmem.tracking import check_installed, parse_report_to
     from cli.common import runtime, setup_logging
-    from cli.training_progress import train_progress
-    from store.engine import open_store
 
     trackers = parse_report_to(report_to)
     check_installed(trackers)
@@ -123,12 +121,14 @@ def distill(
             alpha_min=alpha_min, alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor, jsd_clip=jsd_clip,
             psd=psd, psd_mix=psd_mix,
         )
-    rt = runtime(device, threads)
+    rt = runtime(device, threads, fsdp)
     setup_logging()
-    store = open_store(db)
-    with train_progress() as progress:
-        result = run_distill(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
-                             on_step=progress.on_step, report_to=trackers)
+    try:
+        result = _train(rt, db, config, resume, steps, trackers)
+    finally:
+        rt.close()
+    if not rt.is_main:
+        return
     ckpt = result.last_checkpoint
     skipped = result.skipped_calls
     typer.echo(f"distill_run_id={result.run_id} steps={result.steps_done}"
@@ -136,6 +136,20 @@ def distill(
                + (f" skipped_calls={skipped}" if skipped else "")
                + (f" teacher_truncated_calls={result.teacher_truncated_calls}" if result.teacher_truncated_calls
                   else ""))
+
+
+def _train(rt, db: str | None, config, resume: str | None, steps: int | None, trackers):
+    """Run the job; progress and trackers on rank 0 only (the only process under plain ``agentmem``)."""
+    from agentmem.jobs.distill import run_distill
+    from cli.common import training_store
+    from cli.training_progress import train_progress
+
+    store = training_store(db, rt)
+    if not rt.is_main:
+        return run_distill(store, config, rt, resume=resume, steps=steps)
+    with train_progress() as progress:
+        return run_distill(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
+                           on_step=progress.on_step, report_to=trackers)
 
 
 def register(app: typer.Typer) -> None:

@@ -36,3 +36,8 @@ ReportToOption = Annotated[
                  "mlflow or wandb (repeatable or comma-separated; default none). Offline, in a folder under "
                  "OUT/RUN_ID; each needs its extra, e.g. pip install 'agentmem[tensorboard]'.", show_default=False),
 ]
+FsdpOption = Annotated[
+    bool,
+    typer.Option("--fsdp", help="Under torchrun on CUDA: shard the student with FSDP2 instead of replicating it with "
+                 "DDP (needs --device cuda).", show_default=False),
+]

@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import AttentionPath, Device, DType, Oversize, Packing, Weighting
 from cli.method_options import AnchorWeightOption
-from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
+from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
 
 
 def sft(
@@ -52,17 +52,15 @@ def sft(
     report_to: ReportToOption = [],  # noqa: B006
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
+    fsdp: FsdpOption = False,
     db: DbOption = None,
 ) -> None:
     """Supervised fine-tuning from the store: cross-entropy on the stored outputs given each call's own
     prompt (the prompt carries no loss), on the same packed path as distill; full or LoRA."""
     from agentmem.config import SftConfig
     from agentmem.errors import ConfigError
-    from agentmem.jobs.sft import run_sft
     from agentmem.tracking import check_installed, parse_report_to
     from cli.common import runtime, setup_logging
-    from cli.training_progress import train_progress
-    from store.engine import open_store
 
     trackers = parse_report_to(report_to)
     check_installed(trackers)
@@ -78,16 +76,32 @@ def sft(
             seed=seed, out=out, save_every=save_every, path=attention, packing=packing, dtype=dtype,
             anchor_weight=anchor_weight, **extra,
         )
-    rt = runtime(device, threads)
+    rt = runtime(device, threads, fsdp)
     setup_logging()
-    store = open_store(db)
-    with train_progress(label="sft") as progress:
-        result = run_sft(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
-                         on_step=progress.on_step, report_to=trackers)
+    try:
+        result = _train(rt, db, config, resume, steps, trackers)
+    finally:
+        rt.close()
+    if not rt.is_main:
+        return
     ckpt = result.last_checkpoint
     typer.echo(f"sft_run_id={result.run_id} steps={result.steps_done}"
                + (f" checkpoint={ckpt.id} path={ckpt.path}" if ckpt else "")
                + (f" skipped_calls={result.skipped_calls}" if result.skipped_calls else ""))
+
+
+def _train(rt, db: str | None, config, resume: str | None, steps: int | None, trackers):
+    """Run the job; progress and trackers on rank 0 only (the only process under plain ``agentmem``)."""
+    from agentmem.jobs.sft import run_sft
+    from cli.common import training_store
+    from cli.training_progress import train_progress
+
+    store = training_store(db, rt)
+    if not rt.is_main:
+        return run_sft(store, config, rt, resume=resume, steps=steps)
+    with train_progress(label="sft") as progress:
+        return run_sft(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
+                       on_step=progress.on_step, report_to=trackers)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,11 @@ bad flag or an unknown id); then the run is opened, the models load onto the run
 step's metrics go to ``train_steps`` as it finishes. Checkpoints are model folders registered in
 ``checkpoints`` with their parent; ``--resume`` continues from the last one and draws exactly the steps an
 uninterrupted run would have drawn.
+
+Several processes (torchrun; ``runtime.world_size > 1``): every rank reads the store, loads the models and
+the same trainer state, and trains on its share of each step; rank 0 alone writes (the run row, the
+registered starting model, ``train_steps``, checkpoints, trackers), the others take the records it
+writes from it (``runtime.broadcast``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 from agentmem import models as model_refs
 from agentmem.config import DistillConfig, PolicySource, PsdMode, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.runs import RunHandle, check_runs, load_run, tracked_run
+from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, TeacherContext, TrainStep
 from agentmem.runtime import CPU, Runtime
@@ -68,7 +73,7 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
     model) and frozen reference (when the anchor term is on), on the runtime's device. ``refs``: the
     references ``resolve_models`` gave (resolved here when absent)."""
     start_ref, teacher_ref = refs or resolve_models(store, config)
-    start = model_refs.register(store, start_ref)
+    start = register_start(store, start_ref, runtime)
     student, tokenizer = model_refs.load(resume_from.path if resume_from else start_ref.path, config.dtype, runtime,
                                          trainable=True)
     teacher = teacher_tok = reference = None
@@ -78,6 +83,11 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
         reference, _ = model_refs.load(start_ref.path, config.dtype, runtime)
     return Models(student, tokenizer, start, teacher, teacher_tok, teacher_ref.path if teacher_ref else None,
                   reference)
+
+
+def register_start(store: Store, ref: ModelRef, runtime: Runtime) -> Checkpoint:
+    """The starting model's checkpoint row: registered by rank 0, handed to the other ranks."""
+    return runtime.broadcast(model_refs.register(store, ref) if runtime.is_main else None)
 
 
 def _privileged_rollout(run: Run) -> bool:
@@ -153,7 +163,8 @@ def run_distill(
     check_psd_runs(store, config)
     check_installed(report_to)
     refs = resolve_models(store, config) if models is None else None  # before any weights load
-    with tracked_run(store, RunKind.distill, config, resume=resumed) as run:
+    report_to = report_to if runtime.is_main else ()
+    with job_run(store, RunKind.distill, config, runtime, resume=resumed) as run:
         loaded = models or load_models(store, config, runtime, resume_from, refs)
         trainer = Trainer(store, config, loaded, run.id, runtime)
         done, parent, last = 0, loaded.student_checkpoint, None
@@ -176,13 +187,15 @@ def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save
     """Steps ``done + 1 .. steps`` of a trainer (distill's or sft's), each stored in ``train_steps`` as it
     finishes, then handed to ``report`` (experiment trackers) and ``on_step`` (progress); a checkpoint (child
     of the previous one, first of ``parent``) every ``save_every`` steps and at the end. Returns the steps run
-    and the last checkpoint saved (None when none was)."""
+    and the last checkpoint saved (None when none was). A handle that does not write (ranks other than 0)
+    stores nothing; every rank saves (``Trainer.save`` writes on rank 0 only)."""
     history, last = [], None
     for step in range(done, steps):
         record = trainer.step(step)
-        with store.session() as s:
-            repo.insert_train_step(s, record)
-            s.commit()
+        if run.writes:
+            with store.session() as s:
+                repo.insert_train_step(s, record)
+                s.commit()
         run.beat()
         history.append(record)
         if report:

@@ -4,6 +4,9 @@
 and ends it whatever happens: ``finished`` on success, ``failed`` with a one-line error on an exception,
 ``interrupted`` on Ctrl-C. No error leaves a run ``running``; only a killed process does, and then the
 run's process id tells it apart (``agentmem runs``).
+
+Several processes (torchrun): ``job_run`` opens the run on rank 0 only and hands its id to the others,
+whose handle never writes (their store may be read-only).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pydantic import BaseModel
 
 from agentmem.errors import ConfigError, RunError
 from agentmem.records import Run, RunKind
+from agentmem.runtime import Runtime
 from store import repository as repo
 from store.engine import Store
 
@@ -29,9 +33,12 @@ class RunHandle:
 
     store: Store
     id: str
+    writes: bool = True  # False on the ranks other than 0 of a job over several processes
     _last: float = field(default_factory=time.monotonic)
 
     def beat(self, force: bool = False) -> None:
+        if not self.writes:
+            return
         now = time.monotonic()
         if force or now - self._last >= HEARTBEAT_EVERY_S:
             with self.store.session() as s:
@@ -94,6 +101,18 @@ def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str |
             _end(store, rid, "failed", error_line(exc))
         raise
     _end(store, rid, "finished", None)
+
+
+@contextlib.contextmanager
+def job_run(store: Store, kind: RunKind, config: BaseModel, runtime: Runtime, *,
+            resume: str | None = None) -> Iterator[RunHandle]:
+    """``tracked_run`` on rank 0; on the other ranks, a handle on the same run id that writes nothing."""
+    if runtime.is_main:
+        with tracked_run(store, kind, config, resume=resume) as handle:
+            runtime.broadcast(handle.id)
+            yield handle
+    else:
+        yield RunHandle(store, runtime.broadcast(None), writes=False)
 
 
 def _end(store: Store, run_id: str, status: str, error: str | None) -> None:

@@ -15,6 +15,9 @@ the adapters and their optimizer state go into the checkpoint's trainer state. `
 starting weights, reloads the adapters and the optimizer: the same model and state as the uninterrupted
 run, so the next steps are the same (exact resume; the starting model must still be where it was).
 Without LoRA, resume reloads the checkpoint's weights and optimizer, as distill does.
+
+Several processes (torchrun): as in distill, each rank trains on its share of each step and rank 0 alone
+writes.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from pathlib import Path
 from agentmem import models as model_refs
 from agentmem.config import SftConfig
 from agentmem.errors import ConfigError
-from agentmem.jobs.distill import DistillResult, train_steps
-from agentmem.jobs.runs import check_runs, load_run, tracked_run
+from agentmem.jobs.distill import DistillResult, register_start, train_steps
+from agentmem.jobs.runs import check_runs, job_run, load_run
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
@@ -52,7 +55,7 @@ def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRe
     """The trainable student on the runtime's device: with LoRA, the starting weights wrapped with
     adapters (restored from ``resume_from``); without, the starting or the resumed weights. With
     ``anchor_weight``, also a frozen copy of the starting weights (the anchor's reference)."""
-    start = model_refs.register(store, ref)
+    start = register_start(store, ref, runtime)
     reference = model_refs.load(ref.path, config.dtype, runtime)[0] if config.anchor_weight else None
     if config.lora_rank is None:
         model, tokenizer = model_refs.load(resume_from.path if resume_from else ref.path, config.dtype, runtime,
@@ -91,7 +94,8 @@ def run_sft(
     selection = select(store, config.run_ids, kinds=config.kinds, min_f1=config.min_f1)
     ref = model_refs.resolve(store, config.student)
     check_installed(report_to)
-    with tracked_run(store, RunKind.sft, config, resume=resumed) as run:
+    report_to = report_to if runtime.is_main else ()
+    with job_run(store, RunKind.sft, config, runtime, resume=resumed) as run:
         models = load_student(store, config, runtime, ref, resume_from)
         trainer = Trainer(store, config.distill_config(), models, run.id, runtime, selection=selection)
         done, parent = 0, models.student_checkpoint

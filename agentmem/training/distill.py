@@ -21,6 +21,12 @@ PSD mixed (``config.psd``): the calls the student sampled and those sampled unde
 are two parts; every step draws from each (its own seeded order, the calls split evenly) and the step loss
 is ``(1 - psd_mix) L_on + psd_mix L_off`` (``objective.Mix``).
 
+Several processes (``runtime.world_size > 1``, started by torchrun): every process draws the same step
+and packs and runs its share of the units; the student's forward runs through DDP (``forward``), which
+sums the gradients once per step, and ``_reduce`` sums the step's losses and counts for the record. Only
+rank 0 writes: ``save`` writes the checkpoint folder and its row on rank 0 and hands the record to the
+others (a barrier).
+
 Temperature: every compared distribution at ``config.temperature`` (see ``terms``); the policy-gradient
 ratio at each call's sampling temperature.
 """
@@ -131,7 +137,7 @@ class Trainer:
                  selection: Selection | None = None):
         self.store, self.config, self.models, self.run_id, self.runtime = store, config, models, run_id, runtime
         self.objective = objective_from_config(config)
-        self.student = PackedModel.create(models.student, models.tokenizer, config.path, runtime)
+        self.student = PackedModel.for_training(models.student, models.tokenizer, config.path, runtime)
         if models.teacher is not None:
             check_same_vocab(models.teacher_tokenizer, models.tokenizer)
             vocab_size(models.teacher, models.teacher_tokenizer)
@@ -202,34 +208,29 @@ class Trainer:
                 for k in step_units([self.units[u] for u in units], counts[p], seed, step, stream=p)]
 
     def _reduce(self, result: StepResult, counts: dict[str, float]) -> tuple[StepResult, dict[str, float]]:
-        """With several processes: sum gradients, losses and counts over them in one all-reduce."""
+        """With several processes: sum the step's losses and counts over them in one all-reduce (the
+        gradients were summed by the student's DDP wrapper during the backward)."""
         if self.runtime.world_size == 1:
             return result, counts
-        params = [p for p in self.models.student.parameters() if p.requires_grad]
         scalars = {"loss": result.loss, "kd_loss": result.kd_loss, "rl_loss": result.rl_loss,
                    "tokens": float(result.tokens), "actions": float(result.actions), **result.metrics, **counts}
-        device = self.runtime.device
-        flat = torch.cat([torch.tensor(list(scalars.values()), dtype=torch.float32, device=device)]
-                         + [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                            for p in params])
-        flat = self.runtime.all_reduce_sum(flat)
-        summed = dict(zip(scalars, flat[: len(scalars)].tolist(), strict=True))
-        offset = len(scalars)
-        for p in params:
-            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
+        flat = torch.tensor(list(scalars.values()), dtype=torch.float64, device=self.runtime.device)
+        summed = dict(zip(scalars, self.runtime.all_reduce_sum(flat).tolist(), strict=True))
         metrics = {k: summed[k] for k in result.metrics}
         reduced = StepResult(summed["loss"], summed["kd_loss"], summed["rl_loss"], int(summed["tokens"]),
                              int(summed["actions"]), metrics, result.global_actions)
         return reduced, {k: summed[k] for k in counts}
 
     def save(self, steps_done: int, parent: Checkpoint) -> Checkpoint:
+        """Every process calls it; rank 0 writes the folder and registers it, the others wait for the record."""
         folder = Path(self.config.out).expanduser().resolve() / self.run_id / f"step-{steps_done:06d}"
-        save_checkpoint(folder, self.models.student, self.models.tokenizer, self.optimizer, steps_done,
-                        self.objective.state_dict())
-        ckpt = Checkpoint(run_id=self.run_id, parent_id=parent.id, step=steps_done, path=str(folder),
-                          base_model=parent.base_model)
-        with self.store.session() as s:
-            repo.insert_checkpoint(s, ckpt)
-            s.commit()
-        return ckpt
+        ckpt = None
+        if self.runtime.is_main:
+            save_checkpoint(folder, self.models.student, self.models.tokenizer, self.optimizer, steps_done,
+                            self.objective.state_dict())
+            ckpt = Checkpoint(run_id=self.run_id, parent_id=parent.id, step=steps_done, path=str(folder),
+                              base_model=parent.base_model)
+            with self.store.session() as s:
+                repo.insert_checkpoint(s, ckpt)
+                s.commit()
+        return self.runtime.broadcast(ckpt)

@@ -7,12 +7,21 @@ calls of one ``Sequence.group`` share their common prompt prefix, placed and com
 invocation, cut to the tokenizer's vocabulary. Scoring, the online teacher, the frozen anchor reference
 and the student's training forward all go through ``PackedModel.action_logits``, so a packed row means
 the same thing everywhere.
+
+Several processes (``PackedModel.for_training`` with a runtime of world size > 1): the packed forward is
+one module, ``ActionLogits`` (batch -> logits at the actions), and that module is what DDP (or FSDP2 with
+``runtime.fsdp``, CUDA only) wraps, so every training forward runs through the wrapper and its gradient
+hooks. The wrapper *sums* the processes' gradients (DDP: a summing communication hook; FSDP2: divide
+factor 1): each process's loss is already its share of the global step loss (``objective``), so the
+summed gradient is the one-process gradient of the same step. Gradients are reduced once per step, on
+the last micro-batch (``micro_batch(last=...)``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -51,17 +60,37 @@ def split_actions(batch: PackedBatch, values: torch.Tensor) -> Iterator[tuple[st
     return zip(batch.invocation_ids, torch.split(values, list(batch.action_counts)), strict=True)
 
 
+class ActionLogits(torch.nn.Module):
+    """The packed forward as one module: ``forward(batch)`` is ``action_logits`` of ``model`` (logits at the
+    batch's actions, in the model's dtype). DDP and FSDP2 wrap this module, so their hooks see the forward
+    (calling the decoder and the head directly would bypass them)."""
+
+    def __init__(self, model: PreTrainedModel, path: AttentionPath):
+        super().__init__()
+        self.model, self.path = model, AttentionPath(path)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        return action_logits(self.model, batch, self.path.value)
+
+
 @dataclass(frozen=True)
 class PackedModel:
     """A causal LM with what it takes to run packed rows: its vocabulary (logits are cut to it, dropping
     rows of an embedding padded past the tokenizer), its pad id, the attention path and the device every
-    batch is moved to."""
+    batch is moved to. ``module``: what the forward calls (``ActionLogits`` of ``model``, wrapped by DDP or
+    FSDP2 when training over several processes)."""
 
     model: PreTrainedModel
     vocab: int
     pad_id: int
     path: AttentionPath = AttentionPath.fast
     device: str = "cpu"
+    module: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    wrapper: str | None = None  # "ddp" or "fsdp" when ``module`` is wrapped for several processes
+
+    def __post_init__(self):
+        if self.module is None:
+            object.__setattr__(self, "module", ActionLogits(self.model, self.path))
 
     @classmethod
     def create(cls, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
@@ -72,13 +101,46 @@ class PackedModel:
         return cls(model, vocab_size(model, tokenizer), tokenizer.pad_token_id or 0, AttentionPath(path),
                    runtime.device)
 
+    @classmethod
+    def for_training(cls, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                     path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU) -> PackedModel:
+        """``create``, with the forward wrapped for several processes: DDP (summing gradients), or FSDP2
+        with ``runtime.fsdp`` (CUDA; the student's parameters become sharded). One process: unwrapped."""
+        plain = cls.create(model, tokenizer, path, runtime)
+        if runtime.world_size == 1:
+            return plain
+        runtime.require_group()
+        wrapped = _fsdp(plain.module) if runtime.fsdp else _ddp(plain.module)
+        return cls(plain.model, plain.vocab, plain.pad_id, plain.path, plain.device, wrapped,
+                   "fsdp" if runtime.fsdp else "ddp")
+
+    def micro_batch(self, last: bool):
+        """Context of one micro-batch's forward and backward: gradients are reduced over the processes on
+        the ``last`` one only (earlier ones accumulate locally)."""
+        if self.wrapper == "fsdp":
+            self.module.set_requires_gradient_sync(last)
+        if self.wrapper == "ddp" and not last:
+            return self.module.no_sync()
+        return contextlib.nullcontext()
+
     def collate(self, rows: Sequence[Row]) -> PackedBatch:
         return collate_rows(rows, self.pad_id).to(self.device)
 
     def action_logits(self, batch: PackedBatch) -> torch.Tensor:
         """Float32 logits ``[A, vocab]`` at the batch's actions, in ``batch.action_ids`` order (gradient as
         the caller's mode allows)."""
-        return action_logits(self.model, batch, self.path)[:, : self.vocab].float()
+        return self.module(batch)[:, : self.vocab].float()
+
+    def empty_batch(self) -> PackedBatch:
+        """One pad token and no action: a process with no row this step runs it, so that it still takes
+        part in the step's gradient reduction (adding zero)."""
+        z = torch.zeros(1, 1, dtype=torch.long)
+        return PackedBatch(input_ids=z + self.pad_id, position_ids=z, token_mask=z == 0, action_mask=z != 0,
+                           segment_ids=z, cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
+                           seq_lens=torch.tensor([1], dtype=torch.int32), max_seqlen=1,
+                           action_ids=torch.zeros(0, dtype=torch.long),
+                           sampler_logprobs=torch.zeros(0, dtype=torch.float32), invocation_ids=(),
+                           action_counts=()).to(self.device)
 
     def logits_by_invocation(self, batches: Sequence[Sequence[Row]]) -> dict[str, torch.Tensor]:
         """Without gradient: ``{invocation id: [O, vocab]}`` float32 logits, one forward pass per batch."""
@@ -88,3 +150,31 @@ class PackedModel:
                 batch = self.collate(rows)
                 out.update((k, v.clone()) for k, v in split_actions(batch, self.action_logits(batch)))
         return out
+
+
+def _sum_gradients(group, bucket):
+    """DDP communication hook: the processes' gradients summed (DDP's default divides by the world size)."""
+    import torch.distributed as dist
+
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def _ddp(module: ActionLogits) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(module)
+    ddp.register_comm_hook(None, _sum_gradients)
+    return ddp
+
+
+def _fsdp(module: ActionLogits) -> torch.nn.Module:
+    """FSDP2: each decoder layer sharded on its own, the rest (embeddings, final norm, head) with the root.
+    Written for CUDA and not yet run (no GPU here)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in module.model.get_decoder().layers:
+        fully_shard(layer)
+    fully_shard(module)
+    module.set_gradient_divide_factor(1.0)
+    return module

@@ -19,7 +19,9 @@ A step of weighted parts (``Mix``, PSD ``mixed``) normalises each part's weights
 shares' weighted sum of the parts' losses.
 
 Each process's loss is its share of the step loss; the step gradient is the *sum* of the processes'
-gradients (not their mean: DDP's averaging would need the loss scaled by the world size).
+gradients (not their mean): the student's DDP wrapper sums them (``forward.PackedModel.for_training``),
+once per step, on the last micro-batch; a process with no row that step runs an empty batch so it still
+takes part.
 """
 
 from __future__ import annotations
@@ -178,23 +180,12 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     totals = {t.name: 0.0 for _, t in objective.terms}
     metrics: dict[str, float] = {}
     tokens = actions = 0
-    for batch, w in zip(batches, weights, strict=True):
-        logits = student.action_logits(batch)
-        mb = MicroBatch(
-            logits=logits, action_ids=batch.action_ids, sampler_logprobs=batch.sampler_logprobs,
-            sampling_temperature=_per_action(batch, inputs.temperature_of, logits.device),
-            advantages=_per_action(batch, inputs.advantage_of, logits.device), weights=w,
-            teacher=_teacher(batch, inputs.teacher, logits.device) if objective.needs_teacher else None,
-            reference=_reference(reference, batch) if objective.needs_reference else None,
-        )
-        loss = logits.new_zeros(())
-        for weight, term in objective.terms:
-            value = term(mb)
-            loss = loss + weight * value.loss
-            totals[term.name] += float(value.loss.detach())
-            for key, v in value.metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + v
-        loss.backward()
+    if not batches and student.wrapper is not None:
+        with student.micro_batch(last=True):
+            student.action_logits(student.empty_batch()).sum().backward()
+    for k, (batch, w) in enumerate(zip(batches, weights, strict=True)):
+        with student.micro_batch(last=k == len(batches) - 1):
+            _micro_step(student, batch, w, inputs, objective, reference, totals, metrics)
         tokens += batch.num_tokens
         actions += int(batch.action_ids.shape[0])
     total = 0.0
@@ -203,6 +194,28 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     metrics.update({f"{name}_loss": v for name, v in totals.items() if name not in ("kd", "rl")})
     return StepResult(total, totals.get("kd", 0.0), totals.get("rl", 0.0), tokens, actions, metrics,
                       totals_.actions)
+
+
+def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, inputs: StepInputs,
+                objective: Objective, reference: PackedModel | None, totals: dict[str, float],
+                metrics: dict[str, float]) -> None:
+    """Forward and backward of one micro-batch; adds its term values into ``totals`` and ``metrics``."""
+    logits = student.action_logits(batch)
+    mb = MicroBatch(
+        logits=logits, action_ids=batch.action_ids, sampler_logprobs=batch.sampler_logprobs,
+        sampling_temperature=_per_action(batch, inputs.temperature_of, logits.device),
+        advantages=_per_action(batch, inputs.advantage_of, logits.device), weights=w,
+        teacher=_teacher(batch, inputs.teacher, logits.device) if objective.needs_teacher else None,
+        reference=_reference(reference, batch) if objective.needs_reference else None,
+    )
+    loss = logits.new_zeros(())
+    for weight, term in objective.terms:
+        value = term(mb)
+        loss = loss + weight * value.loss
+        totals[term.name] += float(value.loss.detach())
+        for key, v in value.metrics.items():
+            metrics[key] = metrics.get(key, 0.0) + v
+    loss.backward()
 
 
 def _teacher(batch: PackedBatch, targets: TeacherTargets | None, device) -> torch.Tensor:
