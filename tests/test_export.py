@@ -8,6 +8,7 @@ import pytest
 from store_records import make_episode, make_invocation, make_run
 
 from agentmem.jobs.export import export_invocations
+from agentmem.records import TeacherContext
 from store import repository as repo
 
 
@@ -17,6 +18,10 @@ def test_export_round_trip(sqlite_store, tmp_path, name):
     run = make_run()
     ep = make_episode(run)
     invs = [make_invocation(ep, s, rng, 20 + s, 5 + s) for s in range(3)]
+    # a privileged call (PSD off-policy) and a call that branched from another (ReOPD) keep their links
+    invs[1] = invs[1].model_copy(update={"sampled_context": TeacherContext.privileged,
+                                         "privileged_ids": np.array([7, 8, 9], np.int32)})
+    invs[2] = invs[2].model_copy(update={"parent_invocation_id": invs[0].id})
     with sqlite_store.session() as s:
         repo.insert_run(s, run)
         repo.insert_episodes(s, [ep])
@@ -31,3 +36,6 @@ def test_export_round_trip(sqlite_store, tmp_path, name):
         assert row["prompt_ids"] == inv.prompt_ids.tolist()
         assert np.asarray(row["output_logprobs"], np.float32).tobytes() == inv.output_logprobs.tobytes()
         assert row["gold_answers"] == ep.gold_answers
+    assert back["sampled_context"] == ["aligned", "privileged", "aligned"]
+    assert back["privileged_ids"] == [None, [7, 8, 9], None]
+    assert back["parent_invocation_id"] == [None, None, invs[0].id]

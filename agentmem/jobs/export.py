@@ -1,7 +1,9 @@
 """The export job: stored invocations as a Hugging Face ``datasets`` table (Parquet or a saved dataset folder), one
 row per invocation with its episode's outcome, for analysis or training outside agentmem. Token ids and
 log-probs are exported exactly (int32 / float32 lists); a call stored without sampler log-probs (``role``
-``oracle``) has ``output_logprobs`` null."""
+``oracle``) has ``output_logprobs`` null. A privileged call (PSD's off-policy samples) carries its
+``privileged_ids`` apart from ``prompt_ids`` (the sampler read both, in that order); a ReOPD replay call
+names the teacher call it branched from in ``parent_invocation_id``."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ FEATURES = datasets.Features({
     "question": datasets.Value("string"), "gold_answers": datasets.Sequence(datasets.Value("string")),
     "prediction": datasets.Value("string"), "reward": datasets.Value("float32"),
     "episode_status": datasets.Value("string"),
+    "sampled_context": datasets.Value("string"),
+    "privileged_ids": datasets.Sequence(datasets.Value("int32")),
+    "parent_invocation_id": datasets.Value("string"),
 })
 
 
@@ -49,6 +54,8 @@ def _rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
                 "finish_reason": inv.finish_reason.value, "temperature": inv.temperature,
                 "question": ep.question, "gold_answers": ep.gold_answers, "prediction": ep.prediction,
                 "reward": ep.reward, "episode_status": ep.status.value,
+                "sampled_context": inv.sampled_context.value, "privileged_ids": inv.privileged_ids,
+                "parent_invocation_id": inv.parent_invocation_id,
             }
 
 
