@@ -95,3 +95,9 @@ def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Run
     from agentmem.policy.backends import make_backend
 
     return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device)
+
+
+def sampler(store: Store, model: ModelRef, kind: BackendKind | str, dtype: DType | str,
+            runtime: Runtime) -> tuple[Checkpoint, Backend]:
+    """(checkpoint row, generation backend) of the model that samples a run's calls."""
+    return register(store, model), backend(kind, model.path, dtype, runtime)

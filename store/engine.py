@@ -91,9 +91,10 @@ def _sqlite_errors(db: str):
     return hook
 
 
-def make_engine(url: str | None = None) -> sa.Engine:
+def make_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine:
     """An engine for ``url``; raises StoreUnavailable for a malformed URL, a missing driver or a
-    directory that does not exist. Nothing is connected yet."""
+    directory that does not exist. Nothing is connected yet. ``read_only`` makes every Postgres
+    transaction read-only (SQLite files are opened read-only by ``open_read_only``)."""
     resolved = resolve_url(url)
     try:
         parsed = make_url(resolved)
@@ -109,7 +110,10 @@ def make_engine(url: str | None = None) -> sa.Engine:
         sa.event.listen(engine, "handle_error", _sqlite_errors(db))
         return engine
     try:
-        return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+        connect_args: dict = {"connect_timeout": 10}
+        if read_only:
+            connect_args["options"] = "-c default_transaction_read_only=on"
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     except (ArgumentError, ImportError) as exc:
         raise StoreUnavailable(f"cannot use database URL {parsed.render_as_string()}: {exc}") from None
 
@@ -196,12 +200,7 @@ def open_read_only(url: str | None = None) -> Store:
     exist; it is opened read-only (a ``mode=ro`` URI), so no connection can write it or checkpoint its WAL."""
     path = sqlite_file(url)
     if path is None:
-        engine = make_engine(url)
-        if engine.dialect.name == "postgresql":
-            engine.dispose()
-            parsed = make_url(resolve_url(url))
-            engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args={
-                "connect_timeout": 10, "options": "-c default_transaction_read_only=on"})
+        engine = make_engine(url, read_only=True)
     else:
         if not path.is_file():
             raise StoreUnavailable(f"no database at {path}: nothing to read")

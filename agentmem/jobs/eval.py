@@ -151,9 +151,8 @@ def run_sweep(
     configs = sweep_configs(config, knob, values)
     backend = policy = None
     if config.policy is not PolicySource.oracle:
-        ref = models.resolve(store, config.model)
-        policy = models.register(store, ref)
-        backend = models.backend(config.backend, ref.path, config.dtype, runtime)
+        policy, backend = models.sampler(store, models.resolve(store, config.model), config.backend,
+                                         config.dtype, runtime)
     rows = []
     for i, (value, cfg) in enumerate(zip(values, configs, strict=True)):
         if on_length is not None:

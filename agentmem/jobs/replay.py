@@ -123,8 +123,7 @@ def run_replay(
         tokenizer = backend.tokenizer
     _check_vocab(branches, len(tokenizer))
     if backend is None:
-        policy = models.register(store, ref)
-        backend = models.backend(config.backend, ref.path, config.dtype, runtime)
+        policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
     assert policy is not None
     memory = OverwritePolicy(tokenizer, agent.memory_tokens, agent.answer_max_new_tokens)
     with tracked_run(store, RunKind.replay, config, resume=resumed) as run:

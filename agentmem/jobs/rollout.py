@@ -127,8 +127,7 @@ def run_rollout(
         raise ConfigError(f"environment {config.env!r} produced no tasks")
     writer = OracleWriter(tokenizer) if oracle else None
     if backend is None and not oracle:
-        policy = models.register(store, ref)
-        backend = models.backend(config.backend, ref.path, config.dtype, runtime)
+        policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
     with tracked_run(store, kind, config, resume=resumed) as run:
         rid = run.id
         episodes = [
