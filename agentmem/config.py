@@ -180,6 +180,8 @@ class AgentConfig(Frozen):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     memory_policy: str = "overwrite"
+    # the memory policy's own options (``--memory-option KEY=VALUE``), validated by the policy's factory
+    memory_options: dict[str, Any] = Field(default_factory=dict)
     prompt_layout: PromptLayout = PromptLayout.chunk_first
     max_batch: int = Field(8, ge=1)
     seed: int = Field(0, ge=0)

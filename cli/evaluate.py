@@ -33,7 +33,10 @@ def evaluate(
     answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
     max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
     = None,
-    memory_policy: Annotated[str, typer.Option(help="Memory policy (registered name).")] = "overwrite",
+    memory_policy: Annotated[str, typer.Option(
+        "--memory", "--memory-policy", help="Memory policy (registered name); see docs/memory.md.")] = "overwrite",
+    memory_option: Annotated[list[str], typer.Option(
+        help="Memory policy option KEY=VALUE (repeatable); see docs/memory.md.")] = [],  # noqa: B006
     prompt_layout: Annotated[PromptLayout, typer.Option(
         help="Update prompt order: chunk-first (question, chunk, memory: a task's samples share the prefix) "
              "or memory-first (MemAgent's order).")] = PromptLayout.chunk_first,
@@ -62,14 +65,15 @@ def evaluate(
     from agentmem.config import AgentConfig, EvalConfig
     from agentmem.jobs.eval import run_eval, run_sweep, sweep_configs
     from cli.agent_progress import episode_progress
-    from cli.common import runtime, setup_logging
+    from cli.common import parse_knobs, runtime, setup_logging
     from store.engine import open_store
 
     config = EvalConfig(env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, backend=backend,
                         dtype=dtype, episodes=episodes, seed=seed, chunk_tokens=chunk_tokens,
                         agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                                           max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,
-                                          memory_policy=memory_policy, prompt_layout=prompt_layout))
+                                          memory_policy=memory_policy, prompt_layout=prompt_layout,
+                                          memory_options=parse_knobs(memory_option)))
     swept = _sweep(docs, sweep)
     if swept is not None:
         sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads

@@ -36,7 +36,13 @@ def rollout(
     answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
     max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
     = None,
-    memory_policy: Annotated[str, typer.Option(help="Memory policy (registered name).")] = "overwrite",
+    memory_policy: Annotated[str, typer.Option(
+        "--memory", "--memory-policy",
+        help="Memory policy (registered name): overwrite (MemAgent), log (PRO-LONG), events (MemPrism), "
+             "routed (Router-Mem), teacher (AMD/DuoMem memories); see docs/memory.md.")] = "overwrite",
+    memory_option: Annotated[list[str], typer.Option(
+        help="Memory policy option KEY=VALUE (repeatable), e.g. condition=windowed-log, threshold=0.5; each "
+             "policy's options are in docs/memory.md.")] = [],  # noqa: B006
     prompt_layout: Annotated[PromptLayout, typer.Option(
         help="Update prompt order: chunk-first (question, chunk, memory: a task's samples share the prefix) "
              "or memory-first (MemAgent's order).")] = PromptLayout.chunk_first,
@@ -66,7 +72,7 @@ def rollout(
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
     from cli.agent_progress import episode_progress
-    from cli.common import env_knobs, runtime, setup_logging
+    from cli.common import env_knobs, parse_knobs, runtime, setup_logging
     from store.engine import open_store
 
     if replay_from is not None or kappa != 0.6 or (resume and _is_replay(resume, db)):
@@ -76,7 +82,8 @@ def rollout(
                       "--level": level is not None, "--policy": policy is not PolicySource.model,
                       "--episodes": episodes != 8, "--chunk-tokens": chunk_tokens != 512,
                       "--memory-tokens": memory_tokens != 128, "--answer-tokens": answer_tokens != 32,
-                      "--max-chunks": max_chunks is not None, "--memory-policy": memory_policy != "overwrite",
+                      "--max-chunks": max_chunks is not None, "--memory": memory_policy != "overwrite",
+                      "--memory-option": bool(memory_option),
                       "--prompt-layout": prompt_layout is not PromptLayout.chunk_first,
                       "--context": context is not TeacherContext.aligned})
         return
@@ -88,7 +95,8 @@ def rollout(
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,
-                              seed=seed, memory_policy=memory_policy, prompt_layout=prompt_layout),
+                              seed=seed, memory_policy=memory_policy, prompt_layout=prompt_layout,
+                              memory_options=parse_knobs(memory_option)),
             context=context,
         )
     rt = runtime(device, threads)

@@ -56,7 +56,7 @@ class CheckpointRow(Base):
 
 class EpisodeRow(Base):
     __tablename__ = "episodes"
-    __table_args__ = (sa.UniqueConstraint("run_id", "task_id", "sample_index"),)
+    __table_args__ = (sa.UniqueConstraint("run_id", "task_id", "sample_index"), sa.Index(None, "run_id", "status"))
     id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id"), index=True)
     env: Mapped[str] = mapped_column(sa.String(64))
@@ -77,6 +77,10 @@ class EpisodeRow(Base):
     n_chunks: Mapped[int]
     created_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    # leases (many rollout workers on one run): who may store this episode's calls, until when; claims so far
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(255))
+    lease_expires_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(server_default="0")
 
 
 class InvocationRow(Base):
@@ -109,6 +113,37 @@ class InvocationRow(Base):
     privileged_ids: Mapped[bytes | None]
     # ReOPD: the stored call a replay call branched from (its prompt_ids are that call's)
     parent_invocation_id: Mapped[str | None] = mapped_column(sa.ForeignKey("invocations.id"), index=True)
+
+
+class MemoryLogRow(Base):
+    """The ``log`` memory policy's episode log: one verbatim entry per row, in ``seq`` order."""
+
+    __tablename__ = "memory_log"
+    __table_args__ = (sa.UniqueConstraint("episode_id", "seq"),)
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    episode_id: Mapped[str] = mapped_column(sa.ForeignKey("episodes.id"))
+    seq: Mapped[int]
+    invocation_id: Mapped[str | None] = mapped_column(sa.ForeignKey("invocations.id"))
+    source: Mapped[str] = mapped_column(sa.String(16))
+    text: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime]
+
+
+class MemoryRow(Base):
+    """A workflow memory a teacher (or the oracle) wrote from a successful episode, with its provenance."""
+
+    __tablename__ = "memories"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    build_run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("runs.id"), index=True)
+    source_run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id"))
+    source_episode_id: Mapped[str] = mapped_column(sa.ForeignKey("episodes.id"), index=True)
+    source_invocation_ids: Mapped[list[Any]]
+    writer: Mapped[str] = mapped_column(sa.String(512))
+    env: Mapped[str] = mapped_column(sa.String(64))
+    question: Mapped[str] = mapped_column(sa.Text)
+    text: Mapped[str] = mapped_column(sa.Text)
+    f1: Mapped[float | None]
+    created_at: Mapped[datetime]
 
 
 class TeacherScoreRow(Base):

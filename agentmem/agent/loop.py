@@ -166,6 +166,8 @@ class AgentLoop:
             raise AgentError(f"memory policy {memory.name!r} given, but config.memory_policy is "
                              f"{config.memory_policy!r}")
         self.memory: MemoryPolicy = memory
+        if oracle is not None:
+            self.oracle = oracle.for_policy(memory)
         self._round = 0
 
     # -- starting episodes ------------------------------------------------------------------------------

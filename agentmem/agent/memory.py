@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from agentmem.agent.prompts import Prompt
 from agentmem.errors import AgentError
@@ -79,6 +79,16 @@ class MemoryPolicy(Protocol[S]):
     def resume(self, task: Task, stored: Sequence[Invocation]) -> S:
         """The state after the episode's stored calls, in step order."""
         ...
+
+
+@runtime_checkable
+class OracleAware(Protocol):
+    """A memory policy whose own call kinds the oracle can write (``agentmem.agent.oracle``): a rollout with
+    ``policy: oracle`` accepts it. The oracle answers the final call with the gold answer and overwrite's
+    ``memory_update`` calls itself; every other call gets ``oracle_text(call, task)``, a pure function of the
+    call and the task's annotation (facts, evidence, gold answer)."""
+
+    def oracle_text(self, call: Call, task: Task) -> str: ...
 
 
 def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) -> S:

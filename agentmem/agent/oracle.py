@@ -38,10 +38,16 @@ class OracleWriter:
 
     name = ROLE
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, policy: object | None = None):
         if tokenizer.eos_token_id is None:
             raise AgentError("the oracle needs a tokenizer with an end-of-sequence token")
         self.tokenizer = tokenizer
+        self.policy = policy  # a memory policy with ``oracle_text(call, task)`` writes its own call kinds
+
+    def for_policy(self, policy: object) -> OracleWriter:
+        """This writer, bound to ``policy``: calls of kinds other than overwrite's ``memory_update`` and the
+        final answer are written by ``policy.oracle_text(call, task)`` (an ``OracleAware`` policy)."""
+        return OracleWriter(self.tokenizer, policy)
 
     def generate(self, calls: Sequence[tuple[Call, Task]]) -> list[Generation]:
         """One ``Generation`` per (call, task), same order."""
@@ -60,6 +66,8 @@ class OracleWriter:
         """The text the oracle writes for ``call``."""
         if call.final:
             return task.answers[0]
+        if call.kind != UPDATE and hasattr(self.policy, "oracle_text"):
+            return self.policy.oracle_text(call, task)  # type: ignore[union-attr]
         if call.kind != UPDATE or call.chunk_index is None:
             raise AgentError(f"the oracle writes only the overwrite policy's calls ({UPDATE!r} and the final "
                              f"answer), not a {call.kind!r} call")

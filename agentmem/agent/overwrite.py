@@ -50,6 +50,9 @@ class OverwritePolicy:
 
     @classmethod
     def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> OverwritePolicy:
+        if config.memory_options:
+            raise AgentError(f"memory policy 'overwrite' takes no --memory-option; got "
+                             f"{', '.join(sorted(config.memory_options))}")
         return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout)
 
     def initial_state(self, task: Task) -> OverwriteState:
