@@ -305,7 +305,10 @@ class AgentLoop:
     def _advance(self, s: EpisodeState, call: Call, gen: Generation) -> Invocation:
         """Consume ``gen`` into ``s`` and return its Invocation (``s`` is unchanged if the policy raises)."""
         output_text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-        after = self.memory.consume(s.memory, call, gen.output_ids, output_text)
+        if getattr(self.memory, "wants_logprobs", False):  # e.g. a router that thresholds P(yes)
+            after = self.memory.consume(s.memory, call, gen.output_ids, output_text, logprobs=gen.logprobs)
+        else:
+            after = self.memory.consume(s.memory, call, gen.output_ids, output_text)
         inv = Invocation(
             episode_id=s.episode.id, step=s.next_step, kind=call.kind, memory_policy=self.memory.name,
             policy_version=self.policy_version, prompt_ids=call.prompt.ids, output_ids=gen.output_ids,

@@ -13,6 +13,8 @@ Contract of a policy (``MemoryPolicy[S]``):
 - ``resume(task, stored)`` gives exactly the state that ``consume`` reached after those stored calls (in
   step order), so a killed rollout continues where the store says it stopped; ``replay`` does it for any
   deterministic policy.
+A policy with a true ``wants_logprobs`` attribute has ``consume`` called with ``logprobs=`` too: the sampled
+tokens' log-probs (None for oracle-written calls), e.g. a router thresholding P(yes).
 A policy that cannot go on from an output (say, one it cannot parse) raises ``AgentError``: the loop ends
 that episode ``failed`` and its siblings go on. Any other exception is a bug and propagates.
 """
@@ -100,7 +102,12 @@ def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) ->
         if call.kind != inv.kind:
             raise AgentError(f"invocation {inv.id} (step {inv.step}): stored kind {inv.kind!r}, but policy "
                              f"{policy.name!r} would make a {call.kind!r} call")
-        state = policy.consume(state, call, inv.output_ids.tolist(), inv.output_text)
+        if getattr(policy, "wants_logprobs", False):
+            logprobs = None if inv.output_logprobs is None else inv.output_logprobs.tolist()
+            state = policy.consume(state, call, inv.output_ids.tolist(), inv.output_text,  # type: ignore[call-arg]
+                                   logprobs=logprobs)
+        else:
+            state = policy.consume(state, call, inv.output_ids.tolist(), inv.output_text)
     return state
 
 

@@ -29,6 +29,7 @@ from agentmem.agent.prompts import privileged_ids
 from agentmem.agent.registry import memory_policy_factory
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError
+from agentmem.jobs.memory_setup import memory_for
 from agentmem.jobs.runs import RunHandle, load_run, tracked_run
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, EpisodeStatus, Invocation, RunKind, TeacherContext
@@ -143,7 +144,7 @@ def run_rollout(
             def privileged(episode: Episode) -> list[int]:
                 return privileged_ids(tokenizer, episode)
         loop = AgentLoop(backend, config.agent, env.score, policy_version=policy.id if policy else None,
-                         oracle=writer, privileged=privileged)
+                         memory=memory_for(store, tokenizer, config.agent), oracle=writer, privileged=privileged)
         with store.session() as s:
             repo.insert_episodes(s, episodes)
             s.commit()
