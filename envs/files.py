@@ -21,9 +21,16 @@ def read_json(path: str | Path) -> Any:
     if not path.is_file():
         raise EnvError(f"{path}: no such file")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
         raise EnvError(f"{path}: not valid JSON ({err})") from None
+    if not text.strip():
+        raise EnvError(f"{path}: the file is empty")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        cut = " (the file ends early: truncated?)" if err.pos >= len(text.rstrip()) else ""
+        raise EnvError(f"{path}: not valid JSON ({err}){cut}") from None
 
 
 def where(path: Path, index: int | str, record: Any, id_field: str) -> str:
@@ -77,6 +84,8 @@ def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:
         raise EnvError(f"{path}: not valid JSON ({err})") from None
+    if not any(line.strip() for line in lines):
+        raise EnvError(f"{path}: the file is empty")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -20,6 +20,7 @@ from envs.musique import MusiqueEnv
 from envs.needle import NeedleEnv
 from envs.quality import QualityEnv
 from envs.ruler_hotpotqa import RulerHotpotQAEnv
+from envs.sniff import guess_benchmark
 from envs.squad import SquadEnv
 from envs.synthetic import SyntheticEnv
 from envs.twowiki import TwoWikiEnv
@@ -72,4 +73,10 @@ def load_env(
         common["data_path"] = Path(data_path)
     elif data_path is not None:
         raise EnvError(f"{name}: takes no data file, got data_path={str(data_path)!r}")
-    return cls(**common, **knobs)
+    try:
+        return cls(**common, **knobs)
+    except EnvError as err:
+        guess = guess_benchmark(data_path) if data_path is not None else None
+        if guess is None or guess == name or guess not in _ENVS:
+            raise
+        raise EnvError(f"{err} (the file looks like {guess} data: use --env {guess})") from None

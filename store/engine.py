@@ -105,6 +105,9 @@ def make_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine
         path = sqlite_file(resolved)
         if path is not None and not path.resolve().parent.is_dir():
             raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder does not exist")
+        if path is not None and path.is_dir():
+            raise StoreUnavailable(f"{db} is a directory, not a SQLite database file: give a file path, "
+                                   f"e.g. {path / 'agentmem.db'}")
         engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         sa.event.listen(engine, "handle_error", _sqlite_errors(db))

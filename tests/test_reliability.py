@@ -212,7 +212,7 @@ def test_read_only_folder_is_refused_at_open_for_writing(tmp_path):
 
 
 def test_a_folder_given_as_database_is_one_line(tmp_path):
-    with pytest.raises(StoreUnavailable, match=rf"^cannot open database {tmp_path} \(unable to open database file\)"):
+    with pytest.raises(StoreUnavailable, match=rf"^{tmp_path} is a directory, not a SQLite database file"):
         open_store(str(tmp_path))
 
 

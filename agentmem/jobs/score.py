@@ -12,11 +12,13 @@ from collections.abc import Callable
 
 from agentmem import models as model_refs
 from agentmem.config import ScoreConfig
+from agentmem.errors import AgentmemError, ConfigError, TrainingError
 from agentmem.jobs.runs import check_runs, tracked_run
 from agentmem.records import RunKind
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.scoring import LoadedModel, ScoreProgress, Scorer, ScoreResult
 from agentmem.training.selection import select, student_sequences, teacher_sequences
+from agentmem.training.vocab import check_same_vocab
 from store import repository as repo
 from store.engine import Store
 
@@ -25,6 +27,28 @@ def load(store: Store, ref: str, config: ScoreConfig, runtime: Runtime) -> Loade
     resolved = model_refs.resolve(store, ref)
     model, tokenizer = model_refs.load(resolved.path, config.dtype, runtime)
     return LoadedModel(model, tokenizer, resolved.path)
+
+
+def check_run_vocab(store: Store, run_ids: list[str], tokenizer, who: str) -> None:
+    """Refuse (before any weights load) a ``who`` model whose vocabulary is not that of the model named in
+    each run's config: its scores of the stored token ids would be meaningless. A run whose model cannot be
+    resolved any more (a deleted folder) is not checked."""
+    with store.session() as s:
+        runs = [repo.get_run(s, rid) for rid in run_ids]
+    for run in runs:
+        ref = run.config.get("model") if isinstance(run.config, dict) else None
+        if not isinstance(ref, str):
+            continue
+        try:
+            sampler_path = model_refs.resolve(store, ref).path
+            sampler = model_refs.load_tokenizer(sampler_path)
+        except AgentmemError:
+            continue
+        try:
+            check_same_vocab(tokenizer, sampler)
+        except TrainingError as err:
+            raise ConfigError(f"run {run.id[:12]} was sampled by {sampler_path}, whose vocabulary differs from "
+                              f"the {who}'s: {err}") from None
 
 
 def run_score(
@@ -42,6 +66,7 @@ def run_score(
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     if teacher is None:
         teacher_path = model_refs.resolve(store, config.teacher).path
+        check_run_vocab(store, config.run_ids, model_refs.load_tokenizer(teacher_path), "teacher")
         if config.student:
             model_refs.resolve(store, config.student)
     else:

@@ -1,0 +1,149 @@
+"""The catalogue of bad input (docs/reliability.md): every case prints one ``error:`` line, exits 1 and
+changes nothing in the store.
+
+Each case runs the real CLI entry point (``cli.app.main``) in this process against a SQLite store that holds
+one finished oracle run; the store's every table is read before and after and must be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny, tiny_tokenizer
+
+from cli.app import main
+from store.engine import open_store
+from store.migrations import downgrade
+
+HOTPOT = [{"_id": "a", "question": "q?", "answer": "x", "type": "bridge", "level": "easy",
+           "supporting_facts": [["T", 0]], "context": [["T", ["x is here."]]]}]
+
+
+def cli(capsys, *args: str) -> tuple[int, list[str]]:
+    """(exit code, stderr lines) of ``agentmem ARGS``."""
+    capsys.readouterr()
+    argv = sys.argv
+    sys.argv = ["agentmem", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def snapshot(db: Path) -> dict[str, list[tuple]]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: sorted(map(repr, con.execute(f'SELECT * FROM "{t}"'))) for t in tables}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A store with one oracle run (sampled by model folder ``a``), data files and model folders."""
+    root = tmp_path_factory.mktemp("bad")
+    model_a = save_tiny(root / "model_a")
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.add_tokens(["<only-in-b>"])
+    model_b = root / "model_b"
+    save_tiny(model_b)
+    tok.save_pretrained(model_b)
+    (root / "not_a_model").mkdir()
+    (root / "not_a_model" / "README.txt").write_text("weights elsewhere")
+    db = root / "store.db"
+    (root / "empty.json").write_text("")
+    (root / "truncated.json").write_text(json.dumps(HOTPOT)[:-20])
+    (root / "missing.json").write_text(json.dumps([{k: v for k, v in HOTPOT[0].items() if k != "context"}]))
+    (root / "squad.json").write_text(json.dumps({"version": "1.1", "data": []}))
+    (root / "a_folder.db").mkdir()
+    old = root / "old.db"
+    return {"root": root, "db": db, "model_a": model_a, "model_b": str(model_b), "old": old}
+
+
+@pytest.fixture(scope="module")
+def run_id(world):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "cli.app", "rollout", "--policy", "oracle", "--model", world["model_a"],
+                           "--episodes", "2", "--knob", "context_tokens=120", "--chunk-tokens", "64", "--memory-tokens",
+                           "24", "--db", str(world["db"])], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rid = proc.stdout.split("run_id=")[1].split()[0]
+    open_store(str(world["old"]), create=True).dispose()
+    from store.engine import make_engine
+
+    downgrade(make_engine(f"sqlite:///{world['old']}"), "0003")
+    # a second run whose id shares a 6-character prefix with ``rid``: ``rid[:6]`` is ambiguous
+    con = sqlite3.connect(world["db"])
+    con.execute("INSERT INTO runs (id, kind, config, status, created_at) SELECT ?, kind, config, status, created_at "
+                "FROM runs WHERE id = ?", (rid[:6] + "0" * (len(rid) - 6), rid))
+    con.commit()
+    con.close()
+    return rid
+
+
+# (case id, argv with {db} {root} {run} {model_a} {model_b} {old} placeholders, the expected line's start or part)
+CASES = [
+    ("unreachable-postgres", "runs --db postgresql://postgres@127.0.0.1:1/agentmem", "cannot reach database"),
+    ("malformed-url", "runs --db foo://bar", "cannot use database URL foo://bar"),
+    ("folder-as-sqlite", "runs --db {root}/a_folder.db", "is a directory, not a SQLite database file"),
+    ("missing-database", "runs --db {root}/nothing.db", "no database at"),
+    ("read-only-database", "sql --write --db sqlite:///file:{db}?mode=ro&uri=true delete from eval_results",
+     "is read-only"),
+    ("schema-out-of-date", "runs --db {old}", "is at revision 0003, code expects"),
+    ("empty-data-file", "rollout --env hotpotqa --data {root}/empty.json --policy oracle --model {model_a} --db {db}",
+     "empty.json: the file is empty"),
+    ("truncated-data-file",
+     "rollout --env hotpotqa --data {root}/truncated.json --policy oracle --model {model_a} --db {db}",
+     "(the file ends early: truncated?)"),
+    ("record-missing-field",
+     "rollout --env hotpotqa --data {root}/missing.json --policy oracle --model {model_a} --db {db}",
+     "missing.json: record 0 (_id 'a'): missing field 'context'"),
+    ("another-benchmark-file",
+     "rollout --env hotpotqa --data {root}/squad.json --policy oracle --model {model_a} --db {db}",
+     "(the file looks like squad data: use --env squad)"),
+    ("not-a-model-folder", "rollout --model {root}/not_a_model --db {db}", "is not a model folder"),
+    ("vocabulary-mismatch", "score --run {run} --teacher {model_b} --db {db}", "whose vocabulary differs"),
+    ("episodes-zero", "rollout --episodes 0 --db {db}", "--episodes (RolloutConfig.episodes)"),
+    ("episodes-negative", "rollout --episodes -2 --db {db}", "--episodes (RolloutConfig.episodes)"),
+    ("negative-temperature", "rollout --temperature -0.5 --db {db}", "--temperature (AgentConfig.temperature)"),
+    ("group-size-zero", "rollout --group-size 0 --db {db}", "--group-size (RolloutConfig.group_size)"),
+    ("unknown-id", "score --run 0123456789abcdef --teacher {model_a} --db {db}", "no run with id"),
+    ("ambiguous-id", "score --run {run6} --teacher {model_a} --db {db}", "is ambiguous"),
+    ("write-without-flag", "sql --db {db} delete from runs", "pass --write"),
+    ("sql-syntax-error", "sql --db {db} selec * from runs", "syntax error"),
+    ("unknown-memory-option", "rollout --memory-option nope=1 --policy oracle --model {model_a} --db {db}",
+     "takes no --memory-option"),
+]
+
+
+def _argv(template: str, world, run: str) -> list[str]:
+    head, _, sql = template.partition(" --db ")
+    fill = {"db": str(world["db"]), "root": str(world["root"]), "run": run, "run6": run[:6],
+            "model_a": world["model_a"], "model_b": world["model_b"], "old": str(world["old"])}
+    if template.startswith("sql"):
+        # sql FLAGS --db URL STATEMENT...: the statement is one argument
+        db, _, statement = sql.partition(" ")
+        return [*head.format(**fill).split(), "--db", db.format(**fill), statement]
+    return [*template.format(**fill).split()]
+
+
+@pytest.mark.parametrize(("case", "template", "needle"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_changes_nothing(capsys, world, run_id, case, template, needle):
+    before = snapshot(world["db"])
+    code, lines = cli(capsys, *_argv(template, world, run_id))
+    assert code == 1, (case, lines)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    assert snapshot(world["db"]) == before
+    assert not (world["root"] / "nothing.db").exists()
