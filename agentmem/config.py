@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from agentmem.records import InvocationKind, TeacherContext
+from agentmem.records import CallKind, InvocationKind, TeacherContext
 
 # Synthetic tasks are a pure function of (seed, index): a seed no rollout uses by default gives tasks the
 # policy was never trained on. Data files are only reordered by the seed; hold out a split file for them.
@@ -310,7 +310,7 @@ class DistillConfig(Frozen):
     seed: int = 0
     out: str = "checkpoints"
     save_every: int | None = Field(None, ge=1)
-    kinds: list[InvocationKind] | None = None
+    kinds: list[CallKind] | None = None
     path: AttentionPath = AttentionPath.fast
     packing: Packing = Packing.segments
     oversize: Oversize = Oversize.error
@@ -459,6 +459,9 @@ class TrainConfig(Frozen):
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KIND_ALIASES = {"update": InvocationKind.memory_update.value}
+# call kinds ``--kinds`` accepts beside overwrite's: the memory policies' own (``route``: agent.routed_memory;
+# ``event_record``, ``event_view``: agent.events_memory)
+POLICY_KINDS = ("route", "event_record", "event_view")
 
 
 class SftConfig(Frozen):
@@ -473,7 +476,7 @@ class SftConfig(Frozen):
     run_ids: list[str] = Field(min_length=1)
     student: str = "default"
     min_f1: float | None = Field(None, ge=0, le=1)
-    kinds: list[InvocationKind] | None = None
+    kinds: list[CallKind] | None = None
     lora_rank: int | None = Field(None, ge=1)
     lora_alpha: float = Field(16.0, gt=0)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
@@ -501,7 +504,7 @@ class SftConfig(Frozen):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             return value
-        allowed = [k.value for k in InvocationKind]
+        allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS)
         names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
         bad = [v for v in names if isinstance(v, str) and v not in allowed]
         if bad or not names:

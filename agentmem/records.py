@@ -110,6 +110,7 @@ class RunKind(str, enum.Enum):
     bench = "bench"
     sft = "sft"  # supervised fine-tuning on stored calls (cross-entropy on the action tokens)
     replay = "replay"  # ReOPD: the student's samples of single calls branched from a stored teacher run
+    memories = "memories"  # `agentmem memories build`: workflow memories written from a run's episodes
 
 
 class Run(Record):
@@ -191,6 +192,25 @@ class Episode(Record):
     finished_at: datetime | None = None
 
 
+class WorkflowMemory(Record):
+    """A workflow memory (AMD, DuoMem): the strategy of one successful episode, abstracted from its
+    specifics, written by ``writer`` (``oracle`` or a model reference) in build run ``build_run_id``.
+    Provenance: the source run, episode and the invocations it was written from (``source_invocation_ids``,
+    in step order); ``question`` is the source episode's (retrieval matches on it), ``f1`` its score."""
+
+    id: str = Field(default_factory=new_id)
+    build_run_id: str | None = None
+    source_run_id: str
+    source_episode_id: str
+    source_invocation_ids: list[str] = Field(default_factory=list)
+    writer: str
+    env: str
+    question: str
+    text: str
+    f1: float | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class Invocation(Record):
     """One model call, stored exactly as the sampler saw it.
 
@@ -255,6 +275,19 @@ class Invocation(Record):
     @property
     def output_tokens(self) -> int:
         return int(self.output_ids.shape[0])
+
+
+class LogEntry(Record):
+    """One entry of an episode log (the ``log`` memory policy, PRO-LONG), appended verbatim: ``seq`` is its
+    position in the log, ``source`` what it is (``chunk`` or ``note``), ``invocation_id`` the call that
+    appended it."""
+
+    episode_id: str
+    seq: int = Field(ge=0)
+    source: str
+    text: str
+    invocation_id: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
 
 
 class TeacherScore(Record):

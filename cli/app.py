@@ -18,6 +18,7 @@ from cli import db as db_commands
 from cli import distill as distill_commands
 from cli import evaluate as evaluate_commands
 from cli import inspect as inspect_commands
+from cli import memories as memories_commands
 from cli import models as models_commands
 from cli import report as report_commands
 from cli import rollout as rollout_commands
@@ -25,6 +26,7 @@ from cli import score as score_commands
 from cli import sft as sft_commands
 from cli import train as train_commands
 from cli import view as view_commands
+from cli import worker as worker_commands
 
 app = typer.Typer(
     name="agentmem",
@@ -38,6 +40,7 @@ app.add_typer(db_commands.app, name="db")
 distill_commands.register(app)
 evaluate_commands.register(app)
 inspect_commands.register(app)
+memories_commands.register(app)
 models_commands.register(app)
 report_commands.register(app)
 rollout_commands.register(app)
@@ -45,6 +48,7 @@ score_commands.register(app)
 sft_commands.register(app)
 train_commands.register(app)
 view_commands.register(app)
+worker_commands.register(app)
 
 _DEBUG = {"on": False}
 

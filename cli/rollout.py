@@ -61,6 +61,10 @@ def rollout(
     kappa: Annotated[float, typer.Option(help="ReOPD: decay of the branch-step distribution P(t) ∝ kappa^t "
                                               "(with --replay-from).")] = 0.6,
     resume: Annotated[str | None, typer.Option(help="Finish run RUN_ID (its stored config is used).")] = None,
+    workers: Annotated[int, typer.Option(
+        help="Local worker processes: 1 does the calls in this process; N > 1 writes the run and its episodes, "
+             "then starts N `agentmem worker --run RUN_ID` processes that share them (each loads the model). "
+             "More workers on other machines may join with `agentmem worker`.", min=1)] = 1,
     db: DbOption = None,
 ) -> None:
     """Run the memory agent over an environment and stream every call to the store.
@@ -99,6 +103,9 @@ def rollout(
                               memory_options=parse_knobs(memory_option)),
             context=context,
         )
+    if workers > 1:
+        _with_workers(workers, config, resume, db=db, device=device, threads=threads)
+        return
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
@@ -128,6 +135,32 @@ def _summary(result) -> None:
     console().print(table)
     typer.echo(f"run_id={result.run_id}  (inspect: agentmem sql \"select * from episode_summary where run_id = "
                f"'{result.run_id}'\")")
+
+
+def _with_workers(n: int, config, resume: str | None, *, db: str | None, device: Device, threads: int | None) -> None:
+    """``rollout --workers N``: the run and its episodes are written here, the calls by N local workers."""
+    from agentmem.errors import RunError
+    from agentmem.jobs.rollout import LeaseTerms, RolloutResult, create_rollout
+    from cli.common import runtime, setup_logging
+    from cli.worker import start_workers
+    from store import repository as repo
+    from store.engine import open_store
+
+    runtime(device, threads)  # a bad --device or --threads fails here, before any worker starts
+    setup_logging()
+    store = open_store(db, create=True)
+    run_id = create_rollout(store, config, resume=resume)
+    terms = LeaseTerms()
+    codes = start_workers(n, run_id, db=db, device=device.value, threads=threads, lease_seconds=terms.seconds,
+                          max_attempts=terms.max_attempts)
+    with store.session() as s:
+        episodes = repo.list_episodes(s, run_id)
+    left = sum(1 for e in episodes if e.status.value == "running")
+    if left or any(codes):
+        failed = sum(1 for c in codes if c)
+        raise RunError(f"run {run_id}: {failed} of {n} workers failed and {left} episodes are still running: "
+                       f"finish it with `agentmem worker --run {run_id}`")
+    _summary(RolloutResult(run_id=run_id, episodes=episodes, resumed_episodes=0, policy=None))
 
 
 def _replay(replay_from: str | None, resume: str | None, *, kappa: float, model: str, backend: BackendKind,

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store.errors import ReadOnlyDatabase, SchemaOutOfDate, StoreUnavailable
+from store.errors import ReadOnlyDatabase, SchemaOutOfDate, StoreFull, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///agentmem.db"
 ENV_VAR = "AGENTMEM_DB"
@@ -74,8 +74,9 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 
 def _sqlite_errors(db: str):
     """A ``handle_error`` hook: SQLite's "attempt to write a readonly database" (a file or folder without
-    write permission) and "unable to open database file" (e.g. no journal can be made in the folder)
-    become one line naming the file, raised where the first write fails."""
+    write permission), "unable to open database file" (e.g. no journal can be made in the folder) and
+    "database or disk is full" / "disk I/O error" (no space, or a file size limit) become one line naming the
+    file, raised where the write fails."""
 
     def hook(context: sa.engine.ExceptionContext) -> None:
         orig = context.original_exception
@@ -84,6 +85,10 @@ def _sqlite_errors(db: str):
         if "readonly database" in str(orig):
             raise ReadOnlyDatabase(f"database {db} is read-only ({orig}): check the permissions of the file "
                                    "and its folder, or use another --db") from None
+        if "database or disk is full" in str(orig) or "disk I/O error" in str(orig):
+            raise StoreFull(f"cannot write database {db} ({orig}): the disk is full or the file hit its size "
+                            "limit; everything committed before is intact. Free space, then re-run with "
+                            "--resume RUN_ID") from None
         if "unable to open database file" in str(orig):
             raise StoreUnavailable(f"cannot open database {db} ({orig}): check that the file and its folder "
                                    "exist and are readable and writable") from None

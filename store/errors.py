@@ -21,3 +21,19 @@ class NotFound(StoreError):
 
 class ReadOnlyDatabase(StoreError):
     """The database (a SQLite file, or its folder) cannot be written."""
+
+
+class StoreFull(StoreError):
+    """A write failed because the disk is full or the file hit its size limit; what was committed before is
+    intact and readable."""
+
+
+class LeaseLost(StoreError):
+    """A rollout worker wrote for episodes it no longer holds (its lease was taken over): nothing was
+    written for them; the worker must drop them, in-memory state and all."""
+
+    def __init__(self, owner: str, episode_ids: set[str]):
+        self.owner, self.episode_ids = owner, set(episode_ids)
+        shown = ", ".join(sorted(self.episode_ids)[:3]) + (" ..." if len(self.episode_ids) > 3 else "")
+        super().__init__(f"worker {owner} lost the lease of {len(self.episode_ids)} episode(s) ({shown}): "
+                         "another worker took them over; their calls were not stored")

@@ -61,6 +61,9 @@ def _text(value: str | None) -> str | None:
     return value.replace("\x00", "\ufffd") if value else value
 
 
+text_column = _text  # how text columns are stored (store.leases writes an episode's last error)
+
+
 def _insert_ignore(session: Session, table: sa.Table, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
@@ -133,6 +136,11 @@ def _run(row: RunRow) -> Run:
 
 def get_run(session: Session, run_id: str) -> Run:
     return _run(_get(session, RunRow, run_id, "run", " (see `agentmem runs`)"))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    return _pid_alive(pid)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -283,15 +291,21 @@ def insert_episodes(session: Session, episodes: Iterable[Episode]) -> None:
     _insert_ignore(session, EpisodeRow.__table__, [e.model_dump(mode="python") for e in episodes])
 
 
-def update_episode(session: Session, episode: Episode) -> None:
-    """Write an episode's outcome fields (prediction, scores, status, stop reason, error, times)."""
+def outcome_values(episode: Episode) -> dict[str, Any]:
+    """The outcome columns of an episode (prediction, scores, status, stop reason, error, times)."""
     values = episode.model_dump(
         mode="python",
         include={"prediction", "reward", "f1", "em", "sub_em", "status", "stop_reason", "error", "finished_at",
                  "n_chunks"},
     )
     values["prediction"], values["error"] = _text(values["prediction"]), _text(values["error"])
-    result = session.execute(sa.update(EpisodeRow).where(EpisodeRow.id == episode.id).values(**values))
+    return values
+
+
+def update_episode(session: Session, episode: Episode) -> None:
+    """Write an episode's outcome fields (prediction, scores, status, stop reason, error, times)."""
+    result = session.execute(sa.update(EpisodeRow).where(EpisodeRow.id == episode.id)
+                             .values(**outcome_values(episode)))
     if result.rowcount == 0:
         raise NotFound(f"no episode with id {episode.id!r}")
 
@@ -304,6 +318,9 @@ def _episode(row: EpisodeRow) -> Episode:
         status=EpisodeStatus(row.status), stop_reason=row.stop_reason, error=row.error, n_chunks=row.n_chunks,
         created_at=row.created_at, finished_at=row.finished_at,
     )
+
+
+episode_record = _episode  # the record of a row (store.leases reads the rows it claims)
 
 
 def get_episode(session: Session, episode_id: str) -> Episode:

@@ -21,14 +21,16 @@ Invariants:
 - an episode's state is rebuilt from its stored calls (``AgentLoop.start``), so a resumed episode
   continues exactly where the store says it stopped (an answer stored without its outcome is scored,
   not asked again);
-- a failing call is data, not a crash: its episode ends ``failed`` with the error, siblings go on.
+- a failing call is data, not a crash: its episode ends ``failed`` with the error, siblings go on;
+- an episode whose calls the sink refuses (``Sink.invocations`` returns its id: a rollout worker lost its
+  lease to another worker) is dropped at once, in-memory state and all: it is neither continued nor finished.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,9 +86,12 @@ def resume_state(episode: Episode, task: Task, stored: Sequence[Invocation]) -> 
 
 
 class Sink(Protocol):
-    """Where finished work goes, as it completes (the rollout job writes it to the store)."""
+    """Where finished work goes, as it completes (the rollout job writes it to the store).
 
-    def invocations(self, invocations: list[Invocation]) -> None: ...
+    ``invocations`` may return the ids of episodes whose calls it refused (none stored): the loop drops
+    those episodes. ``None`` or an empty collection: everything was taken."""
+
+    def invocations(self, invocations: list[Invocation]) -> Collection[str] | None: ...
 
     def episodes_finished(self, episodes: list[Episode]) -> None: ...
 
@@ -112,6 +117,7 @@ class RoundStats:
     output_tokens: int
     finished: int
     seconds: float
+    dropped: int = 0  # episodes the sink refused (lost leases), dropped by the loop
 
 
 def _routes(backend: Backend | Mapping[str, Backend] | None, oracle: OracleWriter | None) -> dict[str, Backend]:
@@ -295,11 +301,16 @@ class AgentLoop:
                 else:
                     still.append(s)
         self._round += 1
-        sink.invocations(invocations)
+        refused = set(sink.invocations(invocations) or ())
+        if refused:
+            invocations = [i for i in invocations if i.episode_id not in refused]
+            still = [s for s in still if s.episode.id not in refused]
+            finished = [e for e in finished if e.id not in refused]
         if finished:
             sink.episodes_finished(finished)
         stats = RoundStats(len(invocations), sum(i.prompt_tokens for i in invocations),
-                           sum(i.output_tokens for i in invocations), len(finished), time.perf_counter() - t0)
+                           sum(i.output_tokens for i in invocations), len(finished), time.perf_counter() - t0,
+                           dropped=len(refused))
         return still, stats
 
     def _advance(self, s: EpisodeState, call: Call, gen: Generation) -> Invocation:

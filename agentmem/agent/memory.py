@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from agentmem.agent.prompts import Prompt
 from agentmem.errors import AgentError
-from agentmem.records import Invocation, Task
+from agentmem.records import Invocation, LogEntry, Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -91,6 +91,15 @@ class OracleAware(Protocol):
     call and the task's annotation (facts, evidence, gold answer)."""
 
     def oracle_text(self, call: Call, task: Task) -> str: ...
+
+
+@runtime_checkable
+class LogAware(Protocol):
+    """A memory policy that appends to an episode log (``agentmem.agent.log_memory``): ``log_entries(inv)``
+    are the entries the stored call ``inv`` appended, a pure function of the call. The rollout stores them
+    (table ``memory_log``) in the transaction that stores the call."""
+
+    def log_entries(self, invocation: Invocation) -> list[LogEntry]: ...
 
 
 def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) -> S:

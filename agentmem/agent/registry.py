@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from agentmem.agent.events_memory import EventsPolicy
+from agentmem.agent.log_memory import LogPolicy
 from agentmem.agent.memory import MemoryPolicy, PolicyFactory
 from agentmem.agent.overwrite import OverwritePolicy
+from agentmem.agent.routed_memory import RoutedPolicy
+from agentmem.agent.teacher_memory import TeacherMemoryPolicy
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
 
-_FACTORIES: dict[str, PolicyFactory] = {OverwritePolicy.name: OverwritePolicy.from_config}
+_FACTORIES: dict[str, PolicyFactory] = {
+    OverwritePolicy.name: OverwritePolicy.from_config,
+    EventsPolicy.name: EventsPolicy.from_config,
+    LogPolicy.name: LogPolicy.from_config,
+    RoutedPolicy.name: RoutedPolicy.from_config,
+    TeacherMemoryPolicy.name: TeacherMemoryPolicy.from_config,  # its bank comes from jobs.memory_setup
+}
 
 
 def register_memory_policy(name: str, factory: PolicyFactory) -> None:

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from agentmem.agent.memory import MemoryPolicy
 from agentmem.agent.registry import memory_policy
+from agentmem.agent.teacher_memory import TeacherMemoryPolicy, teacher_options
 from agentmem.config import AgentConfig
+from agentmem.jobs.memories import load_bank
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -19,5 +21,9 @@ if TYPE_CHECKING:
 
 
 def memory_for(store: Store, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> MemoryPolicy:
-    """The memory policy ``config.memory_policy`` with ``config.memory_options``, for ``tokenizer``."""
+    """The memory policy ``config.memory_policy`` with ``config.memory_options``, for ``tokenizer``.
+    ``teacher``: its bank is the memories of build run ``memories=`` (``agentmem memories build``)."""
+    if config.memory_policy == TeacherMemoryPolicy.name:
+        _, bank = load_bank(store, teacher_options(config).memories)
+        return TeacherMemoryPolicy.from_config(tokenizer, config, bank=bank)
     return memory_policy(config.memory_policy, tokenizer, config)

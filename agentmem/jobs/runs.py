@@ -3,7 +3,10 @@
 ``tracked_run`` opens a run (new, or an existing one taken over for ``--resume``), keeps its heartbeat,
 and ends it whatever happens: ``finished`` on success, ``failed`` with a one-line error on an exception,
 ``interrupted`` on Ctrl-C. No error leaves a run ``running``; only a killed process does, and then the
-run's process id tells it apart (``agentmem runs``).
+run's process id tells it apart (``agentmem runs``). A rollout run's episodes may be shared by several
+worker processes (``agentmem.jobs.worker``, ``store.leases``): its run (``tracked_run(shared=True)``) is
+marked finished only once none of its episodes is running, by whichever process finishes last; until then
+it stays running.
 
 Several processes (torchrun): ``job_run`` opens the run on rank 0 only and hands its id to the others,
 whose handle never writes (their store may be read-only).
@@ -21,6 +24,7 @@ from pydantic import BaseModel
 from agentmem.errors import ConfigError, RunError
 from agentmem.records import Run, RunKind
 from agentmem.runtime import Runtime
+from store import leases
 from store import repository as repo
 from store.engine import Store
 
@@ -78,9 +82,10 @@ def check_runs(store: Store, run_ids: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str | None = None,
-                extra: dict | None = None) -> Iterator[RunHandle]:
+                extra: dict | None = None, shared: bool = False) -> Iterator[RunHandle]:
     """Open (or, with ``resume``, take over the run of that full id) a run and end it on exit as finished,
-    failed or interrupted."""
+    failed or interrupted. ``shared``: a run whose episodes other workers may hold; a success marks it
+    finished only when none of its episodes is running (``store.leases.finish_run_if_done``)."""
     with store.session() as s:
         if resume is None:
             run = Run(kind=kind, config=config.model_dump(mode="json") | (extra or {}))
@@ -100,7 +105,12 @@ def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str |
         with contextlib.suppress(Exception):
             _end(store, rid, "failed", error_line(exc))
         raise
-    _end(store, rid, "finished", None)
+    if shared:
+        with store.session() as s:
+            leases.finish_run_if_done(s, rid)
+            s.commit()
+    else:
+        _end(store, rid, "finished", None)
 
 
 @contextlib.contextmanager

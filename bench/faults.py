@@ -1,0 +1,287 @@
+"""Fault injection: ``kill -9`` of the score, distill and sft jobs at random points, then resume; and a
+SQLite store whose file hits its size limit mid-rollout.
+
+    python bench/faults.py [--kills 21] [--seed 0] [--work DIR]
+
+Every job runs as a real ``agentmem`` process (``python -m cli.app``) with tiny random models (a policy and a
+teacher of one tokenizer) on a SQLite store that holds one sampled rollout run. Per job, one uninterrupted
+reference run is made first. Then each kill: a fresh copy of the store, the job started, ``SIGKILL`` at a
+random moment between 40% and 95% of the reference's wall time (model
+loading, mid-batch, mid-save), and the job resumed (``score``: the same command
+again; ``distill``/``sft``: ``--resume RUN_ID`` of the killed run, or the command again when it died before
+its run row). Then the store is compared with the reference:
+- lost: reference rows (teacher scores by (call, teacher, context); train steps by step) missing;
+- duplicates: rows stored twice for one key;
+- mixed: a call scored with other values than the reference's, or a train step with another loss;
+- resumed_equal: the final checkpoint's tensors equal the reference's exactly (score: every row equal).
+The rollout-worker kills (3 workers on Postgres) are ``tests/faults/test_worker_kills.py``'s and
+``bench/workers.py``'s. The last line is ``kills=<n> lost_calls=<n> duplicates=<n> mixed=<n> resumed_equal=<k>/<k>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# bench/store.py would shadow the `store` package: keep this folder off sys.path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+JOBS = ("score", "distill", "sft")
+ROLLOUT = ["--episodes", "3", "--group-size", "2", "--knob", "context_tokens=160", "--chunk-tokens", "48",
+           "--memory-tokens", "12", "--answer-tokens", "6", "--seed", "3"]
+
+
+def agentmem(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"agentmem {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def start(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "cli.app", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=ROOT, env=env)
+
+
+@dataclass(frozen=True)
+class World:
+    """Tiny model folders and a store (``base``) with one rollout run, copied fresh for every job."""
+
+    root: Path
+    policy: str
+    teacher: str
+    base: Path
+    run_id: str
+
+    def copy(self, name: str) -> Path:
+        db = self.root / f"{name}.db"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        shutil.copy(self.base, db)
+        return db
+
+
+def make_world(root: Path) -> World:
+    from tiny_models import save_tiny, tiny_llama
+
+    root.mkdir(parents=True, exist_ok=True)
+    policy = save_tiny(root / "policy", tiny_llama(seed=3))
+    teacher = save_tiny(root / "teacher", tiny_llama(seed=1))
+    base = root / "base.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{base}{suffix}").unlink(missing_ok=True)
+    out = agentmem("rollout", "--model", policy, *ROLLOUT, "--db", str(base)).stdout
+    run_id = out.split("run_id=")[1].split()[0]
+    con = sqlite3.connect(base)  # fold the WAL in: the file alone is the store
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    return World(root, policy, teacher, base, run_id)
+
+
+def job_args(world: World, job: str, db: Path, out: Path) -> list[str]:
+    common = ["--run", world.run_id, "--db", str(db)]
+    if job == "score":
+        return ["score", *common, "--teacher", world.teacher, "--row-tokens", "384"]
+    train = ["--steps", "6", "--save-every", "1", "--invocations-per-step", "4", "--row-tokens", "2048",
+             "--lr", "1e-3", "--seed", "5", "--out", str(out)]
+    if job == "distill":
+        return ["distill", *common, "--teacher", world.teacher, "--student", world.policy, *train]
+    return ["sft", *common, "--student", world.policy, *train]
+
+
+def _rows(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        return con.execute(sql, params).fetchall()
+    except sqlite3.OperationalError:  # the table is not there yet (the job died before creating its rows)
+        return []
+    finally:
+        con.close()
+
+
+def job_runs(db: Path, job: str) -> list[tuple[str, str]]:
+    return _rows(db, "SELECT id, status FROM runs WHERE kind = ? ORDER BY created_at", (job,))
+
+
+def progress(db: Path, job: str) -> int:
+    """Rows the job has stored so far."""
+    got = _rows(db, "SELECT COUNT(*) FROM " + ("teacher_scores" if job == "score" else "train_steps"))
+    return got[0][0] if got else 0
+
+
+@dataclass
+class Outcome:
+    rows: dict[tuple, tuple]
+    duplicates: int
+    final: dict | None  # tensors of the last checkpoint (distill, sft)
+
+
+def outcome(db: Path, job: str) -> Outcome:
+    if job == "score":
+        rows = _rows(db, "SELECT invocation_id, teacher, context, token_logprobs, reverse_kl FROM teacher_scores")
+        keyed = {(r[0], r[1], r[2]): (bytes(r[3]), bytes(r[4])) for r in rows}
+        return Outcome(keyed, len(rows) - len(keyed), None)
+    (run_id, _status), *_ = job_runs(db, job)
+    steps = _rows(db, "SELECT step, loss, kd_loss, rl_loss, tokens FROM train_steps WHERE run_id = ?", (run_id,))
+    keyed = {(s[0],): tuple(s[1:]) for s in steps}
+    last = _rows(db, "SELECT path FROM checkpoints WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,))
+    return Outcome(keyed, len(steps) - len(keyed), _tensors(last[0][0]) if last else None)
+
+
+def _tensors(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    out: dict = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def _equal_tensors(a: dict | None, b: dict | None) -> bool:
+    import torch
+
+    return a is not None and b is not None and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _same_steps(ref: dict[tuple, tuple], got: dict[tuple, tuple]) -> list[tuple]:
+    """Keys whose values differ from the reference (losses to 1e-6: equal training gives equal losses)."""
+    bad = []
+    for key, value in got.items():
+        want = ref.get(key)
+        if want is None:
+            continue
+        if any(isinstance(x, float) and abs(x - y) > 1e-6 or (not isinstance(x, float) and x != y)
+               for x, y in zip(value, want, strict=True)):
+            bad.append(key)
+    return bad
+
+
+@dataclass
+class Tally:
+    kills: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    mixed: int = 0
+    equal: int = 0
+    resumed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def reference(world: World, job: str) -> tuple[Outcome, float]:
+    db = world.copy(f"ref-{job}")
+    t0 = time.perf_counter()
+    agentmem(*job_args(world, job, db, world.root / f"ref-{job}-ckpt"))
+    return outcome(db, job), time.perf_counter() - t0
+
+
+def kill_and_resume(world: World, job: str, ref: Outcome, ref_seconds: float, rng: random.Random, n: int,
+                    tally: Tally, after_rows: int | None = None) -> None:
+    """One kill -9 of ``job`` at a random moment of its run (or, with ``after_rows``, as soon as it has
+    stored that many rows), the resume, and the comparison."""
+    db = world.copy(f"kill-{job}-{n}")
+    out = world.root / f"kill-{job}-{n}-ckpt"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = start(*job_args(world, job, db, out))
+    if after_rows is not None:
+        deadline = time.monotonic() + 600
+        while progress(db, job) < after_rows and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    else:
+        try:
+            proc.wait(timeout=rng.uniform(0.4, 0.95) * ref_seconds)
+        except subprocess.TimeoutExpired:
+            pass
+    killed = proc.poll() is None
+    if killed:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    tally.kills += killed
+    if not killed:
+        tally.notes.append(f"{job} #{n}: finished before the kill")
+    runs = job_runs(db, job)
+    if job != "score" and runs and runs[-1][1] != "finished":
+        agentmem(job, "--resume", runs[-1][0], "--db", str(db))
+    elif job == "score" or not runs:
+        agentmem(*job_args(world, job, db, out))
+    got = outcome(db, job)
+    lost = len(set(ref.rows) - set(got.rows))
+    mixed = len(_same_steps(ref.rows, got.rows)) if job != "score" else sum(
+        1 for k, v in got.rows.items() if k in ref.rows and ref.rows[k] != v)
+    tally.lost += lost
+    tally.duplicates += got.duplicates
+    tally.mixed += mixed
+    tally.resumed += 1
+    same = (got.rows == ref.rows) if job == "score" else _equal_tensors(got.final, ref.final)
+    tally.equal += same
+    tally.notes.append(f"{job} #{n}: killed={killed} rows={progress(db, job)} lost={lost} "
+                       f"duplicates={got.duplicates} mixed={mixed} resumed_equal={same}")
+
+
+def disk_full(world: World) -> str:
+    """A rollout whose SQLite file may grow by 32 KiB only: one clear error line, and the store stays readable
+    and resumable once the limit is lifted. Returns the error line."""
+    import resource
+
+    db = world.copy("full")
+    limit = db.stat().st_size + 32 * 1024
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "cli.app", "rollout", "--policy", "oracle", "--model", world.policy,
+                           "--episodes", "40", "--knob", "context_tokens=400", "--db", str(db)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, preexec_fn=limited, timeout=600)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    if proc.returncode != 1 or len(errors) != 1 or "Traceback" in proc.stderr:
+        raise AssertionError(f"disk full: expected one error line, got rc={proc.returncode}:\n{proc.stderr[-2000:]}")
+    rows = _rows(db, "SELECT id, status FROM runs WHERE kind = 'rollout' ORDER BY created_at")
+    if len(rows) != 2:
+        raise AssertionError(f"disk full: the store is not readable as before: runs {rows}")
+    agentmem("rollout", "--resume", rows[-1][0], "--db", str(db))
+    return errors[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=21, help="kills in all, spread over score, distill and sft")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="agentmem-faults-"))
+    rng = random.Random(args.seed)
+    world = make_world(work)
+    tally = Tally()
+    refs = {}
+    for job in JOBS:
+        refs[job] = reference(world, job)
+        print(f"reference {job}: {len(refs[job][0].rows)} rows in {refs[job][1]:.1f} s", flush=True)
+    for n in range(args.kills):
+        job = JOBS[n % len(JOBS)]
+        kill_and_resume(world, job, *refs[job], rng, n, tally)
+        print(tally.notes[-1], flush=True)
+    print(f"disk full: {disk_full(world)}")
+    print(f"kills={tally.kills} lost_calls={tally.lost} duplicates={tally.duplicates} mixed={tally.mixed} "
+          f"resumed_equal={tally.equal}/{tally.resumed}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Concurrency load: 1, 2 and 4 rollout workers on one Postgres, 2 on one SQLite file, and (``--kills``)
+workers killed at random.
+
+    python bench/workers.py [--pg-url postgresql://postgres@127.0.0.1:55432/postgres] [--episodes 60]
+                            [--group-size 2] [--batch 4] [--workers 1,2,4] [--kills 0]
+
+Every worker is a real process (``tests/faults/scripted_worker.py``: ``agentmem.jobs.worker.run_worker``
+with the scripted backend, so generation costs almost nothing and the store and the agent loop's own
+Python are what is measured). Without ``--pg-url`` a throwaway server is started (``scripts/pg_throwaway.sh``,
+fsync off) and stopped at the end. Per worker count: a fresh database, one run of ``--episodes`` tasks x
+``--group-size`` samples, ``--workers`` processes started together; then
+- calls/s: stored calls over the time from the first stored call to the last (process start-up, about 5 s
+  of imports per process, is left out);
+- p99 insert: the 99th percentile over every round of every worker of the time to store that round's calls
+  (one transaction: lease check and renewal, insert, commit);
+- lost: calls of the one-worker run missing from this run (the scripted backend answers a prompt alike in
+  every process, so every worker count must store the same calls).
+Then 2 worker processes on one SQLite file (WAL): their stderr must hold no "database is locked". With
+``--kills K``: 3 workers on Postgres, one killed (SIGKILL) at random K times while calls are being stored and
+a fresh one started; lost, duplicated and mixed calls are counted as ``tests/faults/test_worker_kills.py``
+does. The last line is ``workers4_vs_1=<r> p99_ms=<x> lost=<n>`` (p99 of the 4-worker run; lost over all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# bench/store.py would shadow the `store` package: keep this folder off sys.path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import numpy as np  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+from tiny_models import tiny_tokenizer  # noqa: E402
+
+from agentmem.config import AgentConfig, RolloutConfig  # noqa: E402
+from agentmem.jobs.rollout import create_rollout  # noqa: E402
+from agentmem.policy.scripted import ScriptedBackend  # noqa: E402
+from store.engine import make_engine, open_store, resolve_url  # noqa: E402
+from store.migrations import upgrade  # noqa: E402
+
+WORKER = ROOT / "tests" / "faults" / "scripted_worker.py"
+SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+def config(episodes: int, group_size: int, batch: int) -> RolloutConfig:
+    return RolloutConfig(model="tiny", episodes=episodes, group_size=group_size, chunk_tokens=48, env_knobs=SYNTH,
+                         agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=8, max_batch=batch, seed=1))
+
+
+def fresh_pg(server: str) -> str:
+    name = f"agentmem_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(resolve_url(server), isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    admin.dispose()
+    url = sa.engine.make_url(resolve_url(server)).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def new_run(url: str, cfg: RolloutConfig) -> str:
+    tok = tiny_tokenizer()
+    store = open_store(url, create=True)
+    run_id = create_rollout(store, cfg, backend=ScriptedBackend(tok, lambda p: ""))
+    store.dispose()
+    return run_id
+
+
+def start(url: str, run_id: str, tag: int, times: Path | None = None, lease_s: float = 30.0) -> subprocess.Popen:
+    env = dict(ENV, AGENTMEM_INSERT_TIMES=str(times)) if times else ENV
+    return subprocess.Popen([sys.executable, str(WORKER), url, run_id, str(tag), str(lease_s), "0"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def calls(url: str, run_id: str) -> dict:
+    """(task, sample) -> [(step, kind, prompt, output, memory after, process tag)] in step order."""
+    engine = sa.create_engine(resolve_url(url))
+    with engine.connect() as c:
+        rows = c.execute(sa.text(
+            "select e.task_id, e.sample_index, i.step, i.kind, i.prompt_text, i.output_text, i.memory_after, "
+            "i.latency_s from invocations i join episodes e on e.id = i.episode_id where e.run_id = :r "
+            "order by e.task_id, e.sample_index, i.step"), {"r": run_id}).all()
+    engine.dispose()
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r[0], r[1]), []).append(tuple(r[2:]))
+    return out
+
+
+def span_rate(url: str, run_id: str) -> tuple[int, float]:
+    engine = sa.create_engine(resolve_url(url))
+    with engine.connect() as c:
+        n, first, last = c.execute(sa.text(
+            "select count(*), min(i.created_at), max(i.created_at) from invocations i join episodes e "
+            "on e.id = i.episode_id where e.run_id = :r"), {"r": run_id}).one()
+        status = c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar()
+    engine.dispose()
+    if isinstance(first, str):  # SQLite returns text
+        from datetime import datetime
+        first, last = datetime.fromisoformat(first), datetime.fromisoformat(last)
+    assert status == "finished", f"run {run_id} is {status}"
+    return n, n / max((last - first).total_seconds(), 1e-9)
+
+
+def compare(want: dict, got: dict) -> tuple[int, int, int]:
+    """(lost, duplicates, mixed) calls of ``got`` against ``want`` (the tag, last, is left out)."""
+    lost = dup = mixed = 0
+    for key, rows in want.items():
+        have = got.get(key, [])
+        lost += max(0, len(rows) - len(have))
+        dup += max(0, len(have) - len(rows))
+        if [r[:-1] for r in have] != [r[:-1] for r in rows][: len(have)]:
+            mixed += 1
+        tags = [r[-1] for r in have]
+        blocks = [t for i, t in enumerate(tags) if i == 0 or tags[i - 1] != t]
+        mixed += len(blocks) != len(set(blocks))
+    return lost, dup, mixed
+
+
+def run_workers(url: str, run_id: str, n: int, work: Path) -> list[float]:
+    times = [work / f"times_{run_id[:8]}_{k}.txt" for k in range(n)]
+    procs = [start(url, run_id, k, times[k]) for k in range(n)]
+    for p in procs:
+        _, err = p.communicate(timeout=3600)
+        if p.returncode != 0:
+            raise SystemExit(f"worker failed:\n{err}")
+        if "database is locked" in err:
+            raise SystemExit(f"'database is locked' reached a worker:\n{err}")
+    return [float(x) for t in times for x in t.read_text().split()]
+
+
+def kills(url: str, cfg: RolloutConfig, want: dict, k: int, seed: int) -> tuple[int, int, int, int]:
+    """3 workers on one run; kill one at random ``k`` times while calls are being stored."""
+    run_id = new_run(url, cfg)
+    rng = random.Random(seed)
+    procs = {tag: start(url, run_id, tag, lease_s=2.0) for tag in range(3)}
+    engine = sa.create_engine(resolve_url(url))
+    done, last, tag = 0, 0, 3
+    while done < k:
+        time.sleep(rng.uniform(0.2, 1.5))
+        with engine.connect() as c:
+            now = c.execute(sa.text("select count(*) from invocations i join episodes e on e.id = i.episode_id "
+                                    "where e.run_id = :r"), {"r": run_id}).scalar()
+        live = [t for t, p in procs.items() if p.poll() is None]
+        if not live:
+            break
+        if now > last:
+            victim = rng.choice(live)
+            procs[victim].send_signal(signal.SIGKILL)
+            procs[victim].wait()
+            done, last = done + 1, now
+            procs[tag] = start(url, run_id, tag, lease_s=2.0)
+            tag += 1
+    engine.dispose()
+    for p in procs.values():
+        p.communicate(timeout=3600)
+    lost, dup, mixed = compare(want, calls(url, run_id))
+    return done, lost, dup, mixed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pg-url", default=os.environ.get("AGENTMEM_TEST_PG_URL"))
+    ap.add_argument("--episodes", type=int, default=60)
+    ap.add_argument("--group-size", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=4, help="episodes a worker holds (one backend batch per round)")
+    ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--kills", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    cfg = config(args.episodes, args.group_size, args.batch)
+    work = Path(tempfile.mkdtemp(prefix="agentmem-workers-"))
+    server, stop = args.pg_url, None
+    if not server:
+        data = work / "pg"
+        port = str(50000 + random.randrange(10000))
+        server = subprocess.run(["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "start", str(data), port],
+                                check=True, capture_output=True, text=True).stdout.strip()
+        stop = ["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "stop", str(data)]
+    try:
+        print(f"cpus={os.cpu_count()} episodes={args.episodes * args.group_size} batch={args.batch}", flush=True)
+        rates, p99, total_lost, want = {}, {}, 0, None
+        for n in [int(x) for x in args.workers.split(",")]:
+            url = fresh_pg(server)
+            run_id = new_run(url, cfg)
+            lat = run_workers(url, run_id, n, work)
+            count, rate = span_rate(url, run_id)
+            got = calls(url, run_id)
+            want = want or got
+            lost, dup, mixed = compare(want, got)
+            total_lost += lost
+            rates[n], p99[n] = rate, 1000 * float(np.percentile(lat, 99))
+            print(f"postgres workers={n} calls={count} calls_per_s={rate:.1f} p50_insert_ms="
+                  f"{1000 * float(np.median(lat)):.2f} p99_insert_ms={p99[n]:.2f} lost={lost} duplicates={dup} "
+                  f"mixed={mixed}", flush=True)
+        sqlite_url = f"sqlite:///{work / 'shared.db'}"
+        run_id = new_run(sqlite_url, cfg)
+        lat = run_workers(sqlite_url, run_id, 2, work)
+        count, rate = span_rate(sqlite_url, run_id)
+        lost, dup, mixed = compare(want, calls(sqlite_url, run_id))
+        total_lost += lost
+        print(f"sqlite workers=2 calls={count} calls_per_s={rate:.1f} p99_insert_ms="
+              f"{1000 * float(np.percentile(lat, 99)):.2f} database_locked=0 lost={lost} duplicates={dup} "
+              f"mixed={mixed}", flush=True)
+        if args.kills:
+            n_kills, lost, dup, mixed = kills(fresh_pg(server), cfg, want, args.kills, args.seed)
+            total_lost += lost
+            print(f"kills={n_kills} lost_calls={lost} duplicates={dup} mixed={mixed}", flush=True)
+        ratio = rates.get(4, float("nan")) / rates[1] if 1 in rates else float("nan")
+        print(f"workers4_vs_1={ratio:.2f} p99_ms={p99.get(4, float('nan')):.2f} lost={total_lost}")
+    finally:
+        if stop:
+            subprocess.run(stop, capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
