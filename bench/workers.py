@@ -2,7 +2,7 @@
 workers killed at random.
 
     python bench/workers.py [--pg-url postgresql://postgres@127.0.0.1:55432/postgres] [--episodes 60]
-                            [--group-size 2] [--batch 4] [--workers 1,2,4] [--kills 0]
+                            [--group-size 2] [--batch 4] [--workers 1,2,4] [--sleep 0] [--kills 0]
 
 Every worker is a real process (``tests/faults/scripted_worker.py``: ``agentmem.jobs.worker.run_worker``
 with the scripted backend, so generation costs almost nothing and the store and the agent loop's own
@@ -18,7 +18,8 @@ fsync off) and stopped at the end. Per worker count: a fresh database, one run o
 Then 2 worker processes on one SQLite file (WAL): their stderr must hold no "database is locked". With
 ``--kills K``: 3 workers on Postgres, one killed (SIGKILL) at random K times while calls are being stored and
 a fresh one started; lost, duplicated and mixed calls are counted as ``tests/faults/test_worker_kills.py``
-does. The last line is ``workers4_vs_1=<r> p99_ms=<x> lost=<n>`` (p99 of the 4-worker run; lost over all).
+does. ``--sleep S``: every batch of the scaling runs takes S seconds more, as if a model generated it
+elsewhere (a GPU): then the workers' own CPU no longer bounds the runs on a small machine. The last line is ``workers4_vs_1=<r> p99_ms=<x> lost=<n>`` (p99 of the 4-worker run; lost over all).
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ def new_run(url: str, cfg: RolloutConfig) -> str:
     return run_id
 
 
-def start(url: str, run_id: str, tag: int, times: Path | None = None, lease_s: float = 30.0) -> subprocess.Popen:
+def start(url: str, run_id: str, tag: int, times: Path | None = None, lease_s: float = 30.0,
+          sleep_s: float = 0.0) -> subprocess.Popen:
     env = dict(ENV, AGENTMEM_INSERT_TIMES=str(times)) if times else ENV
-    return subprocess.Popen([sys.executable, str(WORKER), url, run_id, str(tag), str(lease_s), "0"], cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(WORKER), url, run_id, str(tag), str(lease_s), str(sleep_s)], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -131,9 +133,9 @@ def compare(want: dict, got: dict) -> tuple[int, int, int]:
     return lost, dup, mixed
 
 
-def run_workers(url: str, run_id: str, n: int, work: Path) -> list[float]:
+def run_workers(url: str, run_id: str, n: int, work: Path, sleep_s: float = 0.0) -> list[float]:
     times = [work / f"times_{run_id[:8]}_{k}.txt" for k in range(n)]
-    procs = [start(url, run_id, k, times[k]) for k in range(n)]
+    procs = [start(url, run_id, k, times[k], sleep_s=sleep_s) for k in range(n)]
     for p in procs:
         _, err = p.communicate(timeout=3600)
         if p.returncode != 0:
@@ -144,10 +146,11 @@ def run_workers(url: str, run_id: str, n: int, work: Path) -> list[float]:
 
 
 def kills(url: str, cfg: RolloutConfig, want: dict, k: int, seed: int) -> tuple[int, int, int, int]:
-    """3 workers on one run; kill one at random ``k`` times while calls are being stored."""
+    """3 workers on one run; kill one at random ``k`` times while calls are being stored. Each batch takes
+    0.2 s here (as if a model generated it), so that the run lasts long enough for ``k`` kills."""
     run_id = new_run(url, cfg)
     rng = random.Random(seed)
-    procs = {tag: start(url, run_id, tag, lease_s=2.0) for tag in range(3)}
+    procs = {tag: start(url, run_id, tag, lease_s=2.0, sleep_s=0.2) for tag in range(3)}
     engine = sa.create_engine(resolve_url(url))
     done, last, tag = 0, 0, 3
     while done < k:
@@ -163,7 +166,7 @@ def kills(url: str, cfg: RolloutConfig, want: dict, k: int, seed: int) -> tuple[
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
             done, last = done + 1, now
-            procs[tag] = start(url, run_id, tag, lease_s=2.0)
+            procs[tag] = start(url, run_id, tag, lease_s=2.0, sleep_s=0.2)
             tag += 1
     engine.dispose()
     for p in procs.values():
@@ -179,6 +182,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="episodes a worker holds (one backend batch per round)")
     ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds added to every batch of the scaling runs")
     ap.add_argument("--kills", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -192,12 +196,13 @@ def main() -> None:
                                 check=True, capture_output=True, text=True).stdout.strip()
         stop = ["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "stop", str(data)]
     try:
-        print(f"cpus={os.cpu_count()} episodes={args.episodes * args.group_size} batch={args.batch}", flush=True)
+        print(f"cpus={os.cpu_count()} episodes={args.episodes * args.group_size} batch={args.batch} "
+              f"sleep_s={args.sleep}", flush=True)
         rates, p99, total_lost, want = {}, {}, 0, None
         for n in [int(x) for x in args.workers.split(",")]:
             url = fresh_pg(server)
             run_id = new_run(url, cfg)
-            lat = run_workers(url, run_id, n, work)
+            lat = run_workers(url, run_id, n, work, args.sleep)
             count, rate = span_rate(url, run_id)
             got = calls(url, run_id)
             want = want or got

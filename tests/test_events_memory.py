@@ -183,6 +183,7 @@ def test_a_record_output_keeps_good_lines_and_counts_the_rest():
     ("VIEW timeline attribute=Born-in to=3", ViewRequest("timeline", attribute="born_in", end=3)),
     ('VIEW chain entity="New  York" depth=2 from=1', ViewRequest("chain", entity="New York", start=1, depth=2)),
     ("VIEW chain entity=Kobi", ViewRequest("chain", entity="Kobi", depth=3)),
+    ("VIEW state entity=Kobi.", ViewRequest("state", entity="Kobi")),
     ("VIEW state to=4 attribute=employer entity=Kobi", ViewRequest("state", entity="Kobi", attribute="employer",
                                                                    end=4)),
 ])
@@ -210,6 +211,7 @@ def test_the_canonical_request_line():
     ("VIEW state entity=Kobi entity=Lodi", "argument 'entity' given twice"),
     ('VIEW state entity="New York', "argument 'entity=\"New' has an unclosed quote"),
     ("VIEW state entity=", "argument 'entity' is empty"),
+    ("VIEW state entity=.", "argument 'entity' is empty"),
     ("VIEW state attribute=employer", "a state view needs entity=NAME"),
     ("VIEW chain depth=2", "a chain view needs entity=NAME"),
     ("VIEW timeline from=two", "from must be a whole number >= 0, got 'two'"),

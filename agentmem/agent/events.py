@@ -22,7 +22,8 @@ Formats (strict: a malformed line raises ``EventFormatError`` with a message nam
   - ``chain``: relations followed from one entity for ``depth`` steps (1..5, default 3): step 1 is the
     entity's events, step k the events of the values reached at step k-1, each entity expanded once;
     needs ``entity``;
-  keys: ``entity=NAME`` (a name with spaces in double quotes: ``entity="New York"``), ``attribute=ATTR``
+  keys: ``entity=NAME`` (a name with spaces in double quotes: ``entity="New York"``; normalised as an event's
+  entity, so ``entity=Kobi.`` names Kobi), ``attribute=ATTR`` (normalised as an event's attribute)
   (state and timeline), ``from=T`` and ``to=T`` (the range of ``when``, inclusive; every type), ``depth=D``
   (chain); each key at most once, e.g. ``VIEW timeline entity=Alice from=2 to=5``.
 
@@ -258,7 +259,11 @@ def parse_view(text: str) -> ViewRequest:
         if not 1 <= depth <= MAX_DEPTH:
             raise EventFormatError(f"depth must be 1 to {MAX_DEPTH}, got {depth}")
     attribute = normalise_attribute(args["attribute"]) if "attribute" in args else None
-    entity = " ".join(args["entity"].split()) if "entity" in args else None
+    entity = None
+    if "entity" in args:  # normalised as an event's entity is, so ``entity=Kobi.`` names Kobi
+        entity = " ".join(args["entity"].split()).removesuffix(".").rstrip()
+        if not entity:
+            raise EventFormatError("argument 'entity' is empty")
     return ViewRequest(kind, entity, attribute, start, end, depth)
 
 

@@ -8,8 +8,8 @@ Invariants:
 - every episode counts: a failed (or otherwise unscored) episode scores 0 on every metric;
 - intervals are seeded percentile-bootstrap 95% intervals of the mean over episodes, so the same
   episodes always give the same row;
-- ``metrics`` holds what the plots group by: ``base_model``, ``context_tokens`` (mean tokens of the
-  chunks an episode read), ``env_knobs``, and ``f1_by_category`` when the tasks have categories (LoCoMo,
+- ``metrics`` holds what the plots group by: ``base_model``, ``context_tokens`` (mean tokens of the input:
+  the chunks a task gives, up to ``max_chunks``), ``env_knobs``, and ``f1_by_category`` when the tasks have categories (LoCoMo,
   LongMemEval), each category's mean F1 under the environment's own scoring rules.
 """
 
@@ -25,9 +25,9 @@ from agentmem import models
 from agentmem.agent.loop import RoundStats
 from agentmem.config import HELD_OUT_SEED, EvalConfig, PolicySource
 from agentmem.errors import ConfigError, RunError
-from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.rollout import build_env, run_rollout
 from agentmem.policy.types import Backend
-from agentmem.records import Checkpoint, Episode, EvalResult, InvocationKind, RunKind
+from agentmem.records import Checkpoint, Episode, EvalResult, RunKind
 from agentmem.runtime import CPU, Runtime
 from envs import knobs_of
 from envs.metrics import bootstrap_ci
@@ -72,13 +72,18 @@ def summarize(
                       n_episodes=len(episodes), metrics=extra, **stats)
 
 
-def _context_tokens(store: Store, run_id: str, episodes: Sequence[Episode], tokenizer) -> float:
-    """Mean over ``episodes`` of the tokens in the chunks each one read (as the environment counts them)."""
-    tokens = {ep.id: 0 for ep in episodes}
-    with store.session() as s:
-        for inv in repo.stream_invocations(s, run_ids=[run_id], kinds=[InvocationKind.memory_update]):
-            tokens[inv.episode_id] += len(tokenizer(inv.chunk_text or "", add_special_tokens=False)["input_ids"])
-    return float(np.mean(list(tokens.values())))
+def _context_tokens(config: EvalConfig, episodes: Sequence[Episode], tokenizer) -> float:
+    """Mean over ``episodes`` of the tokens in the chunks each one could read (the first ``max_chunks``), as the
+    environment counts them: the input length, whatever the memory policy made of it (overwrite reads every
+    chunk in an update call; ``events`` with ``recorder=rules`` reads them with no call)."""
+    tasks = {t.task_id: t for t in build_env(config, tokenizer).tasks(config.episodes)}
+    limit = config.agent.max_chunks
+
+    def tokens(task_id: str) -> int:
+        chunks = tasks[task_id].chunks if task_id in tasks else []
+        return sum(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks[:limit])
+
+    return float(np.mean([tokens(ep.task_id) for ep in episodes]))
 
 
 def run_eval(
@@ -101,7 +106,7 @@ def run_eval(
                          on_start=on_start, on_round=on_round)
     policy = result.policy
     tokenizer = backend.tokenizer if backend is not None else models.load_tokenizer(policy.path)
-    context_tokens = _context_tokens(store, result.run_id, result.episodes, tokenizer)
+    context_tokens = _context_tokens(config, result.episodes, tokenizer)
     metrics = {"base_model": policy.base_model, "context_tokens": context_tokens, "env_knobs": config.env_knobs,
                "chunk_tokens": config.chunk_tokens, "memory_tokens": config.agent.memory_tokens,
                "seed": config.seed}
