@@ -116,3 +116,71 @@ def test_other_ranks_get_a_store_that_refuses_writes(seeded):
 def test_fsdp_off_cuda_is_refused_before_any_model_loads():
     with pytest.raises(ConfigError, match="--fsdp needs --device cuda"):
         Runtime.create(device="cpu", fsdp=True)
+
+
+def _copy(db: Path, to: Path) -> Path:
+    with sqlite3.connect(db) as src, sqlite3.connect(to) as dst:
+        src.backup(dst)  # the WAL included
+    return to
+
+
+def _weights(db: Path, step: int) -> dict[str, torch.Tensor]:
+    (path,) = rows(db, f"select path from checkpoints where step = {step}")[0]
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def test_sft_under_torchrun_matches_one_process(seeded, tmp_path):
+    db, run_id, student, _ = seeded
+    one, two = _copy(db, tmp_path / "one.db"), _copy(db, tmp_path / "two.db")
+    args = ["sft", "--run", run_id, "--student", student, "--steps", "2", "--invocations-per-step", "4", "--lr",
+            "1e-3", "--device", "cpu", "--threads", "1"]
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "agentmem", "--"]
+    for launcher, d, out in (([sys.executable, "-m", "agentmem"], one, "ck1"), (torchrun, two, "ck2")):
+        proc = subprocess.run([*launcher, *args, "--out", str(tmp_path / out), "--db", f"sqlite:///{d}"], cwd=ROOT,
+                              env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = [rows(d, "select step, loss, tokens from train_steps order by step") for d in (one, two)]
+    assert [r[0] for r in losses[1]] == [1, 2]
+    for a, b in zip(*losses, strict=True):
+        assert a[2] == b[2] and abs(a[1] - b[1]) <= TOLERANCE, (a, b)
+    w1, w2 = _weights(one, 2), _weights(two, 2)
+    for name in w1:
+        assert (w1[name] - w2[name]).abs().max().item() <= TOLERANCE, name
+
+
+def test_a_killed_torchrun_distill_resumes_to_the_one_process_weights(seeded, tmp_path):
+    """kill -9 of the whole torchrun job once step 1 is saved, then `torchrun ... distill --resume RUN_ID`: the
+    step-3 weights equal an uninterrupted one-process run's (to 1e-5)."""
+    import signal
+    import time
+
+    db, run_id, student, teacher = seeded
+    one, two = _copy(db, tmp_path / "one.db"), _copy(db, tmp_path / "two.db")
+    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--context", "privileged",
+            "--steps", "3", "--save-every", "1", "--invocations-per-step", "4", "--lr", "1e-3", "--device", "cpu",
+            "--threads", "1"]
+    proc = subprocess.run([sys.executable, "-m", "agentmem", *args, "--out", str(tmp_path / "ck1"), "--db",
+                           f"sqlite:///{one}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "agentmem", "--"]
+    job = subprocess.Popen([*torchrun, *args, "--out", str(tmp_path / "ck2"), "--db", f"sqlite:///{two}"], cwd=ROOT,
+                           env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while job.poll() is None and time.monotonic() < deadline:
+        if rows(two, "select count(*) from checkpoints where run_id in (select id from runs where kind = 'distill')"
+                )[0][0] >= 1:
+            break
+        time.sleep(0.05)
+    assert job.poll() is None, "the job ended before it could be killed"
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    (killed,) = rows(two, "select id from runs where kind = 'distill'")[0]
+    steps_before = rows(two, "select count(*) from train_steps")[0][0]
+    assert steps_before < 3
+    proc = subprocess.run([*torchrun, "distill", "--resume", killed, "--device", "cpu", "--threads", "1", "--db",
+                           f"sqlite:///{two}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r[0] for r in rows(two, "select step from train_steps order by step")] == [1, 2, 3]
+    w1, w2 = _weights(one, 3), _weights(two, 3)
+    for name in w1:
+        assert (w1[name] - w2[name]).abs().max().item() <= TOLERANCE, name
