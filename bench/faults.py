@@ -6,9 +6,10 @@ SQLite store whose file hits its size limit mid-rollout.
 Every job runs as a real ``agentmem`` process (``python -m cli.app``) with tiny random models (a policy and a
 teacher of one tokenizer) on a SQLite store that holds one sampled rollout run. Per job, one uninterrupted
 reference run is made first. Then each kill: a fresh copy of the store, the job started, ``SIGKILL`` at a
-random moment between 40% and 95% of the reference's wall time (model
-loading, mid-batch, mid-save), and the job resumed (``score``: the same command
-again; ``distill``/``sft``: ``--resume RUN_ID`` of the killed run, or the command again when it died before
+random moment (half the kills: between 20% and 80% of the reference's wall
+time, in model loading, mid-batch or mid-save; the other half: right after a random number of rows were
+stored), until ``--kills`` processes were killed (a job that finished first does not count), and the job
+resumed (``score``: the same command again; ``distill``/``sft``: ``--resume RUN_ID`` of the killed run, or the command again when it died before
 its run row). Then the store is compared with the reference:
 - lost: reference rows (teacher scores by (call, teacher, context); train steps by step) missing;
 - duplicates: rows stored twice for one key;
@@ -198,6 +199,8 @@ def kill_and_resume(world: World, job: str, ref: Outcome, ref_seconds: float, rn
     db = world.copy(f"kill-{job}-{n}")
     out = world.root / f"kill-{job}-{n}-ckpt"
     shutil.rmtree(out, ignore_errors=True)
+    if after_rows is None and rng.random() < 0.5:  # half the kills at a random stored row, half at a random time
+        after_rows = rng.randint(1, max(1, len(ref.rows) - 1))
     proc = start(*job_args(world, job, db, out))
     if after_rows is not None:
         deadline = time.monotonic() + 600
@@ -205,7 +208,7 @@ def kill_and_resume(world: World, job: str, ref: Outcome, ref_seconds: float, rn
             time.sleep(0.02)
     else:
         try:
-            proc.wait(timeout=rng.uniform(0.4, 0.95) * ref_seconds)
+            proc.wait(timeout=rng.uniform(0.2, 0.8) * ref_seconds)
         except subprocess.TimeoutExpired:
             pass
     killed = proc.poll() is None
@@ -274,10 +277,12 @@ def main() -> None:
     for job in JOBS:
         refs[job] = reference(world, job)
         print(f"reference {job}: {len(refs[job][0].rows)} rows in {refs[job][1]:.1f} s", flush=True)
-    for n in range(args.kills):
+    n = 0
+    while tally.kills < args.kills and n < 3 * args.kills:  # a job that finished before its kill is not counted
         job = JOBS[n % len(JOBS)]
         kill_and_resume(world, job, *refs[job], rng, n, tally)
         print(tally.notes[-1], flush=True)
+        n += 1
     print(f"disk full: {disk_full(world)}")
     print(f"kills={tally.kills} lost_calls={tally.lost} duplicates={tally.duplicates} mixed={tally.mixed} "
           f"resumed_equal={tally.equal}/{tally.resumed}")
