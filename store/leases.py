@@ -189,6 +189,16 @@ def release_dead(session: Session, run_id: str) -> int:
     return released
 
 
+def reset_attempts(session: Session, run_id: str) -> int:
+    """Give the run's unleased running episodes their attempts back (``agentmem rollout --resume``: the user
+    resumes after a kill or a crash, which was not the episodes' doing). Returns how many were reset."""
+    result = session.execute(sa.update(EpisodeRow)
+                             .where(EpisodeRow.run_id == run_id, EpisodeRow.status == RUNNING,
+                                    EpisodeRow.lease_owner.is_(None), EpisodeRow.attempts > 0)
+                             .values(attempts=0))
+    return result.rowcount or 0
+
+
 def running_episodes(session: Session, run_id: str) -> int:
     return session.scalar(sa.select(sa.func.count(EpisodeRow.id))
                           .where(EpisodeRow.run_id == run_id, EpisodeRow.status == RUNNING)) or 0

@@ -50,6 +50,7 @@ from store import leases, memory_log
 from store import repository as repo
 from store.engine import Store
 from store.errors import LeaseLost
+from store.retry import retrying
 
 
 def episode_id(run_id: str, task_id: str, sample_index: int) -> str:
@@ -96,40 +97,48 @@ class StoreSink:
 
     def invocations(self, invocations: list[Invocation]) -> set[str]:
         refused: set[str] = set()
-        while True:
-            kept = [i for i in invocations if i.episode_id not in refused]
-            try:
-                with self.store.session() as s:
-                    if self.lease is None:
-                        repo.insert_invocations(s, kept)
-                    else:
-                        leases.insert_invocations(s, self.lease.owner, kept, self.lease.seconds)
-                    if self.log is not None:
-                        memory_log.insert_log_entries(s, [e for inv in kept for e in self.log.log_entries(inv)])
-                    s.commit()
-                break
-            except LeaseLost as lost:
-                refused |= lost.episode_ids
+
+        def write() -> None:
+            while True:
+                kept = [i for i in invocations if i.episode_id not in refused]
+                try:
+                    with self.store.session() as s:
+                        if self.lease is None:
+                            repo.insert_invocations(s, kept)
+                        else:
+                            leases.insert_invocations(s, self.lease.owner, kept, self.lease.seconds)
+                        if self.log is not None:
+                            memory_log.insert_log_entries(s, [e for inv in kept for e in self.log.log_entries(inv)])
+                        s.commit()
+                    return
+                except LeaseLost as lost:
+                    refused.update(lost.episode_ids)
+
+        retrying(write, "storing a round's calls")
         self.lost |= refused
         if self.run:
-            self.run.beat()
+            retrying(self.run.beat, "the run's heartbeat")
         return refused
 
     def episodes_finished(self, episodes: list[Episode]) -> None:
         refused: set[str] = set()
-        while True:
-            kept = [e for e in episodes if e.id not in refused]
-            try:
-                with self.store.session() as s:
-                    if self.lease is None:
-                        for ep in kept:
-                            repo.update_episode(s, ep)
-                    else:
-                        leases.finish_episodes(s, self.lease.owner, kept)
-                    s.commit()
-                break
-            except LeaseLost as lost:
-                refused |= lost.episode_ids
+
+        def write() -> None:
+            while True:
+                kept = [e for e in episodes if e.id not in refused]
+                try:
+                    with self.store.session() as s:
+                        if self.lease is None:
+                            for ep in kept:
+                                repo.update_episode(s, ep)
+                        else:
+                            leases.finish_episodes(s, self.lease.owner, kept)
+                        s.commit()
+                    return
+                except LeaseLost as lost:
+                    refused.update(lost.episode_ids)
+
+        retrying(write, "storing finished episodes")
         self.lost |= refused
 
 
@@ -158,6 +167,7 @@ class RolloutSetup:
     env: Env
     tasks: list[Task]
     model: models.ModelRef | None
+    memory: MemoryPolicy  # built (its options checked) before any run row is written
 
     @property
     def oracle(self) -> bool:
@@ -175,7 +185,8 @@ class RolloutSetup:
 
 def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.rollout,
                   backend: Backend | Mapping[str, Backend] | None = None) -> RolloutSetup:
-    """Check ``config``, resolve its model (no weights) and build its environment and tasks."""
+    """Check ``config``, resolve its model (no weights), build its memory policy (a bad ``--memory-option``
+    fails here, before any row is written), its environment and tasks."""
     if config.policy is PolicySource.oracle:
         _check_oracle(config, kind, backend)
     ref = None
@@ -184,11 +195,12 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
         tokenizer = models.load_tokenizer(ref.path)
     else:
         tokenizer = _main_backend(backend).tokenizer
+    memory = memory_for(store, tokenizer, config.agent)
     env = build_env(config, tokenizer)
     tasks = env.tasks(config.episodes)
     if not tasks:
         raise ConfigError(f"environment {config.env!r} produced no tasks")
-    return RolloutSetup(config, tokenizer, env, tasks, ref)
+    return RolloutSetup(config, tokenizer, env, tasks, ref, memory)
 
 
 def rollout_loop(store: Store, setup: RolloutSetup, backend: Backend | Mapping[str, Backend] | None,
@@ -201,7 +213,7 @@ def rollout_loop(store: Store, setup: RolloutSetup, backend: Backend | Mapping[s
         def privileged(episode: Episode) -> list[int]:
             return privileged_ids(tokenizer, episode)
     return AgentLoop(backend, config.agent, setup.env.score, policy_version=policy.id if policy else None,
-                     memory=memory_for(store, tokenizer, config.agent),
+                     memory=setup.memory,
                      oracle=OracleWriter(tokenizer) if setup.oracle else None, privileged=privileged)
 
 
@@ -263,11 +275,11 @@ def work_run(store: Store, run_id: str, loop: AgentLoop, setup: RolloutSetup, le
 def _claim(store: Store, run_id: str, loop: AgentLoop, tasks: Mapping[str, Task], lease: LeaseTerms,
            n: int | None) -> list[EpisodeState]:
     with store.session() as s:
-        claimed = leases.claim(s, run_id, lease.owner, n, lease.seconds, lease.max_attempts)
-        s.commit()
+        claimed = retrying(lambda: _claim_now(s, run_id, lease, n), "claiming episodes")
         stored: dict[str, list[Invocation]] = {e.id: [] for e in claimed}
         if claimed:
-            for inv in repo.stream_invocations(s, episode_ids=list(stored)):
+            for inv in retrying(lambda: list(repo.stream_invocations(s, episode_ids=list(stored))),
+                                "reading stored calls"):
                 stored[inv.episode_id].append(inv)
     try:
         missing = sorted({e.task_id for e in claimed} - set(tasks))
@@ -279,6 +291,16 @@ def _claim(store: Store, run_id: str, loop: AgentLoop, tasks: Mapping[str, Task]
         with contextlib.suppress(Exception), store.session() as s:
             leases.release(s, lease.owner, list(stored), error=error_line(exc))
             s.commit()
+        raise
+
+
+def _claim_now(s, run_id: str, lease: LeaseTerms, n: int | None) -> list[Episode]:
+    try:
+        claimed = leases.claim(s, run_id, lease.owner, n, lease.seconds, lease.max_attempts)
+        s.commit()
+        return claimed
+    except Exception:
+        s.rollback()
         raise
 
 
@@ -332,6 +354,9 @@ def run_rollout(
         rid = run.id
         with store.session() as s:
             repo.insert_episodes(s, setup.episodes(rid))
+            if resumed is not None:  # the user resumes: killed attempts are not the episodes' fault
+                leases.release_dead(s, rid)
+                leases.reset_attempts(s, rid)
             s.commit()
         loop = rollout_loop(store, setup, backend, policy)
         work = work_run(store, rid, loop, setup, lease, sink or StoreSink(store, run, memory=loop.memory, lease=lease),

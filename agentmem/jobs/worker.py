@@ -41,6 +41,7 @@ from agentmem.runtime import CPU, Runtime
 from store import leases
 from store import repository as repo
 from store.engine import Store
+from store.retry import retrying
 
 
 @dataclass
@@ -98,8 +99,11 @@ def _next_run(store: Store, run_id: str | None, done: set[str]) -> str | None:
                 repo.claim_run(s, rid)  # an interrupted or failed run: running again, worked by this process
                 s.commit()
         return rid
-    with store.session() as s:
-        waiting = [r for r in leases.runs_with_work(s, RunKind.rollout.value) if r not in done]
+    def find() -> list[str]:
+        with store.session() as s:
+            return [r for r in leases.runs_with_work(s, RunKind.rollout.value) if r not in done]
+
+    waiting = retrying(find, "looking for runs with work")
     return waiting[0] if waiting else None
 
 
@@ -125,10 +129,14 @@ def _work_one(store: Store, rid: str, runtime: Runtime, lease: LeaseTerms, resul
                          on_round=on_round)
         for name in ("claimed", "resumed", "calls", "lost"):
             setattr(result.stats, name, getattr(result.stats, name) + getattr(stats, name))
-        with store.session() as s:
-            finished = leases.finish_run_if_done(s, rid)
-            running = leases.running_episodes(s, rid)
-            s.commit()
+        def settle() -> tuple[bool, int]:
+            with store.session() as s:
+                done_now = leases.finish_run_if_done(s, rid)
+                left = leases.running_episodes(s, rid)
+                s.commit()
+            return done_now, left
+
+        finished, running = retrying(settle, "checking whether the run is finished")
         if finished:
             result.finished_runs.append(rid)
         if not running or not wait:

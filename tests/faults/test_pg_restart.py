@@ -1,0 +1,102 @@
+"""Postgres restarted in the middle of a rollout: the workers lose their connections, retry with backoff
+(``store.retry``) and finish the run, with every episode's calls equal to an uninterrupted run's.
+
+The test starts its own throwaway server (``scripts/pg_throwaway.sh``) so that it can restart it; it is
+skipped where the server binaries are missing.
+"""
+
+from __future__ import annotations
+
+import glob
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import sqlalchemy as sa
+from test_worker_kills import HERE, ROOT, calls_by_episode, config, respond
+from tiny_models import tiny_tokenizer
+
+from agentmem.jobs.rollout import create_rollout, run_rollout
+from agentmem.models import ModelRef, register
+from agentmem.policy.scripted import ScriptedBackend
+from store.engine import make_engine, open_store
+from store.migrations import upgrade
+
+BINDIR = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+pytestmark = [pytest.mark.postgres,
+              pytest.mark.skipif(not BINDIR or sys.platform != "linux", reason="no PostgreSQL server binaries")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def own_server():
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="agentmem-pg-restart-"))
+    root.chmod(0o755)  # the server runs as the postgres user
+    data = root / "data"
+    port = _free_port()
+    url = subprocess.run(["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "start", str(data), str(port)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    yield url, data
+    subprocess.run(["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "stop", str(data)], capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _pg_ctl(data, *args: str) -> None:
+    cmd = f"'{BINDIR[-1]}/pg_ctl' -D '{data}' {' '.join(args)}"
+    subprocess.run(["su", "postgres", "-s", "/bin/sh", "-c", cmd] if _is_root() else ["sh", "-c", cmd],
+                   check=True, capture_output=True, timeout=60)
+
+
+def _is_root() -> bool:
+    import os
+
+    return os.geteuid() == 0
+
+
+def test_workers_finish_after_a_postgres_restart(own_server):
+    url, data = own_server
+    upgrade(make_engine(url))
+    store = open_store(url)
+    tok = tiny_tokenizer()
+    policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
+    reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
+    run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
+    workers = [subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, str(tag), "30",
+                                 "0.1", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for tag in range(2)]
+    engine = store.engine
+
+    def stored() -> int:
+        with engine.connect() as c:
+            return c.execute(sa.text("select count(*) from invocations i join episodes e on e.id = i.episode_id "
+                                     "where e.run_id = :r"), {"r": run_id}).scalar()
+
+    deadline = time.time() + 120
+    while stored() < 10 and time.time() < deadline:
+        time.sleep(0.1)
+    before = stored()
+    engine.dispose()
+    _pg_ctl(data, "-m", "fast", "-w", "-l", f"'{data}/server.log'", "restart", "-o", f"'-h 127.0.0.1 -p {url.rsplit(':', 1)[1].split('/')[0]} "
+                  "-k /tmp -F'")
+    outs = [w.communicate(timeout=300) for w in workers]
+    for w, (out, err) in zip(workers, outs, strict=True):
+        assert w.returncode == 0, err[-3000:]
+    with engine.connect() as c:
+        assert c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar() == "finished"
+        statuses = set(c.execute(sa.text("select status from episodes where run_id = :r"), {"r": run_id}).scalars())
+    assert statuses == {"answered"}
+    want, got = calls_by_episode(engine, reference), calls_by_episode(engine, run_id)
+    assert {k: [r[:-1] for r in v] for k, v in got.items()} == {k: [r[:-1] for r in v] for k, v in want.items()}
+    assert 0 < before < sum(len(v) for v in want.values())  # the restart came mid-run
+    assert any("lost its connection" in err for _, err in outs)  # and the workers did retry
