@@ -101,9 +101,11 @@ def options_for(arm: str, store, plan: Plan, state: State, runtime: Runtime) -> 
         return options
     build = state.get("memories")
     if build is None:
-        from agentmem.jobs.memories import build_memories_for_bench
+        from agentmem.jobs.memories import MemoriesConfig, build_memories
 
-        build = build_memories_for_bench(store, oracle_run(store, "overwrite", plan, state, runtime))
+        source = oracle_run(store, "overwrite", plan, state, runtime)
+        build = build_memories(store, MemoriesConfig(run=source, min_f1=1.0), runtime).run_id
+        say(f"teacher: memories built from the overwrite oracle run, build run {build[:8]}")
         state.put("memories", build)
     return {**options, "memories": build}
 

@@ -90,7 +90,7 @@ def test_workers_finish_after_a_postgres_restart(own_server):
     _pg_ctl(data, "-m", "fast", "-w", "-l", f"'{data}/server.log'", "restart", "-o", f"'-h 127.0.0.1 -p {url.rsplit(':', 1)[1].split('/')[0]} "
                   "-k /tmp -F'")
     outs = [w.communicate(timeout=300) for w in workers]
-    for w, (out, err) in zip(workers, outs, strict=True):
+    for w, (_out, err) in zip(workers, outs, strict=True):
         assert w.returncode == 0, err[-3000:]
     with engine.connect() as c:
         assert c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar() == "finished"
