@@ -7,7 +7,7 @@ Rank and world size come from the launcher's environment (``RANK``, ``WORLD_SIZE
 ``MASTER_ADDR``/``MASTER_PORT``, as ``torchrun`` sets them); with one process they are 0 and 1 and the
 collectives (``all_reduce_sum``, ``broadcast``, ``barrier``) are the identity. With several, ``create``
 starts the process group (gloo on CPU, NCCL on CUDA) and ``close`` ends it. ``fsdp``: shard the trained
-student with FSDP2 instead of replicating it with DDP (CUDA only).
+student with FSDP2 instead of replicating it with DDP (gloo on CPU, NCCL on CUDA).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Runtime:
                dtype: DType | str | None = None, fsdp: bool = False) -> Runtime:
         """Resolve ``device`` (``auto``: CUDA when available, else CPU), apply ``threads`` to torch, read the
         rank and world size from the environment and, with several processes, start the process group.
-        Raises ConfigError for an unusable choice (``fsdp`` off CUDA), before any model loads."""
+        Raises ConfigError for an unusable choice (``fsdp`` in one process), before any model loads."""
         import torch
 
         choice = Device(device) if str(device) in Device._value2member_map_ else None
@@ -57,9 +57,9 @@ class Runtime:
             if not torch.cuda.is_available():
                 raise ConfigError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
             resolved = f"cuda:{local}" if name == "cuda" and world > 1 else name
-        if fsdp and not resolved.startswith("cuda"):
-            raise ConfigError("--fsdp needs --device cuda (FSDP2 shards the student over GPUs; on CPU several "
-                              "processes replicate it with DDP)")
+        if fsdp and world < 2:
+            raise ConfigError("--fsdp shards the student over several processes: run the command under "
+                              "torchrun --nproc-per-node N (N >= 2)")
         runtime = cls(device=resolved, threads=threads, dtype=DType(dtype) if dtype else None, rank=rank,
                       world_size=world, local_rank=local, fsdp=fsdp)
         if world > 1:

@@ -38,6 +38,7 @@ ReportToOption = Annotated[
 ]
 FsdpOption = Annotated[
     bool,
-    typer.Option("--fsdp", help="Under torchrun on CUDA: shard the student with FSDP2 instead of replicating it with "
-                 "DDP (needs --device cuda).", show_default=False),
+    typer.Option("--fsdp", help="Under torchrun (2+ processes): shard the student with FSDP2 instead of replicating "
+                 "it with DDP (NCCL on CUDA, gloo on CPU); checkpoints are gathered whole on rank 0.",
+                 show_default=False),
 ]

@@ -113,8 +113,8 @@ def test_other_ranks_get_a_store_that_refuses_writes(seeded):
     assert register_policy(writable, "/models/other", "other").path == "/models/other"
 
 
-def test_fsdp_off_cuda_is_refused_before_any_model_loads():
-    with pytest.raises(ConfigError, match="--fsdp needs --device cuda"):
+def test_fsdp_in_one_process_is_refused_before_any_model_loads():
+    with pytest.raises(ConfigError, match="--fsdp shards the student over several processes"):
         Runtime.create(device="cpu", fsdp=True)
 
 
@@ -183,4 +183,35 @@ def test_a_killed_torchrun_distill_resumes_to_the_one_process_weights(seeded, tm
     assert [r[0] for r in rows(two, "select step from train_steps order by step")] == [1, 2, 3]
     w1, w2 = _weights(one, 3), _weights(two, 3)
     for name in w1:
+        assert (w1[name] - w2[name]).abs().max().item() <= TOLERANCE, name
+
+
+def test_fsdp_on_gloo_matches_one_process_and_resumes(seeded, tmp_path):
+    """`torchrun --nproc-per-node 2 ... distill --fsdp` (FSDP2 on gloo): the same losses and step-2 weights as one
+    process; checkpoints hold the whole model (gathered on rank 0); a run stopped after step 2 and resumed
+    under FSDP to step 3 equals the one-process step 3."""
+    db, run_id, student, teacher = seeded
+    one, two = _copy(db, tmp_path / "one.db"), _copy(db, tmp_path / "two.db")
+    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--context", "privileged",
+            "--save-every", "1", "--invocations-per-step", "4", "--lr", "1e-3", "--device", "cpu", "--threads", "1"]
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "agentmem", "--"]
+
+    def run(launcher, d, *extra):
+        proc = subprocess.run([*launcher, *extra, "--db", f"sqlite:///{d}"], cwd=ROOT, env=ENV, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    run([sys.executable, "-m", "agentmem"], one, *args, "--steps", "3", "--out", str(tmp_path / "ck1"))
+    run(torchrun, two, *args, "--steps", "2", "--fsdp", "--out", str(tmp_path / "ck2"))
+    losses = [rows(d, "select step, loss, tokens from train_steps where step <= 2 order by step") for d in (one, two)]
+    for a, b in zip(*losses, strict=True):
+        assert a[2] == b[2] and abs(a[1] - b[1]) <= TOLERANCE, (a, b)
+    w1, w2 = _weights(one, 2), _weights(two, 2)
+    assert set(w2) <= set(w1) and "model.embed_tokens.weight" in w2
+    for name in w2:
+        assert (w1[name] - w2[name]).abs().max().item() <= TOLERANCE, name
+    (killed,) = rows(two, "select id from runs where kind = 'distill'")[0]
+    run(torchrun, two, "distill", "--resume", killed, "--steps", "3", "--device", "cpu", "--threads", "1", "--fsdp")
+    w1, w2 = _weights(one, 3), _weights(two, 3)
+    for name in w2:
         assert (w1[name] - w2[name]).abs().max().item() <= TOLERANCE, name

@@ -169,7 +169,7 @@ def run_distill(
         trainer = Trainer(store, config, loaded, run.id, runtime)
         done, parent, last = 0, loaded.student_checkpoint, None
         if resume_from is not None:
-            done = load_trainer_state(Path(resume_from.path), trainer.optimizer)
+            done = load_trainer_state(Path(resume_from.path), trainer.optimizer, loaded.student)
             trainer.objective.load_state_dict(load_objective_state(Path(resume_from.path)))
             parent = last = resume_from
         if on_start:

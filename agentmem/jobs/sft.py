@@ -94,13 +94,15 @@ def run_sft(
     selection = select(store, config.run_ids, kinds=config.kinds, min_f1=config.min_f1)
     ref = model_refs.resolve(store, config.student)
     check_installed(report_to)
+    if runtime.fsdp and config.lora_rank is not None:
+        raise ConfigError("--fsdp with --lora-rank is not supported: train LoRA with DDP (leave out --fsdp)")
     report_to = report_to if runtime.is_main else ()
     with job_run(store, RunKind.sft, config, runtime, resume=resumed) as run:
         models = load_student(store, config, runtime, ref, resume_from)
         trainer = Trainer(store, config.distill_config(), models, run.id, runtime, selection=selection)
         done, parent = 0, models.student_checkpoint
         if resume_from is not None:
-            done, parent = load_trainer_state(Path(resume_from.path), trainer.optimizer), resume_from
+            done, parent = load_trainer_state(Path(resume_from.path), trainer.optimizer, models.student), resume_from
         if on_start:
             on_start(config.steps, done)
         with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:

@@ -20,27 +20,65 @@ from agentmem.training import lora
 TRAINER_STATE = "trainer_state.pt"
 
 
+def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The full (unsharded) model and optimizer state of an FSDP2-sharded ``model``, on the CPU: a
+    collective, so every process calls it (``StateDictOptions(full_state_dict=True, cpu_offload=True)``).
+    The optimizer state is keyed by parameter name (``set_optimizer_state_dict`` restores it)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
 def save_checkpoint(folder: Path, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                    optimizer: torch.optim.Optimizer, step: int, objective: Mapping[str, float] | None = None) -> Path:
+                    optimizer: torch.optim.Optimizer, step: int, objective: Mapping[str, float] | None = None,
+                    full_state: tuple[dict, dict] | None = None) -> Path:
     """Write atomically: a killed save leaves no half folder. ``objective``: the state the objective keeps
-    across steps (``Objective.state_dict``: the barycenter target's alpha EMA), restored on resume."""
+    across steps (``Objective.state_dict``: the barycenter target's alpha EMA), restored on resume.
+    ``full_state``: (model, optimizer) state gathered from a sharded model (``gather_full_state``), written
+    instead of the model's and optimizer's own; the optimizer state is then keyed by parameter name."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state = {"optimizer": optimizer.state_dict(), "step": step}
+    if full_state is not None:
+        if lora.is_lora(model):
+            raise TrainingError("LoRA under FSDP is not supported: train LoRA with DDP (no --fsdp)")
+        model_state, optimizer_state = full_state
+        state = {"optimizer": optimizer_state, "optimizer_format": "by_name", "step": step}
+    else:
+        model_state = None
+        state = {"optimizer": optimizer.state_dict(), "step": step}
     if objective:
         state["objective"] = dict(objective)
     if lora.is_lora(model):
         state["adapter"] = lora.adapter_state(model)
         model = lora.merged(model)
-    model.save_pretrained(tmp, safe_serialization=True)
+    if model_state is not None:
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=_untied(model, model_state))
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / TRAINER_STATE)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
     return folder
+
+
+def _untied(model: torch.nn.Module, state: dict) -> dict:
+    """``state`` without the output embedding when the model ties it to the input one: a gathered state holds
+    both as separate tensors, which ``save_pretrained`` would write twice."""
+    config = getattr(model, "config", None)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if output is None or not getattr(config, "tie_word_embeddings", False):
+        return state
+    names = [f"{name}.weight" for name, module in model.named_modules() if module is output]
+    return {k: v for k, v in state.items() if k not in names}
 
 
 def _state(folder: Path) -> dict:
@@ -50,10 +88,20 @@ def _state(folder: Path) -> dict:
     return torch.load(path, weights_only=True)
 
 
-def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> int:
-    """Restore the optimizer from a checkpoint folder; return the number of steps it had done."""
+def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> int:
+    """Restore the optimizer from a checkpoint folder; return the number of steps it had done. A state saved
+    from a sharded (FSDP2) run is keyed by parameter name and needs ``model`` (sharded or not: every process
+    calls this; ``set_optimizer_state_dict`` shards it as the model is)."""
     state = _state(folder)
-    optimizer.load_state_dict(state["optimizer"])
+    if state.get("optimizer_format") == "by_name":
+        if model is None:
+            raise TrainingError(f"{folder}: an FSDP checkpoint's optimizer state needs the model to restore it")
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])
 
 

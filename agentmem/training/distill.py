@@ -47,7 +47,7 @@ from agentmem.records import Checkpoint, TrainStep
 from agentmem.replay import pack
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
-from agentmem.training.checkpoints import save_checkpoint
+from agentmem.training.checkpoints import gather_full_state, save_checkpoint
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, StepResult, accumulate_step
 from agentmem.training.selection import Selection, select, student_sequences
@@ -225,9 +225,12 @@ class Trainer:
         """Every process calls it; rank 0 writes the folder and registers it, the others wait for the record."""
         folder = Path(self.config.out).expanduser().resolve() / self.run_id / f"step-{steps_done:06d}"
         ckpt = None
+        full = None
+        if self.student.wrapper == "fsdp":  # every process takes part in gathering the shards
+            full = gather_full_state(self.models.student, self.optimizer)
         if self.runtime.is_main:
             save_checkpoint(folder, self.models.student, self.models.tokenizer, self.optimizer, steps_done,
-                            self.objective.state_dict())
+                            self.objective.state_dict(), full_state=full)
             ckpt = Checkpoint(run_id=self.run_id, parent_id=parent.id, step=steps_done, path=str(folder),
                               base_model=parent.base_model)
             with self.store.session() as s:

@@ -10,9 +10,9 @@ the same thing everywhere.
 
 Several processes (``PackedModel.for_training`` with a runtime of world size > 1): the packed forward is
 one module, ``ActionLogits`` (batch -> logits at the actions), and that module is what DDP (or FSDP2 with
-``runtime.fsdp``, CUDA only) wraps, so every training forward runs through the wrapper and its gradient
+``runtime.fsdp``) wraps, so every training forward runs through the wrapper and its gradient
 hooks. The wrapper *sums* the processes' gradients (DDP: a summing communication hook; FSDP2: divide
-factor 1): each process's loss is already its share of the global step loss (``objective``), so the
+factor 1 on NCCL, the average times ``grad_scale`` = world size on gloo): each process's loss is already its share of the global step loss (``objective``), so the
 summed gradient is the one-process gradient of the same step. Gradients are reduced once per step, on
 the last micro-batch (``micro_batch(last=...)``).
 """
@@ -87,6 +87,9 @@ class PackedModel:
     device: str = "cpu"
     module: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     wrapper: str | None = None  # "ddp" or "fsdp" when ``module`` is wrapped for several processes
+    # what the loss is multiplied by before backward: the world size under FSDP2 on gloo, which averages the
+    # processes' gradients (gloo has no pre-multiplied sum, so the divide factor cannot be set to 1)
+    grad_scale: float = 1.0
 
     def __post_init__(self):
         if self.module is None:
@@ -105,14 +108,16 @@ class PackedModel:
     def for_training(cls, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                      path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU) -> PackedModel:
         """``create``, with the forward wrapped for several processes: DDP (summing gradients), or FSDP2
-        with ``runtime.fsdp`` (CUDA; the student's parameters become sharded). One process: unwrapped."""
+        with ``runtime.fsdp`` (the student's parameters become sharded). One process: unwrapped."""
         plain = cls.create(model, tokenizer, path, runtime)
         if runtime.world_size == 1:
             return plain
         runtime.require_group()
-        wrapped = _fsdp(plain.module) if runtime.fsdp else _ddp(plain.module)
+        summed_by_hook = runtime.device.startswith("cuda")
+        wrapped = _fsdp(plain.module, summed_by_hook) if runtime.fsdp else _ddp(plain.module)
+        scale = float(runtime.world_size) if runtime.fsdp and not summed_by_hook else 1.0
         return cls(plain.model, plain.vocab, plain.pad_id, plain.path, plain.device, wrapped,
-                   "fsdp" if runtime.fsdp else "ddp")
+                   "fsdp" if runtime.fsdp else "ddp", scale)
 
     def micro_batch(self, last: bool):
         """Context of one micro-batch's forward and backward: gradients are reduced over the processes on
@@ -168,13 +173,16 @@ def _ddp(module: ActionLogits) -> torch.nn.Module:
     return ddp
 
 
-def _fsdp(module: ActionLogits) -> torch.nn.Module:
+def _fsdp(module: ActionLogits, sum_gradients: bool) -> torch.nn.Module:
     """FSDP2: each decoder layer sharded on its own, the rest (embeddings, final norm, head) with the root.
-    Written for CUDA and not yet run (no GPU here)."""
+    ``sum_gradients`` (NCCL): divide factor 1, so the reduction sums; on gloo (no pre-multiplied sum) it
+    averages and ``PackedModel.grad_scale`` multiplies the loss by the world size instead. Tested with gloo on
+    CPU (equal to one process, save and resume); NCCL on CUDA not yet run here."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in module.model.get_decoder().layers:
         fully_shard(layer)
     fully_shard(module)
-    module.set_gradient_divide_factor(1.0)
+    if sum_gradients:
+        module.set_gradient_divide_factor(1.0)
     return module

@@ -182,7 +182,7 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     tokens = actions = 0
     if not batches and student.wrapper is not None:
         with student.micro_batch(last=True):
-            student.action_logits(student.empty_batch()).sum().backward()
+            (student.action_logits(student.empty_batch()).sum() * student.grad_scale).backward()
     for k, (batch, w) in enumerate(zip(batches, weights, strict=True)):
         with student.micro_batch(last=k == len(batches) - 1):
             _micro_step(student, batch, w, inputs, objective, reference, totals, metrics)
@@ -215,7 +215,7 @@ def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, input
         totals[term.name] += float(value.loss.detach())
         for key, v in value.metrics.items():
             metrics[key] = metrics.get(key, 0.0) + v
-    loss.backward()
+    (loss * student.grad_scale if student.grad_scale != 1.0 else loss).backward()
 
 
 def _teacher(batch: PackedBatch, targets: TeacherTargets | None, device) -> torch.Tensor:
