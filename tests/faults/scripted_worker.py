@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
+from test_leases import respond  # noqa: E402  (the one scripted answer of the lease tests)
 from tiny_models import tiny_tokenizer  # noqa: E402
 
 from agentmem.jobs import rollout, worker  # noqa: E402
@@ -24,15 +25,6 @@ from agentmem.jobs.rollout import LeaseTerms  # noqa: E402
 from agentmem.models import ModelRef, register  # noqa: E402
 from agentmem.policy.scripted import ScriptedBackend  # noqa: E402
 from store.engine import open_store  # noqa: E402
-
-
-def respond(tok):
-    def reply(prompt: list[int]) -> str:
-        text = tok.decode(prompt)
-        if "Reply with the short answer" in text:
-            return f"Oslo {len(prompt) % 7}"
-        return f"note {len(prompt)} {sum(prompt) % 97}"
-    return reply
 
 
 class TaggedBackend(ScriptedBackend):

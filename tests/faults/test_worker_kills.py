@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from test_leases import respond
 from tiny_models import tiny_tokenizer
 
 from agentmem.config import AgentConfig, RolloutConfig
@@ -41,15 +42,6 @@ pytestmark = pytest.mark.postgres
 def config() -> RolloutConfig:
     return RolloutConfig(model="tiny", episodes=15, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
                          agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=8, max_batch=2, seed=1))
-
-
-def respond(tok):
-    def reply(prompt: list[int]) -> str:
-        text = tok.decode(prompt)
-        if "Reply with the short answer" in text:
-            return f"Oslo {len(prompt) % 7}"
-        return f"note {len(prompt)} {sum(prompt) % 97}"
-    return reply
 
 
 def calls_by_episode(engine, run_id: str) -> dict:
