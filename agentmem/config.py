@@ -329,6 +329,11 @@ class DistillConfig(Frozen):
     psd: PsdMode = PsdMode.none
     psd_mix: float = Field(0.5, ge=0, le=1)
 
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kind_names(cls, value: Any) -> Any:
+        return kind_names(value)
+
     @field_validator("psd")
     @classmethod
     def _psd_is_privileged(cls, value: PsdMode, info: ValidationInfo) -> PsdMode:
@@ -460,8 +465,23 @@ class TrainConfig(Frozen):
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KIND_ALIASES = {"update": InvocationKind.memory_update.value}
 # call kinds ``--kinds`` accepts beside overwrite's: the memory policies' own (``route``: agent.routed_memory;
-# ``event_record``, ``event_view``: agent.events_memory)
-POLICY_KINDS = ("route", "event_record", "event_view")
+# ``event_record``, ``event_view``: agent.events_memory; ``log_note``, ``log_search``: agent.log_memory)
+POLICY_KINDS = ("route", "event_record", "event_view", "log_note", "log_search")
+
+
+def kind_names(value: Any) -> Any:
+    """``--kinds``: a comma-separated string or a list of call kinds, checked (``update`` = ``memory_update``)."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        return value
+    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS)
+    names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
+    bad = [v for v in names if isinstance(v, str) and v not in allowed]
+    if bad or not names:
+        raise ValueError(f"unknown call kind(s) {bad or value}: give comma-separated {', '.join(allowed)} "
+                         f"(update = memory_update)")
+    return names
 
 
 class SftConfig(Frozen):
@@ -500,17 +520,7 @@ class SftConfig(Frozen):
     @field_validator("kinds", mode="before")
     @classmethod
     def _kind_names(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list):
-            return value
-        allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS)
-        names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
-        bad = [v for v in names if isinstance(v, str) and v not in allowed]
-        if bad or not names:
-            raise ValueError(f"unknown call kind(s) {bad or value}: give comma-separated {', '.join(allowed)} "
-                             f"(update = memory_update)")
-        return names
+        return kind_names(value)
 
     def distill_config(self) -> DistillConfig:
         """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only

@@ -58,6 +58,9 @@ def distill(
     kd_weight: Annotated[float, typer.Option(help="Weight of the distillation term.")] = 1.0,
     rl_weight: Annotated[float, typer.Option(help="Weight of the policy-gradient term.")] = 1.0,
     ce_weight: Annotated[float, typer.Option(help="Weight of cross-entropy on the action tokens.")] = 0.0,
+    kinds: Annotated[str | None, typer.Option(help="Call kinds to train on, comma-separated: memory_update "
+                                                   "(alias update), answer, or a memory policy's own (route, "
+                                                   "event_view, log_search, ...). Default: all.")] = None,
     anchor_weight: AnchorWeightOption = 0.0,
     target: TargetOption = DistillTarget.teacher,
     alpha_tau: AlphaTauOption = 0.1,
@@ -111,7 +114,7 @@ def distill(
         if not run:
             raise ConfigError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
         config = DistillConfig(
-            run_ids=run, student=student, teacher=None if teacher == "none" else teacher, context=context,
+            run_ids=run, student=student, teacher=None if teacher == "none" else teacher, context=context, kinds=kinds,
             teacher_source=teacher_source, loss=loss, beta=beta, temperature=temperature, rl=rl,
             kd_weight=kd_weight, rl_weight=rl_weight, ce_weight=ce_weight, anchor_weight=anchor_weight,
             normalize_std=normalize_std, weighting=weighting, steps=steps or 10,

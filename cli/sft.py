@@ -20,7 +20,8 @@ def sft(
     min_f1: Annotated[float | None, typer.Option(help="Train only on calls of episodes with F1 >= this (e.g. a "
                                                       "student's own successful episodes).")] = None,
     kinds: Annotated[str | None, typer.Option(help="Call kinds to train on, comma-separated: memory_update "
-                                                   "(alias update), answer, route (the routed policy's router). "
+                                                   "(alias update), answer, or a memory policy's own (route, event_view, "
+                                                   "log_search, ...). "
                                                    "Default: all.")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="Train LoRA adapters of this rank instead of every "
                                                        "weight; checkpoints hold the merged weights.")] = None,

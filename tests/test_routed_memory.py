@@ -414,3 +414,14 @@ def test_bench_curve_equals_routed_rollouts_at_each_threshold():
     made_up = [(0.0, 0.3, 1.0, 1.0), (0.4, 0.66, 4.0, 0.67), (0.6, 1.0, 6.0, 0.33), (1.01, 0.667, 10.5, 0.0)]
     assert bench.best(made_up, 0.667, 10.0, 0.02)[0] == 0.4  # the most time saved with F1 >= 0.647
     assert bench.best(made_up, 1.0, 10.0, 0.0)[0] == 0.6
+
+
+def test_distill_and_sft_take_the_policies_call_kinds():
+    from agentmem.config import DistillConfig, SftConfig
+
+    assert DistillConfig(run_ids=["r"], kinds="route").kinds == ["route"]
+    assert DistillConfig(run_ids=["r"], kinds="update,answer").kinds == ["memory_update", "answer"]
+    assert SftConfig(run_ids=["r"], kinds="log_search,event_view").kinds == ["log_search", "event_view"]
+    for config in (DistillConfig, SftConfig):
+        with pytest.raises(ValueError, match=r"unknown call kind\(s\) \['routing'\]"):
+            config(run_ids=["r"], kinds="routing")
