@@ -9,6 +9,11 @@ stores its own number as every call's ``latency_s``. Then:
   single-process run of the same config (the run is finished, every episode answered);
 - mixed = 0: in every episode, each process's calls form one contiguous block of steps (a stale worker
   writing after another took the episode over would make a process's block reappear).
+
+Leases last 30 s, longer than any round even on a loaded machine, so an episode changes hands only when its
+worker was killed (the others see at once that its process is gone); a worker that stalls alive past its
+lease and is refused is ``tests/test_leases.py``'s case. With short leases a loaded machine would let a live
+worker lose an episode and later claim it back, a legitimate history the block check would call mixed.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ def test_killed_workers_lose_duplicate_and_mix_nothing(store):
     rng = random.Random(13)
 
     def start(tag: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, str(tag), "2.0",
+        return subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, str(tag), "30",
                                  "0.05", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stored() -> int:
