@@ -80,7 +80,7 @@ def say(msg: str) -> None:
 
 
 class State:
-    def __init__(self, path: Path, plan: Plan, arms: list[str]):
+    def __init__(self, path: Path, plan: Plan):
         self.path = path
         self.data = json.loads(path.read_text()) if path.exists() else {"plan": asdict(plan), "phases": {}}
         if self.data["plan"] != asdict(plan):
@@ -114,8 +114,7 @@ def oracle_run(store, arm: str, plan: Plan, state: State, runtime: Runtime) -> s
     key = f"oracle/{arm}"
     if state.get(key) is None:
         policy, _ = ARMS[arm]
-        options = ARMS[arm][1] if arm == "overwrite" or policy != "teacher" else options_for(arm, store, plan, state,
-                                                                                              runtime)
+        options = options_for(arm, store, plan, state, runtime)
         config = RolloutConfig(env="synthetic", env_knobs={"level": plan.level}, policy=PolicySource.oracle,
                                episodes=plan.train_tasks, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
                                agent=plan.agent(policy, options, 1.0, plan.seed))
@@ -202,7 +201,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    state = State(work / "state.json", plan, arms)
+    state = State(work / "state.json", plan)
     runtime = Runtime.create("cpu", args.threads)
     store = open_store(f"sqlite:///{work / 'memory.db'}", create=True)
     base = models.register(store, models.resolve(store, "default"))

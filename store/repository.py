@@ -140,10 +140,6 @@ def get_run(session: Session, run_id: str) -> Run:
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host."""
-    return _pid_alive(pid)
-
-
-def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -162,7 +158,7 @@ def run_liveness(run: Run, *, now: datetime | None = None) -> str:
     if run.pid is None:
         return "unknown"
     if run.host == socket.gethostname():
-        return "live" if _pid_alive(run.pid) else "dead"
+        return "live" if pid_alive(run.pid) else "dead"
     beat = run.heartbeat_at or run.created_at
     return "stale" if (now or utcnow()) - beat > STALE_AFTER else "live"
 

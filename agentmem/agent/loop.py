@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentmem.agent.memory import Call, MemoryPolicy
+from agentmem.agent.memory import Call, MemoryPolicy, consume
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.registry import memory_policy, register_memory_policy
 from agentmem.config import AgentConfig
@@ -316,10 +316,7 @@ class AgentLoop:
     def _advance(self, s: EpisodeState, call: Call, gen: Generation) -> Invocation:
         """Consume ``gen`` into ``s`` and return its Invocation (``s`` is unchanged if the policy raises)."""
         output_text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-        if getattr(self.memory, "wants_logprobs", False):  # e.g. a router that thresholds P(yes)
-            after = self.memory.consume(s.memory, call, gen.output_ids, output_text, logprobs=gen.logprobs)
-        else:
-            after = self.memory.consume(s.memory, call, gen.output_ids, output_text)
+        after = consume(self.memory, s.memory, call, gen.output_ids, output_text, gen.logprobs)
         inv = Invocation(
             episode_id=s.episode.id, step=s.next_step, kind=call.kind, memory_policy=self.memory.name,
             policy_version=self.policy_version, prompt_ids=call.prompt.ids, output_ids=gen.output_ids,

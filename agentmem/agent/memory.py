@@ -111,13 +111,17 @@ def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) ->
         if call.kind != inv.kind:
             raise AgentError(f"invocation {inv.id} (step {inv.step}): stored kind {inv.kind!r}, but policy "
                              f"{policy.name!r} would make a {call.kind!r} call")
-        if getattr(policy, "wants_logprobs", False):
-            logprobs = None if inv.output_logprobs is None else inv.output_logprobs.tolist()
-            state = policy.consume(state, call, inv.output_ids.tolist(), inv.output_text,  # type: ignore[call-arg]
-                                   logprobs=logprobs)
-        else:
-            state = policy.consume(state, call, inv.output_ids.tolist(), inv.output_text)
+        logprobs = None if inv.output_logprobs is None else inv.output_logprobs.tolist()
+        state = consume(policy, state, call, inv.output_ids.tolist(), inv.output_text, logprobs)
     return state
+
+
+def consume(policy: MemoryPolicy[S], state: S, call: Call, output_ids: list[int], output_text: str,
+            logprobs: Sequence[float] | None) -> S:
+    """``policy.consume``, passed ``logprobs=`` when the policy ``wants_logprobs`` (module docstring)."""
+    if getattr(policy, "wants_logprobs", False):
+        return policy.consume(state, call, output_ids, output_text, logprobs=logprobs)  # type: ignore[call-arg]
+    return policy.consume(state, call, output_ids, output_text)
 
 
 PolicyFactory = Callable[["PreTrainedTokenizerBase", "AgentConfig"], MemoryPolicy]

@@ -41,11 +41,6 @@ def memory_policy_names() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def memory_policy_factory(name: str) -> PolicyFactory | None:
-    """The factory registered as ``name`` (None when there is none)."""
-    return _FACTORIES.get(name)
-
-
 def memory_policy(name: str, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> MemoryPolicy:
     """The policy registered as ``name``, built for ``tokenizer`` and ``config``."""
     factory = _FACTORIES.get(name)

@@ -32,11 +32,10 @@ from typing import Any
 
 from agentmem import models
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
-from agentmem.agent.memory import LogAware, MemoryPolicy
+from agentmem.agent.memory import LogAware, MemoryPolicy, OracleAware
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.overwrite import OverwritePolicy
 from agentmem.agent.prompts import privileged_ids
-from agentmem.agent.registry import memory_policy_factory
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.memory_setup import memory_for
@@ -196,6 +195,10 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
     else:
         tokenizer = _main_backend(backend).tokenizer
     memory = memory_for(store, tokenizer, config.agent)
+    if config.policy is PolicySource.oracle and memory.name != OverwritePolicy.name \
+            and not isinstance(memory, OracleAware):
+        raise ConfigError(f"policy 'oracle' writes the {OverwritePolicy.name!r} memory policy's calls and those of "
+                          f"policies with oracle_text, not {memory.name!r}'s")
     env = build_env(config, tokenizer)
     tasks = env.tasks(config.episodes)
     if not tasks:
@@ -391,14 +394,6 @@ def _check_oracle(config: RolloutConfig, kind: RunKind, backend: object) -> None
         raise ConfigError("an oracle rollout runs no model: give no backend (config.model names the tokenizer)")
     if kind is not RunKind.rollout:
         raise ConfigError(f"policy 'oracle' is for rollouts; a {kind.value} run measures a model")
-    if config.agent.memory_policy != OverwritePolicy.name and not _oracle_aware(config.agent.memory_policy):
-        raise ConfigError(f"policy 'oracle' writes the {OverwritePolicy.name!r} memory policy's calls and those of "
-                          f"policies with oracle_text, not {config.agent.memory_policy!r}'s")
-
-
-def _oracle_aware(name: str) -> bool:
-    factory = memory_policy_factory(name)
-    return factory is not None and hasattr(getattr(factory, "__self__", factory), "oracle_text")
 
 
 def _main_backend(backend: Backend | Mapping[str, Backend]) -> Backend:
