@@ -23,7 +23,7 @@ from tiny_models import tiny_llama, tiny_tokenizer
 
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.oracle import OracleWriter
-from agentmem.agent.prompts import answer_prompt, update_prompt
+from agentmem.agent.prompts import EMPTY_MEMORY, answer_prompt, update_prompt
 from agentmem.config import AgentConfig, DistillConfig, RolloutConfig
 from agentmem.errors import AgentError, ConfigError, TrainingError
 from agentmem.jobs import distill as distill_job
@@ -72,7 +72,7 @@ def tasks_of(config: RolloutConfig) -> dict[str, Task]:
 
 
 def seen(task: Task, chunk: int) -> str:
-    return "\n".join(f.text for f in task.facts if f.chunk <= chunk)
+    return "\n".join(f.text for f in task.facts if f.chunk <= chunk) or EMPTY_MEMORY
 
 
 # --- the rollout -------------------------------------------------------------------------------------
@@ -125,8 +125,23 @@ def test_a_tiny_budget_keeps_only_the_facts_that_fit(sqlite_store, tokenizer_fol
     assert [e.f1 for e in episodes.values()] == [1.0]  # the oracle answers gold whatever its memory holds
     nothing = run_rollout(sqlite_store, oracle_config(tokenizer_folder, level=3, episodes=1, memory_tokens=2))
     _, invocations = stored(sqlite_store, nothing.run_id)
-    assert {i.memory_after for i in invocations} == {""}
-    assert {tuple(i.output_ids) for i in invocations if i.kind == "memory_update"} == {(tiny_tokenizer().eos_token_id,)}
+    # no fact fits: the oracle writes what the prompt shows for an empty memory, cut to the budget like a
+    # model's output, never a bare end-of-sequence (a teacher trained on those learns to stop at once)
+    empty = encode(EMPTY_MEMORY)
+    assert len(empty) > 2
+    updates = [i for i in invocations if i.kind == "memory_update"]
+    assert {tuple(i.output_ids) for i in updates} == {tuple(empty[:2])}
+    assert {i.finish_reason for i in updates} == {FinishReason.length}
+
+
+def test_the_oracle_never_writes_an_empty_update():
+    """A chunk with no fact read yet gets the empty-memory text and eos, as the next prompt would show it."""
+    tok = tiny_tokenizer()
+    oracle = OracleWriter(tok)
+    facts = [Fact(text="Bob lives in Oslo.", chunk=2)]
+    assert oracle.memory(facts, 0, 64) == EMPTY_MEMORY
+    assert oracle.memory(facts, 2, 64) == "Bob lives in Oslo."
+    assert oracle.memory(facts, 2, 1) == EMPTY_MEMORY  # the fact does not fit
 
 
 def test_memory_is_first_fit_in_reading_order():
@@ -138,10 +153,10 @@ def test_memory_is_first_fit_in_reading_order():
     assert oracle.memory(facts, 4, budget) == "Bob lives in Oslo.\nParis."  # the long one is left out
     assert oracle.memory(facts, 9, budget) == "Bob lives in Oslo.\nParis."  # no room left for the last
     assert oracle.memory(facts, 9, 1000) == "\n".join(f.text.strip() for f in facts)
-    assert oracle.memory([], 3, 100) == ""
+    assert oracle.memory([], 3, 100) == EMPTY_MEMORY
 
 
-def test_a_task_without_facts_gets_empty_memory_and_the_gold_answer():
+def test_a_task_without_facts_gets_the_empty_memory_text_and_the_gold_answer():
     tok = tiny_tokenizer()
     task = Task(task_id="t", env="none", question="Where does Bob live?", chunks=["Bob is here.", "And there."],
                 answers=["Oslo"])
@@ -149,7 +164,7 @@ def test_a_task_without_facts_gets_empty_memory_and_the_gold_answer():
                      oracle=OracleWriter(tok))
     sink = ListSink()
     loop.run([loop.start(Episode(run_id="r", env="none", task_id="t", question=task.question), task)], sink)
-    assert [i.memory_after for i in sink.all_invocations] == ["", "", ""]
+    assert [i.memory_after for i in sink.all_invocations] == [EMPTY_MEMORY] * 3
     assert [i.role for i in sink.all_invocations] == ["oracle"] * 3
     (episode,) = sink.finished
     assert episode.prediction == "Oslo" and episode.f1 == 1.0
@@ -183,8 +198,9 @@ def test_oracle_config_errors_before_anything_runs(sqlite_store, tokenizer_folde
                     policy=register_policy(sqlite_store, "/models/tiny", "tiny"))
     with pytest.raises(ConfigError, match="for rollouts"):
         run_rollout(sqlite_store, config, kind=RunKind.eval)
-    other = config.model_copy(update={"agent": config.agent.model_copy(update={"memory_policy": "notes"})})
-    with pytest.raises(ConfigError, match="'overwrite' memory policy"):
+    # a name no test registers (test_memory_policy registers "notes" for the whole session)
+    other = config.model_copy(update={"agent": config.agent.model_copy(update={"memory_policy": "no-such-policy"})})
+    with pytest.raises(AgentError, match="unknown memory policy 'no-such-policy'"):
         run_rollout(sqlite_store, other)
     with sqlite_store.session() as s:
         assert repo.list_runs(s) == []

@@ -2,7 +2,9 @@
 
 It reads what a perfect reader would keep, from the task's annotation (``Task.facts``) and gold answer:
 - a ``memory_update`` call at chunk ``i`` gets the facts read so far (``fact.chunk <= i``), each fact's text
-  on its own line in reading order and nothing else (the empty string when there are none); whole facts
+  on its own line in reading order and nothing else; with none yet, ``EMPTY_MEMORY`` (``(empty)``), the text
+  the next prompt shows for an empty memory, never a bare end-of-sequence (a teacher trained on bare EOS
+  outputs learns to stop at once, and on-policy distillation then collapses the student to EOS); whole facts
   are kept first-fit in order (a fact that does not fit is left out, a later one may still go in) while
   the text, tokenized without special tokens, stays within ``max_new_tokens - 1`` tokens: room for eos;
 - the final (answer) call gets ``task.answers[0]``; an answer over the call's limit is cut to it and
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from agentmem.agent.memory import Call
 from agentmem.agent.overwrite import UPDATE
+from agentmem.agent.prompts import EMPTY_MEMORY
 from agentmem.errors import AgentError
 from agentmem.policy.types import Generation
 from agentmem.records import Fact, FinishReason, Task
@@ -74,7 +77,8 @@ class OracleWriter:
         return self.memory(task.facts, call.chunk_index, call.max_new_tokens - 1)
 
     def memory(self, facts: Sequence[Fact], chunk: int, budget: int) -> str:
-        """The facts complete by ``chunk``, one a line, first-fit within ``budget`` tokens."""
+        """The facts complete by ``chunk``, one a line, first-fit within ``budget`` tokens; ``EMPTY_MEMORY``
+        when none is (or none fits), so an update never writes an empty output."""
         kept: list[str] = []
         for fact in facts:
             text = fact.text.strip()
@@ -82,7 +86,7 @@ class OracleWriter:
                 continue
             if len(self._encode("\n".join([*kept, text]))) <= budget:
                 kept.append(text)
-        return "\n".join(kept)
+        return "\n".join(kept) if kept else EMPTY_MEMORY
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
