@@ -134,6 +134,25 @@ class TeacherSourceKind(Choice):
     scores = "scores"
 
 
+class LrSchedule(Choice):
+    """The learning rate against the global step: ``constant`` after warmup, or ``cosine`` decay from
+    ``lr`` to ``lr * min_lr_ratio`` at the schedule's last step (``agentmem.training.schedule``)."""
+
+    constant = "constant"
+    cosine = "cosine"
+
+
+class RewardKind(Choice):
+    """The episode reward the RL term's group advantages use: ``f1``, the stored reward (a rollout stores
+    its token F1; an episode without one, its F1), substring exact match ``sub_em`` (1 when a gold answer occurs in the prediction), or
+    their maximum ``max_f1_sub_em`` (a right entity inside a sentence gets full credit: more groups with
+    reward variance for a small model whose answers run long)."""
+
+    f1 = "f1"
+    sub_em = "sub_em"
+    max_f1_sub_em = "max_f1_sub_em"
+
+
 class PlotBy(Choice):
     step = "step"
     context_tokens = "context_tokens"
@@ -305,6 +324,20 @@ class DistillConfig(Frozen):
     invocations_per_step: int = Field(8, ge=1)
     row_tokens: int = Field(4096, ge=16)
     lr: float = Field(1e-5, gt=0)
+    # The learning-rate schedule over the global step ``schedule_offset + step`` of ``schedule_steps`` steps
+    # (default: this job's ``steps``); ``agentmem train`` sets offset and length so that one schedule spans
+    # every round.
+    warmup_steps: int = Field(0, ge=0)
+    schedule: LrSchedule = LrSchedule.constant
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    schedule_offset: int = Field(0, ge=0)
+    schedule_steps: int | None = Field(None, ge=1)
+    # Start AdamW from the state saved in the student's checkpoint folder (the previous round's), so its
+    # moments carry across rounds instead of restarting each round.
+    carry_optimizer: bool = False
+    reward: RewardKind = RewardKind.f1
+    # Load the frozen starting student to log KL(student || start) every step (``train_steps.metrics``).
+    monitor_start_kl: bool = False
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     seed: int = 0
@@ -505,6 +538,9 @@ class SftConfig(Frozen):
     invocations_per_step: int = Field(8, ge=1)
     row_tokens: int = Field(4096, ge=16)
     lr: float = Field(1e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: LrSchedule = LrSchedule.constant
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     seed: int = 0
@@ -529,6 +565,7 @@ class SftConfig(Frozen):
             run_ids=self.run_ids, student=self.student, teacher=None, rl=RLKind.none, kd_weight=0.0,
             rl_weight=0.0, ce_weight=1.0, weighting=self.weighting, steps=self.steps,
             invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens, lr=self.lr,
+            warmup_steps=self.warmup_steps, schedule=self.schedule, min_lr_ratio=self.min_lr_ratio,
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
             save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
             oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight)

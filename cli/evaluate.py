@@ -146,6 +146,11 @@ def _summary(result) -> None:
     for category, f1 in result.metrics.get("f1_by_category", {}).items():
         table.add_row(f"F1 category {category}", f"{f1:.3f}", "")
     table.add_row("context tokens", f"{result.metrics['context_tokens']:.0f}", "")
+    if "empty_rate" in result.metrics:
+        table.add_row("empty outputs (EOS only)", f"{result.metrics['empty_rate']:.3f}", "")
+        for kind, rate in result.metrics.get("empty_by_kind", {}).items():
+            length = result.metrics.get("out_len_by_kind", {}).get(kind, 0.0)
+            table.add_row(f"  {kind}: empty / mean tokens", f"{rate:.3f} / {length:.1f}", "")
     console().print(table)
     typer.echo(f"run_id={result.run_id} eval_id={result.id}  (inspect: agentmem sql \"select * from "
                f"episode_summary where run_id = '{result.run_id}'\")")

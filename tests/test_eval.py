@@ -187,3 +187,22 @@ def test_eval_config_is_greedy_and_strict():
     assert (config.agent.temperature, config.group_size, config.seed) == (0.0, 1, 1000)
     with pytest.raises(ValueError):
         EvalConfig(temperature=1.0)  # not a field: the agent's temperature is, and it must be 0
+
+
+def test_eval_reports_the_empty_output_rate_and_length_per_kind(sqlite_store):
+    """Updates that stop at once (end-of-sequence only) and answers of known length: the eval row's
+    ``empty_rate``, ``empty_by_kind`` and ``out_len_by_kind`` are the exact shares and means."""
+    tok = tiny_tokenizer()
+    config = tiny_config()
+    answer = "blue river"
+    backend = ScriptedBackend(tok, lambda p: answer if "Reply with the short answer" in tok.decode(p) else "")
+    row = run_eval(sqlite_store, config, backend=backend, policy=register_policy(sqlite_store, "/m/tiny", "tiny"))
+    with sqlite_store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[row.run_id]))
+    updates = [c for c in calls if c.kind == "memory_update"]
+    answers = [c for c in calls if c.kind == "answer"]
+    assert updates and answers and all(c.output_ids.tolist() == [tok.eos_token_id] for c in updates)
+    assert row.metrics["empty_rate"] == pytest.approx(len(updates) / len(calls))
+    assert row.metrics["empty_by_kind"] == {"answer": 0.0, "memory_update": 1.0}
+    length = len(tok.encode(answer, add_special_tokens=False)) + 1
+    assert row.metrics["out_len_by_kind"] == {"answer": pytest.approx(length), "memory_update": 1.0}

@@ -26,7 +26,7 @@ from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, TeacherContext, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
-from agentmem.training.checkpoints import load_objective_state, load_trainer_state
+from agentmem.training.checkpoints import has_trainer_state, load_objective_state, load_trainer_state
 from agentmem.training.distill import Models, Trainer
 from store import repository as repo
 from store.engine import Store
@@ -79,7 +79,7 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
     teacher = teacher_tok = reference = None
     if teacher_ref and config.teacher_source is TeacherSourceKind.model and config.effective_kd_weight:
         teacher, teacher_tok = model_refs.load(teacher_ref.path, config.dtype, runtime)
-    if config.anchor_weight:
+    if config.anchor_weight or config.monitor_start_kl:
         reference, _ = model_refs.load(start_ref.path, config.dtype, runtime)
     return Models(student, tokenizer, start, teacher, teacher_tok, teacher_ref.path if teacher_ref else None,
                   reference)
@@ -172,6 +172,8 @@ def run_distill(
             done = load_trainer_state(Path(resume_from.path), trainer.optimizer, loaded.student)
             trainer.objective.load_state_dict(load_objective_state(Path(resume_from.path)))
             parent = last = resume_from
+        elif config.carry_optimizer and has_trainer_state(Path(loaded.student_checkpoint.path)):
+            load_trainer_state(Path(loaded.student_checkpoint.path), trainer.optimizer, loaded.student)
         if on_start:
             on_start(config.steps, done)
         with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:

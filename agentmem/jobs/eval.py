@@ -8,6 +8,9 @@ Invariants:
 - every episode counts: a failed (or otherwise unscored) episode scores 0 on every metric;
 - intervals are seeded percentile-bootstrap 95% intervals of the mean over episodes, so the same
   episodes always give the same row;
+- ``metrics`` holds ``empty_rate`` (the share of calls whose output is end-of-sequence only: a student or
+  teacher that learned to stop at once), and per call kind ``empty_by_kind`` and ``out_len_by_kind`` (mean
+  output tokens, end-of-sequence included), from the run's stored calls;
 - ``metrics`` holds what the plots group by: ``base_model``, ``context_tokens`` (mean tokens of the input:
   the chunks a task gives, up to ``max_chunks``), ``env_knobs``, and ``f1_by_category`` when the tasks have categories (LoCoMo,
   LongMemEval), each category's mean F1 under the environment's own scoring rules.
@@ -29,6 +32,7 @@ from agentmem.jobs.rollout import build_env, run_rollout
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, EvalResult, RunKind
 from agentmem.runtime import CPU, Runtime
+from agentmem.training.dynamics import output_stats
 from envs import knobs_of
 from envs.metrics import bootstrap_ci
 from store import repository as repo
@@ -72,6 +76,18 @@ def summarize(
                       n_episodes=len(episodes), metrics=extra, **stats)
 
 
+def call_stats(store: Store, run_id: str, eos_id: int | None) -> dict[str, Any]:
+    """``empty_rate``, ``empty_by_kind`` and ``out_len_by_kind`` of a run's stored calls."""
+    with store.session() as s:
+        calls = [(str(i.kind), i.output_ids) for i in repo.stream_invocations(s, run_ids=[run_id])]
+    stats = output_stats(calls, eos_id)
+    kinds = sorted(k.split("/", 1)[1] for k in stats if k.startswith("empty/"))
+    overall = output_stats([("all", ids) for _, ids in calls], eos_id)
+    return {"empty_rate": overall.get("empty/all", 0.0),
+            "empty_by_kind": {k: stats[f"empty/{k}"] for k in kinds},
+            "out_len_by_kind": {k: stats[f"out_len/{k}"] for k in kinds}}
+
+
 def _context_tokens(config: EvalConfig, episodes: Sequence[Episode], tokenizer) -> float:
     """Mean over ``episodes`` of the tokens in the chunks each one could read (the first ``max_chunks``), as the
     environment counts them: the input length, whatever the memory policy made of it (overwrite reads every
@@ -109,7 +125,7 @@ def run_eval(
     context_tokens = _context_tokens(config, result.episodes, tokenizer)
     metrics = {"base_model": policy.base_model, "context_tokens": context_tokens, "env_knobs": config.env_knobs,
                "chunk_tokens": config.chunk_tokens, "memory_tokens": config.agent.memory_tokens,
-               "seed": config.seed}
+               "seed": config.seed, **call_stats(store, result.run_id, tokenizer.eos_token_id)}
     row = summarize(result.episodes, run_id=result.run_id, policy=policy, env=config.env,
                     step=policy.step if step is None else step, metrics=metrics)
     with store.session() as s:

@@ -81,6 +81,11 @@ def _untied(model: torch.nn.Module, state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in names}
 
 
+def has_trainer_state(folder: Path) -> bool:
+    """Whether ``folder`` is a training checkpoint with an optimizer state (a base model folder is not)."""
+    return (Path(folder) / TRAINER_STATE).is_file()
+
+
 def _state(folder: Path) -> dict:
     path = Path(folder) / TRAINER_STATE
     if not path.is_file():

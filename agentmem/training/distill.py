@@ -41,15 +41,17 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import DistillConfig, Oversize, Packing, PsdMode
+from agentmem.config import DistillConfig, Oversize, Packing, PsdMode, RewardKind
 from agentmem.errors import TrainingError
 from agentmem.records import Checkpoint, TrainStep
 from agentmem.replay import pack
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
 from agentmem.training.checkpoints import gather_full_state, save_checkpoint
+from agentmem.training.dynamics import finish_sums, group_liveness, output_stats
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, StepResult, accumulate_step
+from agentmem.training.schedule import lr_at
 from agentmem.training.selection import Selection, select, student_sequences
 from agentmem.training.teachers import TeacherSource, teacher_source
 from agentmem.training.terms import objective_from_config
@@ -116,12 +118,29 @@ def psd_mix(selection: Selection, off_policy_share: float) -> Mix:
     return Mix(part_of, (1.0 - off_policy_share, off_policy_share))
 
 
-def advantages(selection: Selection, normalize_std: bool) -> dict[str, float]:
-    """Per-invocation advantage: its episode's final reward (F1; failed or unscored = 0) minus the mean of
-    the episodes sampled for the same task in the same run."""
+def episode_reward(episode, kind: RewardKind = RewardKind.f1) -> float:
+    """The reward the RL term sees (``RewardKind``): ``f1`` is the stored reward (a rollout stores its
+    F1); a failed or unscored episode gets 0."""
+    f1 = episode.reward if episode.reward is not None else (episode.f1 or 0.0)
+    if kind is RewardKind.f1:
+        return float(f1)
+    sub_em = float(episode.sub_em or 0.0)
+    return sub_em if kind is RewardKind.sub_em else max(float(f1), sub_em)
+
+
+def episode_advantages(selection: Selection, normalize_std: bool,
+                       reward: RewardKind = RewardKind.f1) -> dict[str, float]:
+    """Per-episode advantage: its reward minus the mean of the episodes sampled for the same task in the
+    same run."""
     eps = list(selection.episodes.values())
-    adv = group_advantages([e.reward or 0.0 for e in eps], [(e.run_id, e.task_id) for e in eps], normalize_std)
-    by_episode = {e.id: float(a) for e, a in zip(eps, adv, strict=True)}
+    adv = group_advantages([episode_reward(e, reward) for e in eps], [(e.run_id, e.task_id) for e in eps],
+                           normalize_std)
+    return {e.id: float(a) for e, a in zip(eps, adv, strict=True)}
+
+
+def advantages(selection: Selection, normalize_std: bool, reward: RewardKind = RewardKind.f1) -> dict[str, float]:
+    """Per-invocation advantage: its episode's (``episode_advantages``)."""
+    by_episode = episode_advantages(selection, normalize_std, reward)
     return {i.id: by_episode[i.episode_id] for i in selection.invocations}
 
 
@@ -142,7 +161,8 @@ class Trainer:
             check_same_vocab(models.teacher_tokenizer, models.tokenizer)
             vocab_size(models.teacher, models.teacher_tokenizer)
         self.reference = (PackedModel.create(models.reference, models.tokenizer, config.path, runtime)
-                          if models.reference is not None and self.objective.needs_reference else None)
+                          if models.reference is not None
+                          and (self.objective.needs_reference or config.monitor_start_kl) else None)
         self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)
         self.student_seqs = student_sequences(self.selection)
         self.units = draw_units(self.student_seqs, config.packing)
@@ -152,7 +172,15 @@ class Trainer:
         self.teacher = teacher if teacher is not None else teacher_source(
             config, store, self.selection, model=models.teacher, tokenizer=models.teacher_tokenizer,
             name=models.teacher_name, vocab=self.student.vocab, runtime=runtime)
-        self.advantage_of = advantages(self.selection, config.normalize_std)
+        self.episode_advantage = episode_advantages(self.selection, config.normalize_std, config.reward)
+        self.advantage_of = {i.id: self.episode_advantage[i.episode_id] for i in self.selection.invocations}
+        self.group_of = {e.id: (e.run_id, e.task_id) for e in self.selection.episodes.values()}
+        self.group_sizes: dict[tuple, int] = {}
+        for g in self.group_of.values():
+            self.group_sizes[g] = self.group_sizes.get(g, 0) + 1
+        self.invocation = {i.id: i for i in self.selection.invocations}
+        self.kind_of = {i.id: str(getattr(i.kind, "value", i.kind)) for i in self.selection.invocations}
+        self.eos_id = models.tokenizer.eos_token_id
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
                                            lr=config.lr, weight_decay=config.weight_decay)
@@ -170,9 +198,13 @@ class Trainer:
         skipped = set(stats.skipped_ids)
         kept = [s.invocation_id for s in mine if s.invocation_id not in skipped]
         targets = self.teacher.targets(kept) if self.teacher is not None and kept else None
-        inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, targets, self.mix)
+        inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, targets, self.mix,
+                            self.kind_of, self.eos_id)
         model = self.models.student
         model.train()
+        lr = self.lr(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         result: StepResult = accumulate_step(self.student, rows, inputs, self.objective, self.runtime,
                                              reference=self.reference, step_episodes=step_episodes)
@@ -185,10 +217,31 @@ class Trainer:
         self.optimizer.step()
         return TrainStep(
             run_id=self.run_id, step=step + 1, loss=result.loss, kd_loss=result.kd_loss, rl_loss=result.rl_loss,
-            tokens=result.tokens, lr=self.config.lr, seconds=time.perf_counter() - t0,
-            metrics={**result.metrics, "grad_norm": float(grad_norm), "actions": float(result.actions),
-                     "fill": stats.fill, "rows": float(stats.rows), **counts},
+            tokens=result.tokens, lr=lr, seconds=time.perf_counter() - t0,
+            metrics={**finish_sums(result.metrics), "grad_norm": float(grad_norm), "actions": float(result.actions),
+                     "fill": stats.fill, "rows": float(stats.rows), **counts, **self._dynamics(drawn, step_episodes)},
         )
+
+    def lr(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based, this job's): the schedule at the global step."""
+        c = self.config
+        return lr_at(c.schedule_offset + step, c.lr, c.schedule_steps or c.steps, c.warmup_steps, c.schedule,
+                     c.min_lr_ratio)
+
+    def _dynamics(self, drawn: list[int], step_episodes: list[str]) -> dict[str, float]:
+        """The step's groups with a live advantage and its calls' output lengths per kind (every process
+        computes the same values from the step's whole draw)."""
+        calls = [self.invocation[self.student_seqs[i].invocation_id] for i in drawn]
+        out = output_stats([(self.kind_of[c.id], c.output_ids) for c in calls], self.eos_id)
+        if self.objective_has_rl:
+            groups, live = group_liveness(self.episode_advantage, self.group_of, step_episodes, self.group_sizes)
+            out.update({"rl_groups": float(groups), "rl_groups_live": float(live),
+                        "rl_live_fraction": live / groups if groups else 0.0})
+        return out
+
+    @property
+    def objective_has_rl(self) -> bool:
+        return any(t.name == "rl" for _, t in self.objective.terms)
 
     def _part_units(self) -> list[list[int]]:
         """Unit indices per part (one part unless PSD mixed)."""

@@ -37,6 +37,7 @@ from agentmem.replay import Row
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.collate import PackedBatch
 from agentmem.training.forward import PackedModel
+from agentmem.training.losses import reverse_kl
 from agentmem.training.teachers import TeacherTargets
 from agentmem.training.terms import MicroBatch, Objective, objective_from_config
 
@@ -55,6 +56,10 @@ class StepInputs:
     temperature_of: Mapping[str, float]
     teacher: TeacherTargets | None = None
     mix: Mix | None = None  # PSD mixed: the step's weighted parts
+    # dynamics (``agentmem.training.dynamics``): each call's kind and the end-of-sequence id; when given,
+    # the step's metrics carry the first-token EOS mass per kind and the KLs to the teacher and reference
+    kind_of: Mapping[str, str] | None = None
+    eos_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,13 +206,16 @@ def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, input
                 metrics: dict[str, float]) -> None:
     """Forward and backward of one micro-batch; adds its term values into ``totals`` and ``metrics``."""
     logits = student.action_logits(batch)
+    ref = _reference(reference, batch) if objective.needs_reference or reference is not None else None
     mb = MicroBatch(
         logits=logits, action_ids=batch.action_ids, sampler_logprobs=batch.sampler_logprobs,
         sampling_temperature=_per_action(batch, inputs.temperature_of, logits.device),
         advantages=_per_action(batch, inputs.advantage_of, logits.device), weights=w,
         teacher=_teacher(batch, inputs.teacher, logits.device) if objective.needs_teacher else None,
-        reference=_reference(reference, batch) if objective.needs_reference else None,
+        reference=ref if objective.needs_reference else None,
     )
+    if inputs.kind_of is not None:
+        _monitor(batch, mb, ref, inputs, metrics)
     loss = logits.new_zeros(())
     for weight, term in objective.terms:
         value = term(mb)
@@ -216,6 +224,33 @@ def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, input
         for key, v in value.metrics.items():
             metrics[key] = metrics.get(key, 0.0) + v
     (loss * student.grad_scale if student.grad_scale != 1.0 else loss).backward()
+
+
+def _monitor(batch: PackedBatch, mb: MicroBatch, ref: torch.Tensor | None, inputs: StepInputs,
+             metrics: dict[str, float]) -> None:
+    """Add the dynamics sums of one micro-batch to ``metrics`` (no gradient): the student's end-of-sequence
+    probability at each call's first output position (``eos_first_sum/<kind>``, ``eos_first_n/<kind>``),
+    and the weighted KL to the teacher (full-vocabulary targets only) and to the reference."""
+    assert inputs.kind_of is not None
+    with torch.no_grad():
+        logits = mb.logits.detach()
+        if inputs.eos_id is not None and logits.shape[0]:
+            starts, pos = [], 0
+            for n in batch.action_counts:
+                starts.append(pos)
+                pos += n
+            firsts = [(i, s) for i, s, n in zip(batch.invocation_ids, starts, batch.action_counts, strict=True) if n]
+            probs = torch.softmax(logits[[s for _, s in firsts]].float(), dim=-1)[:, inputs.eos_id].tolist()
+            for (inv, _), p in zip(firsts, probs, strict=True):
+                kind = inputs.kind_of[inv]
+                metrics[f"eos_first_sum/{kind}"] = metrics.get(f"eos_first_sum/{kind}", 0.0) + p
+                metrics[f"eos_first_n/{kind}"] = metrics.get(f"eos_first_n/{kind}", 0.0) + 1.0
+        w = mb.weights.float()
+        teacher = mb.teacher
+        if teacher is not None and teacher.dim() == 2 and bool(torch.isfinite(teacher).all()):
+            metrics["kl_teacher"] = metrics.get("kl_teacher", 0.0) + float((reverse_kl(logits, teacher) * w).sum())
+        if ref is not None:
+            metrics["kl_start"] = metrics.get("kl_start", 0.0) + float((reverse_kl(logits, ref) * w).sum())
 
 
 def _teacher(batch: PackedBatch, targets: TeacherTargets | None, device) -> torch.Tensor:
