@@ -459,41 +459,6 @@ class ReplayConfig(Frozen):
     max_batch: int = Field(8, ge=1)
 
 
-def _train_rollout() -> RolloutConfig:
-    return RolloutConfig(env="synthetic", env_knobs={"context_tokens": 384, "distractors": 2, "hops": 1},
-                         episodes=4, group_size=2, chunk_tokens=192,
-                         agent=AgentConfig(memory_tokens=48, answer_max_new_tokens=12, temperature=1.0))
-
-
-def _train_distill() -> DistillConfig:
-    # privileged: the same base model sees the gold answer and evidence, so one small model runs the loop;
-    # skip: a call over the row budget is left out and counted, never cut (train_steps.metrics).
-    return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
-                         teacher_truncation=TeacherTruncation.left, packing=Packing.shared_prefix)
-
-
-class TrainConfig(Frozen):
-    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.steps`` distill
-    steps on that rollout). Each round sets the rollout's model and seed and the distill's student,
-    run ids and seed; everything else is taken as given."""
-
-    rounds: int = Field(2, ge=1)
-    seed: int = 0
-    rollout: RolloutConfig = Field(default_factory=_train_rollout)
-    distill: DistillConfig = Field(default_factory=_train_distill)
-
-    @model_validator(mode="after")
-    def _run_ids_per_round(self) -> TrainConfig:
-        if self.distill.run_ids:
-            raise ValueError("distill.run_ids is set by each round of the loop: leave it empty")
-        return self
-
-    def round_configs(self, round_index: int, policy_id: str) -> tuple[RolloutConfig, DistillConfig]:
-        seed = self.seed + round_index
-        rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
-        return rollout, self.distill.model_copy(update={"student": policy_id, "seed": seed})
-
-
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KIND_ALIASES = {"update": InvocationKind.memory_update.value}
@@ -569,3 +534,54 @@ class SftConfig(Frozen):
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
             save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
             oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight)
+
+
+def _train_rollout() -> RolloutConfig:
+    return RolloutConfig(env="synthetic", env_knobs={"context_tokens": 384, "distractors": 2, "hops": 1},
+                         episodes=4, group_size=4, chunk_tokens=192,
+                         agent=AgentConfig(memory_tokens=48, answer_max_new_tokens=16, temperature=1.0))
+
+
+def _train_distill() -> DistillConfig:
+    # privileged: the same base model sees the gold answer and evidence, so one small model runs the loop;
+    # skip: a call over the row budget is left out and counted, never cut (train_steps.metrics).
+    # the stable recipe (docs/learning.md): fresh rollouts every 2 steps, one warmup + cosine schedule over
+    # all rounds, AdamW's moments carried across rounds, a reward with variance for a small model
+    return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
+                         teacher_truncation=TeacherTruncation.left, packing=Packing.shared_prefix, lr=1e-5,
+                         warmup_steps=1, schedule=LrSchedule.cosine, carry_optimizer=True,
+                         reward=RewardKind.max_f1_sub_em, monitor_start_kl=True)
+
+
+class TrainConfig(Frozen):
+    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.steps`` distill
+    steps on that rollout). Each round sets the rollout's model and seed and the distill's student,
+    run ids and seed; everything else is taken as given."""
+
+    rounds: int = Field(2, ge=1)
+    seed: int = 0
+    rollout: RolloutConfig = Field(default_factory=_train_rollout)
+    distill: DistillConfig = Field(default_factory=_train_distill)
+    # SFT before round 1 (its run_ids: an oracle or teacher run); its last checkpoint starts round 1
+    warm_start: SftConfig | None = None
+    # the teacher is checked before any distillation: a greedy eval of it on ``teacher_check_episodes``
+    # tasks of the rollout's environment (held-out seed); above ``max_teacher_empty`` end-of-sequence-only
+    # outputs on any call kind the loop refuses it. 0 episodes: no check.
+    teacher_check_episodes: int = Field(8, ge=0)
+    max_teacher_empty: float = Field(0.1, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _run_ids_per_round(self) -> TrainConfig:
+        if self.distill.run_ids:
+            raise ValueError("distill.run_ids is set by each round of the loop: leave it empty")
+        return self
+
+    def round_configs(self, round_index: int, policy_id: str) -> tuple[RolloutConfig, DistillConfig]:
+        """Round ``round_index``'s rollout (the current policy, seed ``seed + round``) and distill (that
+        policy as the student; its part of one learning-rate schedule over every round)."""
+        seed = self.seed + round_index
+        rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
+        steps = self.distill.steps
+        return rollout, self.distill.model_copy(update={
+            "student": policy_id, "seed": seed, "schedule_offset": round_index * steps,
+            "schedule_steps": self.rounds * steps})

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentmem.training.dynamics import note
 from cli.console import console
 
 
@@ -28,7 +29,7 @@ class TrainProgress:
             self.on_start(step.step)
         for key in ("skipped_calls", "teacher_truncated_calls"):
             self.counts[key] = self.counts.get(key, 0.0) + float(step.metrics.get(key, 0.0))
-        notes = " ".join(f"{k}={int(v)}" for k, v in self.counts.items() if v)
+        notes = " ".join([f"{k}={int(v)}" for k, v in self.counts.items() if v] + [note(step)])
         self.progress.update(self.task, completed=step.step, loss=step.loss, kd=step.kd_loss,
                              rl=step.rl_loss, tps=step.tokens / max(step.seconds, 1e-9), notes=notes)
 

@@ -31,14 +31,17 @@ from pathlib import Path
 
 from agentmem import models
 from agentmem.agent.loop import RoundStats
-from agentmem.config import DistillConfig, RolloutConfig, TrainConfig
+from agentmem.config import HELD_OUT_SEED, DistillConfig, EvalConfig, RolloutConfig, SftConfig, TrainConfig
 from agentmem.errors import RunError
 from agentmem.jobs.distill import DistillResult, run_distill
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.runs import RunHandle, load_run, tracked_run
+from agentmem.jobs.sft import run_sft
+from agentmem.jobs.teacher_check import TeacherReport, check_teacher
 from agentmem.records import Checkpoint, Episode, Run, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
+from agentmem.training.dynamics import round_warnings
 from store import repository as repo
 from store.engine import Store
 
@@ -51,6 +54,8 @@ class RoundResult:
     distill_run_id: str
     mean_f1: float
     checkpoint: Checkpoint
+    rl_live_fraction: float | None = None  # groups with a non-zero advantage over the round's steps (RL on)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,11 @@ class TrainState:
     config: TrainConfig
     finished: list[RoundResult]
     pending_distill: str | None
+
+
+def warm_out(base_out: str, train_run_id: str) -> str:
+    """The checkpoint folder of a train run's warm-start SFT (the sft run's ``out``, by which it is found)."""
+    return str(Path(base_out) / train_run_id / "warm-start")
 
 
 def round_out(base_out: str, train_run_id: str, round_index: int) -> str:
@@ -81,6 +91,11 @@ def load_train_state(store: Store, run_id: str) -> TrainState:
     run = load_run(store, run_id, RunKind.train)
     config = load_train_config(run)
     start = models.register(store, models.resolve(store, config.distill.student))
+    if config.warm_start is not None:
+        warm = warm_start_checkpoint(store, run.id, config)
+        if warm is None:
+            return TrainState(run, config, [], None)
+        start = warm
     with store.session() as s:
         distills: dict[str, Run] = {}
         for summary in sorted(repo.list_runs(s), key=lambda x: x.run.created_at):
@@ -99,7 +114,9 @@ def load_train_state(store: Store, run_id: str) -> TrainState:
             if distill.status != "finished" or not ckpts or ckpts[-1].step != stored.steps:
                 return TrainState(run, config, finished, distill.id)
             mean_f1 = _mean_f1(repo.list_episodes(s, stored.run_ids[0]))
-            finished.append(RoundResult(r, policy, stored.run_ids[0], distill.id, mean_f1, ckpts[-1]))
+            steps = repo.list_train_steps(s, distill.id)
+            finished.append(RoundResult(r, policy, stored.run_ids[0], distill.id, mean_f1, ckpts[-1],
+                                        _live(steps, stored), tuple(round_warnings(steps, bool(stored.effective_rl_weight)))))
             policy = ckpts[-1]
     return TrainState(run, config, finished, None)
 
@@ -132,14 +149,78 @@ def run_train(
         models.resolve(store, config.distill.teacher)  # a bad teacher fails before the first rollout
     with tracked_run(store, RunKind.train, config, resume=state.run.id if state else None) as run:
         rounds = list(state.finished) if state else []
-        policy = rounds[-1].checkpoint if rounds else models.register(store, start)
         pending = state.pending_distill if state else None
+        fresh = not rounds and pending is None
+        policy = rounds[-1].checkpoint if rounds else models.register(store, start)
+        if config.warm_start is not None and not rounds:
+            policy = warm_start(store, config, run, runtime, say, on_step)
+        if fresh and config.teacher_check_episodes and config.distill.teacher and config.distill.effective_kd_weight:
+            say(validate_teacher(store, config, runtime).line())
         for r in range(len(rounds), config.rounds):
             result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending, report_to)
             rounds.append(result)
             policy, pending = result.checkpoint, None
             run.beat(force=True)
     return run.id, rounds
+
+
+def warm_start_checkpoint(store: Store, train_run_id: str, config: TrainConfig) -> Checkpoint | None:
+    """The last checkpoint of the train run's finished warm-start SFT, or None when it has not finished."""
+    out = warm_out(config.distill.out, train_run_id)
+    with store.session() as s:
+        runs = [r.run for r in repo.list_runs(s) if r.run.kind is RunKind.sft and r.run.config.get("out") == out]
+        if not runs:
+            return None
+        run = max(runs, key=lambda r: r.created_at)
+        ckpts = repo.list_checkpoints(s, run.id)
+    if run.status != "finished" or not ckpts or config.warm_start is None or ckpts[-1].step != config.warm_start.steps:
+        return None
+    return ckpts[-1]
+
+
+def warm_start(store: Store, config: TrainConfig, run: RunHandle, runtime: Runtime, say: Callable[[str], None],
+               on_step: Callable[[TrainStep], None] | None) -> Checkpoint:
+    """Run (or resume, or reuse) the warm-start SFT of ``config`` from ``distill.student``; its last
+    checkpoint starts round 1."""
+    assert config.warm_start is not None
+    done = warm_start_checkpoint(store, run.id, config)
+    if done is not None:
+        return done
+    out = warm_out(config.distill.out, run.id)
+    with store.session() as s:
+        partial = [r.run for r in repo.list_runs(s) if r.run.kind is RunKind.sft and r.run.config.get("out") == out]
+    sft: SftConfig = config.warm_start.model_copy(update={"student": config.distill.student, "out": out})
+    if partial:
+        say(f"warm start: resuming SFT run {partial[-1].id}")
+        result = run_sft(store, None, runtime, resume=partial[-1].id, on_step=on_step)
+    else:
+        say(f"warm start: SFT on {', '.join(sft.run_ids)} for {sft.steps} steps")
+        result = run_sft(store, sft, runtime, on_step=on_step)
+    run.beat(force=True)
+    assert result.last_checkpoint is not None
+    return result.last_checkpoint
+
+
+def teacher_eval_config(config: TrainConfig) -> EvalConfig:
+    """The teacher check's evaluation: the rollout's environment and limits, greedy, on held-out tasks."""
+    r = config.rollout
+    agent = r.agent.model_copy(update={"temperature": 0.0, "seed": HELD_OUT_SEED})
+    return EvalConfig(env=r.env, data=r.data, env_knobs=r.env_knobs, chunk_tokens=r.chunk_tokens,
+                      episodes=config.teacher_check_episodes, backend=r.backend, dtype=r.dtype, agent=agent)
+
+
+def validate_teacher(store: Store, config: TrainConfig, runtime: Runtime) -> TeacherReport:
+    """Refuse (ConfigError) a teacher that stops at once on more than ``max_teacher_empty`` of a call kind."""
+    assert config.distill.teacher is not None
+    teacher = models.register(store, models.resolve(store, config.distill.teacher))
+    return check_teacher(store, teacher, teacher_eval_config(config), runtime, config.max_teacher_empty)
+
+
+def _live(steps: Sequence[TrainStep], config: DistillConfig) -> float | None:
+    if not config.effective_rl_weight:
+        return None
+    groups = sum(s.metrics.get("rl_groups", 0.0) for s in steps)
+    return sum(s.metrics.get("rl_groups_live", 0.0) for s in steps) / groups if groups else 0.0
 
 
 def _resumable(state: TrainState) -> TrainState:
@@ -178,7 +259,13 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
         say(f"{label}: rollout {rollout_id} done (F1 {mean_f1:.3f}); resuming distill run {pending_distill}")
         distilled = run_distill(store, None, runtime, resume=pending_distill, on_step=on_step, report_to=report_to)
     assert distilled.last_checkpoint is not None
-    return RoundResult(r, policy, rollout_id, distilled.run_id, mean_f1, distilled.last_checkpoint)
+    with store.session() as s:  # every step of the round, those before a resume too
+        steps = repo.list_train_steps(s, distilled.run_id)
+    warnings = round_warnings(steps, bool(distill_cfg.effective_rl_weight))
+    for w in warnings:
+        say(f"{label}: warning: {w}")
+    return RoundResult(r, policy, rollout_id, distilled.run_id, mean_f1, distilled.last_checkpoint,
+                       _live(steps, distill_cfg), tuple(warnings))
 
 
 def _mean_f1(episodes: list[Episode]) -> float:

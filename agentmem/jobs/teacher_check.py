@@ -1,0 +1,67 @@
+"""Validate a teacher before any distillation uses it: a greedy evaluation of it as a policy, with its
+held-out F1, its end-of-sequence-only output rate per call kind and its first-token EOS mass per kind.
+
+A teacher whose empty-output rate on any kind is above the threshold is refused (``ConfigError``): on-policy
+distillation from it pulls the student towards stopping at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentmem import models
+from agentmem.config import EvalConfig
+from agentmem.errors import ConfigError
+from agentmem.jobs.eval import run_eval
+from agentmem.records import Checkpoint
+from agentmem.runtime import CPU, Runtime
+from agentmem.training.validation import first_token_eos
+from store import repository as repo
+from store.engine import Store
+
+
+@dataclass(frozen=True)
+class TeacherReport:
+    teacher: str  # checkpoint id
+    eval_run_id: str
+    f1: float
+    empty_rate: float
+    empty_by_kind: dict[str, float] = field(default_factory=dict)
+    out_len_by_kind: dict[str, float] = field(default_factory=dict)
+    eos_first_by_kind: dict[str, float] = field(default_factory=dict)
+
+    def worst_empty(self) -> tuple[str, float]:
+        return max(self.empty_by_kind.items(), key=lambda kv: kv[1], default=("none", 0.0))
+
+    def line(self) -> str:
+        kinds = ", ".join(f"{k}: empty {self.empty_by_kind[k]:.2f}, eos@1 {self.eos_first_by_kind.get(k, 0.0):.2f}, "
+                          f"len {self.out_len_by_kind.get(k, 0.0):.1f}" for k in self.empty_by_kind)
+        return f"teacher {self.teacher[:12]}: F1 {self.f1:.3f}; {kinds}"
+
+
+def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime: Runtime = CPU,
+                  max_empty: float | None = None) -> TeacherReport:
+    """Evaluate ``teacher`` greedily with ``config`` (its model is set to the teacher) and measure its
+    first-token EOS mass on the calls it made. Raises ConfigError when ``max_empty`` is given and some call
+    kind's end-of-sequence-only share is above it."""
+    backend = models.backend(config.backend, teacher.path, config.dtype, runtime)
+    row = run_eval(store, config.model_copy(update={"model": teacher.path}), runtime, backend=backend,
+                   policy=teacher)
+    with store.session() as s:
+        prompts = [(str(i.kind), i.prompt_ids.tolist()) for i in repo.stream_invocations(s, run_ids=[row.run_id])]
+    model = getattr(backend, "model", None)
+    own = model is None
+    if own:
+        model, _ = models.load(teacher.path, config.dtype, runtime)
+    eos = backend.tokenizer.eos_token_id
+    eos_first = first_token_eos(model, prompts, eos, runtime.device) if eos is not None else {}
+    report = TeacherReport(teacher.id, row.run_id, row.f1, float(row.metrics.get("empty_rate", 0.0)),
+                           dict(row.metrics.get("empty_by_kind", {})), dict(row.metrics.get("out_len_by_kind", {})),
+                           eos_first)
+    kind, worst = report.worst_empty()
+    if max_empty is not None and worst > max_empty:
+        raise ConfigError(f"teacher {teacher.id} ({teacher.path}) writes end-of-sequence-only outputs on {worst:.0%} "
+                          f"of its {kind} calls (limit {max_empty:.0%}, eval run {row.run_id}): distilling from it "
+                          "teaches the student to stop at once. Train the teacher on outputs that are never empty "
+                          "(agentmem rollout --policy oracle writes none) or with a lower learning rate")
+    return report

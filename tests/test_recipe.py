@@ -1,0 +1,164 @@
+"""The training recipe's seams: the learning-rate schedule (one over every round of `train`), AdamW's state
+carried across rounds, the reward choices, and the per-step dynamics (live groups, first-token EOS and
+output length per kind, KL to the teacher and to the start) with the warnings that say training is dead."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_distill import config, models, rolled  # noqa: F401  (fixture)
+from test_train_loop import tiny_train
+from tiny_models import save_tiny, tiny_tokenizer
+
+from agentmem.config import LrSchedule, RewardKind, TrainConfig
+from agentmem.errors import ConfigError
+from agentmem.jobs.distill import run_distill
+from agentmem.jobs.train import run_train
+from agentmem.records import Episode, TrainStep
+from agentmem.training.distill import episode_reward
+from agentmem.training.dynamics import finish_sums, group_liveness, note, output_stats, round_warnings
+from agentmem.training.schedule import lr_at
+from agentmem.training.validation import first_token_eos
+from store import repository as repo
+
+
+def test_lr_schedule_exact_values():
+    assert [lr_at(s, 1.0, 5) for s in range(5)] == [1.0] * 5
+    assert [lr_at(s, 3.0, 5, warmup=2) for s in range(3)] == [1.0, 2.0, 3.0]
+    cos = [lr_at(s, 2.0, 5, warmup=1, schedule=LrSchedule.cosine, min_ratio=0.1) for s in range(6)]
+    assert cos[0] == 1.0 and cos[1] == 2.0  # warmup, then the peak
+    assert cos[4] == pytest.approx(0.2) and cos[5] == pytest.approx(0.2)  # the floor at the last step, and past it
+    mid = 2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 1 / 3)))
+    assert cos[2] == pytest.approx(mid)
+    assert all(a >= b for a, b in zip(cos[1:], cos[2:], strict=False))
+    with pytest.raises(ValueError):
+        lr_at(-1, 1.0, 3)
+
+
+def test_rounds_share_one_schedule():
+    loop = TrainConfig()
+    offsets = [loop.round_configs(r, "p")[1] for r in range(loop.rounds)]
+    assert [(d.schedule_offset, d.schedule_steps) for d in offsets] == [(0, 4), (2, 4)]
+
+
+def test_distill_steps_follow_the_schedule_and_record_the_lr(rolled, tmp_path):  # noqa: F811
+    store, run_id, policy = rolled
+    cfg = config(run_id, tmp_path, steps=3, lr=1e-3, warmup_steps=1, schedule="cosine", schedule_offset=2,
+                 schedule_steps=6)
+    result = run_distill(store, cfg, models=models(policy))
+    expected = [lr_at(2 + s, 1e-3, 6, 1, LrSchedule.cosine, 0.1) for s in range(3)]
+    assert [s.lr for s in result.history] == pytest.approx(expected)
+
+
+def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # noqa: F811
+    """A job started from a checkpoint with ``carry_optimizer`` loads the checkpoint's AdamW state: its step
+    differs in every tensor from the same job with a fresh optimizer."""
+    store, run_id, policy = rolled
+    one = run_distill(store, config(run_id, tmp_path / "a", steps=2, save_every=1), models=models(policy))
+    with store.session() as s:
+        ckpts = repo.list_checkpoints(s, one.run_id)
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(ckpts[-1].path).state_dict()
+    results = {}
+    for carry in (True, False):
+        from agentmem.training.distill import Models
+
+        student = AutoModelForCausalLM.from_pretrained(ckpts[0].path).train()
+        m = models(policy)
+        m = Models(student, m.tokenizer, ckpts[0], m.teacher, m.teacher_tokenizer)
+        cfg = config(run_id, tmp_path / f"b{carry}", steps=1, carry_optimizer=carry)
+        run_distill(store, cfg, models=m)
+        results[carry] = {n: p.detach().clone() for n, p in student.named_parameters()}
+    # both take one step from the same weights on the same calls; only the carried one uses AdamW's moments
+    # from the first job, so they differ; a fresh Adam's first step moves every weight by lr (sign-like)
+    changed = [n for n in final if n in results[True] and not torch.equal(results[True][n], results[False][n])]
+    assert len(changed) == len(results[True])
+
+
+def test_reward_choices():
+    e = Episode(run_id="r", env="e", task_id="t", question="q", reward=0.4, f1=0.4, sub_em=1.0)
+    assert episode_reward(e, RewardKind.f1) == 0.4
+    assert episode_reward(e, RewardKind.sub_em) == 1.0
+    assert episode_reward(e, RewardKind.max_f1_sub_em) == 1.0
+    failed = Episode(run_id="r", env="e", task_id="t", question="q")
+    assert [episode_reward(failed, k) for k in RewardKind] == [0.0, 0.0, 0.0]
+
+
+def test_dynamics_pure_functions():
+    adv = {"a": 0.0, "b": 0.0, "c": 0.5, "d": -0.5, "e": 0.3}
+    group = {"a": ("r", 1), "b": ("r", 1), "c": ("r", 2), "d": ("r", 2), "e": ("r", 3)}
+    sizes = {("r", 1): 2, ("r", 2): 2, ("r", 3): 1}  # a singleton group is no group
+    assert group_liveness(adv, group, ["a", "b", "c", "d", "e"], sizes) == (2, 1)
+    stats = output_stats([("u", [9]), ("u", [4, 5, 9]), ("a", [9])], eos_id=9)
+    assert stats == {"out_len/a": 1.0, "empty/a": 1.0, "out_len/u": 2.0, "empty/u": 0.5}
+    assert finish_sums({"eos_first_sum/u": 0.6, "eos_first_n/u": 2.0, "x": 1.0}) == {"x": 1.0, "eos_first/u": 0.3}
+    dead = [TrainStep(run_id="r", step=k, loss=0.0, kd_loss=0.0, rl_loss=0.0, tokens=1, lr=1.0, seconds=1.0,
+                      metrics={"rl_groups": 3.0, "rl_groups_live": 0.0, "empty/answer": 0.5}) for k in (1, 2)]
+    warnings = round_warnings(dead, rl_on=True)
+    assert len(warnings) == 2 and "0 of 6 groups" in warnings[0] and "answer calls at step 2: 0.50" in warnings[1]
+    assert round_warnings(dead, rl_on=False, threshold=0.6) == []
+    assert note(dead[0]) == "live 0/3"
+
+
+def test_each_step_logs_its_dynamics(rolled, tmp_path):  # noqa: F811
+    """RL and KD on, with the reference loaded: every step stores live groups, lengths, first-token EOS per
+    kind and both KLs; the lengths equal the drawn calls' stored lengths."""
+    store, run_id, policy = rolled
+    m = models(policy)
+    from agentmem.training.distill import Models
+
+    m = Models(m.student, m.tokenizer, m.student_checkpoint, m.teacher, m.teacher_tokenizer,
+               reference=models(policy).student.requires_grad_(False))
+    result = run_distill(store, config(run_id, tmp_path, steps=1, invocations_per_step=100, monitor_start_kl=True),
+                         models=m)
+    (step,) = result.history
+    with store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[run_id]))
+    for kind in {c.kind for c in calls}:
+        mine = [len(c.output_ids) for c in calls if c.kind == kind]
+        assert step.metrics[f"out_len/{kind}"] == pytest.approx(np.mean(mine))
+        assert 0.0 < step.metrics[f"eos_first/{kind}"] < 1.0
+    assert step.metrics["rl_groups"] == 2 and step.metrics["rl_groups_live"] == 2  # rewards 0 and 1 per task
+    assert step.metrics["kl_teacher"] == pytest.approx(step.kd_loss, rel=1e-4)  # reverse KL is the kd term
+    assert step.metrics["kl_start"] == pytest.approx(0.0, abs=1e-6)  # the reference is the starting student
+
+
+def test_first_token_eos_is_the_softmax_at_the_last_prompt_position():
+    from tiny_models import tiny_llama
+
+    model = tiny_llama(seed=4)
+    ids = [3, 7, 11, 5]
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)[2].item()
+    assert first_token_eos(model, [("k", ids), ("k", ids)], 2) == {"k": pytest.approx(p)}
+
+
+def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
+    """A teacher whose every first token is end-of-sequence (its lm head says so) is refused before any
+    rollout or distill, naming its empty share."""
+    from tiny_models import tiny_llama
+
+    eos = tiny_tokenizer().eos_token_id
+    stopper = tiny_llama(seed=5)
+    with torch.no_grad():
+        stopper.lm_head.weight.zero_()
+        stopper.lm_head.weight[eos] = 0.0
+        stopper.model.norm.weight.fill_(1.0)
+        stopper.lm_head.bias = None
+    # a huge bias towards eos through the final norm's output: set eos's row to a large multiple of ones
+    with torch.no_grad():
+        stopper.lm_head.weight[eos] = 50.0
+    teacher = save_tiny(tmp_path / "stopper", stopper)
+    student = save_tiny(tmp_path / "tiny")
+    config = tiny_train(student, tmp_path)
+    config = config.model_copy(update={"distill": config.distill.model_copy(update={"teacher": teacher}),
+                                       "teacher_check_episodes": 2})
+    with pytest.raises(ConfigError, match="end-of-sequence-only outputs on 100% of its"):
+        run_train(sqlite_store, config)
+    with sqlite_store.session() as s:
+        kinds = [r.run.kind.value for r in repo.list_runs(s)]
+    assert "rollout" not in kinds and "distill" not in kinds
