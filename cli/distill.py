@@ -11,9 +11,11 @@ from agentmem.config import (
     Device,
     DistillTarget,
     Divergence,
+    LrSchedule,
     Oversize,
     Packing,
     PsdMode,
+    RewardKind,
     RLKind,
     TeacherSourceKind,
     TeacherTruncation,
@@ -31,7 +33,9 @@ from cli.method_options import (
     ProbFloorOption,
     PsdMixOption,
     PsdOption,
+    ScheduleOption,
     TargetOption,
+    WarmupStepsOption,
 )
 from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
 
@@ -83,7 +87,16 @@ def distill(
     teacher_truncation: Annotated[TeacherTruncation, typer.Option(
         help="A teacher context longer than --row-tokens: error, or left (cut from the left, counted).")]
     = TeacherTruncation.error,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate.")] = 1e-5,
+    warmup_steps: WarmupStepsOption = 0,
+    schedule: ScheduleOption = LrSchedule.constant,
+    carry_optimizer: Annotated[bool, typer.Option(
+        help="Start AdamW from the state saved in the student's checkpoint folder (a previous distill's).")]
+    = False,
+    reward: Annotated[RewardKind, typer.Option(help="Episode reward of the RL term: f1 (the stored reward), "
+                                                    "sub_em, or max_f1_sub_em.")] = RewardKind.f1,
+    monitor_start_kl: Annotated[bool, typer.Option(help="Also load the starting student to log KL(student || "
+                                                        "start) every step.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the data order.")] = 0,
     out: Annotated[str, typer.Option(help="Folder for checkpoints.")] = "checkpoints",
     save_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps (and at the end).")]
@@ -119,7 +132,9 @@ def distill(
             kd_weight=kd_weight, rl_weight=rl_weight, ce_weight=ce_weight, anchor_weight=anchor_weight,
             normalize_std=normalize_std, weighting=weighting, steps=steps or 10,
             invocations_per_step=invocations_per_step, row_tokens=row_tokens, oversize=oversize,
-            teacher_truncation=teacher_truncation, lr=lr, seed=seed, out=out, save_every=save_every,
+            teacher_truncation=teacher_truncation, lr=lr, warmup_steps=warmup_steps, schedule=schedule,
+            carry_optimizer=carry_optimizer, reward=reward, monitor_start_kl=monitor_start_kl,
+            seed=seed, out=out, save_every=save_every,
             path=attention, packing=packing, target=target, alpha_tau=alpha_tau, alpha_topk=alpha_topk,
             alpha_min=alpha_min, alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor, jsd_clip=jsd_clip,
             psd=psd, psd_mix=psd_mix,

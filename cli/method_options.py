@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import DistillTarget, PsdMode
+from agentmem.config import DistillTarget, LrSchedule, PsdMode
 
 TargetOption = Annotated[DistillTarget, typer.Option(
     help="What the distillation term pulls towards: teacher (its distribution) or barycenter (DemoPSD: "
@@ -38,3 +38,8 @@ PsdOption = Annotated[PsdMode, typer.Option(
 PsdMixOption = Annotated[float, typer.Option(
     help="PSD mixed: m, the off-policy part's share of the step loss (each part's tokens weighted within the "
          "part; each step draws half its calls from each).")]
+
+# The learning-rate schedule (``agentmem.training.schedule``), shared by distill and sft.
+WarmupStepsOption = Annotated[int, typer.Option(help="Linear warmup steps (step s at lr x (s+1)/(warmup+1)).")]
+ScheduleOption = Annotated[LrSchedule, typer.Option(help="After warmup: constant, or cosine decay to 0.1 x lr at "
+                                                         "the last step.")]

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import AttentionPath, Device, DType, Oversize, Packing, Weighting
-from cli.method_options import AnchorWeightOption
+from agentmem.config import AttentionPath, Device, DType, LrSchedule, Oversize, Packing, Weighting
+from cli.method_options import AnchorWeightOption, ScheduleOption, WarmupStepsOption
 from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
 
 
@@ -37,7 +37,9 @@ def sft(
     oversize: Annotated[Oversize, typer.Option(help="A stored call longer than --row-tokens: error, or skip "
                                                     "(left out and counted). Never cut.")] = Oversize.error,
     weighting: Annotated[Weighting, typer.Option(help="Token averaging over the global step.")] = Weighting.token,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate.")] = 1e-5,
+    warmup_steps: WarmupStepsOption = 0,
+    schedule: ScheduleOption = LrSchedule.constant,
     weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.0,
     anchor_weight: AnchorWeightOption = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the data order (and of the LoRA initialisation).")] = 0,
@@ -74,7 +76,8 @@ def sft(
         config = SftConfig(
             run_ids=run, student=student, min_f1=min_f1, kinds=kinds, lora_rank=lora_rank, lora_alpha=lora_alpha,
             lora_dropout=lora_dropout, steps=steps or 10, invocations_per_step=invocations_per_step,
-            row_tokens=row_tokens, oversize=oversize, weighting=weighting, lr=lr, weight_decay=weight_decay,
+            row_tokens=row_tokens, oversize=oversize, weighting=weighting, lr=lr, warmup_steps=warmup_steps,
+            schedule=schedule, weight_decay=weight_decay,
             seed=seed, out=out, save_every=save_every, path=attention, packing=packing, dtype=dtype,
             anchor_weight=anchor_weight, **extra,
         )
