@@ -340,3 +340,21 @@ def test_viewer_reads_on_both_databases(store, tmp_path):
         repo.insert_run(s, seed.rollout.model_copy(update={"id": "y" * 32}))
         s.commit()
     ro.dispose()
+
+
+def test_training_charts_show_the_dynamics_when_steps_log_them():
+    from agentmem.records import TrainStep
+    from agentmem.view.training import step_charts
+
+    def step(k: int, **metrics) -> tuple[int, TrainStep]:
+        return k, TrainStep(run_id="r", step=k, loss=1.0, kd_loss=0.5, rl_loss=0.1, tokens=10, lr=1e-5, seconds=1.0,
+                            metrics=metrics)
+
+    live = [step(k, rl_groups=4.0, rl_live_fraction=0.25 * k, **{"out_len/answer": 3.0 + k, "eos_first/answer": 0.1,
+                                                               "empty/answer": 0.0, "kl_teacher": 0.2})
+            for k in (1, 2)]
+    html = "".join(step_charts(live))
+    assert "RL signal (share of live groups)" in html and "first-token EOS answer" in html
+    assert "mean length answer" in html and "KL to teacher" in html
+    plain = "".join(step_charts([step(1), step(2)]))  # a run that logged no dynamics gets no empty dynamics charts
+    assert "RL signal" not in plain and "first-token EOS" not in plain

@@ -49,7 +49,24 @@ def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
     losses += [line(k, lambda s, k=k: s.metrics.get(k)) for k in extra_losses]
     kl = [line("divergence (kd term)", lambda s: s.kd_loss),
           line("approx KL (policy vs sampler)", lambda s: s.metrics.get("approx_kl"))]
+    kinds = sorted({k.split("/", 1)[1] for _, s in steps for k in s.metrics if k.startswith("out_len/")})
+    eos = [line(f"first-token EOS {k}", lambda s, k=k: s.metrics.get(f"eos_first/{k}")) for k in kinds]
+    eos += [line(f"EOS-only share {k}", lambda s, k=k: s.metrics.get(f"empty/{k}")) for k in kinds]
+    lengths = [line(f"mean length {k}", lambda s, k=k: s.metrics.get(f"out_len/{k}")) for k in kinds]
+    kl += [line("KL to teacher", lambda s: s.metrics.get("kl_teacher")),
+           line("KL to start", lambda s: s.metrics.get("kl_start"))]
+    dynamics = [
+        svg.line_chart([line("groups with non-zero advantage", lambda s: s.metrics.get("rl_live_fraction"))],
+                       title="RL signal (share of live groups)", x_label="step", y_label="fraction"),
+        svg.line_chart([x for x in eos if x.points], title="stopping: first-token EOS mass and EOS-only outputs",
+                       x_label="step", y_label="probability / share"),
+        svg.line_chart([x for x in lengths if x.points], title="mean output length per call kind",
+                       x_label="step", y_label="tokens"),
+    ]
+    dynamics = [c for c, has in zip(dynamics, (any(s.metrics.get("rl_groups") for _, s in steps), bool(kinds),
+                                                bool(kinds)), strict=True) if has]
     return [
+        *dynamics,
         svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss"),
         svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats"),
         svg.line_chart([line("clip fraction", lambda s: s.metrics.get("clip_fraction"))], title="clip fraction",
