@@ -12,6 +12,11 @@ Invariants:
   sentence positions in the context, and ``evidence_chunks`` the chunks that hold them; ``facts`` the same
   sentences in reading order, each with the chunk where it ends.
 
+Name splits: ``names=train`` draws every entity name's first letter from ``NAME_SPLITS["train"]``,
+``names=heldout`` from the other half, so a held-out set shares no name with any training set, whatever
+the seeds (``names=any``, the default, draws from all). A benchmark that trains on ``train`` and evaluates
+on ``heldout`` can never score a memorised name.
+
 The task ladder: ``level`` (0..4, ``LEVELS``) names a difficulty, from one fact in one short chunk (level
 0) to three hops among many distractors over a long context (level 4). A level sets ``context_tokens``,
 ``hops`` and ``distractors``; a knob given explicitly beside it wins. The chunk counts in ``LEVELS`` are
@@ -32,6 +37,7 @@ from envs.selection import take, task_rng
 from envs.types import CountTokens
 
 _CONSONANTS = "bdfgklmnprstvz"
+NAME_SPLITS = {"any": _CONSONANTS, "train": _CONSONANTS[:7], "heldout": _CONSONANTS[7:]}
 _VOWELS = "aeiou"
 _SUFFIXES = {
     "person": ("",),
@@ -109,6 +115,7 @@ class SyntheticEnv:
         hops: int | None = None,
         distractors: int | None = None,
         num_tasks: int = 1000,
+        names: str = "any",
     ) -> None:
         if level is not None and (isinstance(level, bool) or level not in LEVELS):
             raise EnvError(f"synthetic: knob level must be one of {', '.join(map(str, LEVELS))}, got {level!r}")
@@ -122,6 +129,9 @@ class SyntheticEnv:
             ("num_tasks", num_tasks, 1),
         ):
             check_int(f"synthetic: knob {knob}", value, low)
+        if names not in NAME_SPLITS:
+            raise EnvError(f"synthetic: knob names must be one of {', '.join(NAME_SPLITS)}, got {names!r}")
+        self._initials = NAME_SPLITS[names]
         if hops not in (1, 2, 3) or isinstance(hops, bool):
             raise EnvError(f"synthetic: knob hops must be 1, 2 or 3, got {hops!r}")
         self._count = count_tokens
@@ -142,12 +152,12 @@ class SyntheticEnv:
         rng = task_rng(self._seed, index)
         used: set[str] = set()
         template = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
-        chain = _chain(rng, template, self._hops, used)
+        chain = _chain(rng, template, self._hops, used, self._initials)
         evidence = [template.facts[h].format(chain[h], chain[h + 1]) for h in range(self._hops)]
         distractor_facts = []
         for _ in range(self._distractors):
             other = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
-            names = _chain(rng, other, self._hops, used)
+            names = _chain(rng, other, self._hops, used, self._initials)
             distractor_facts += [other.facts[h].format(names[h], names[h + 1]) for h in range(self._hops)]
         sentences, positions = self._scatter(rng, evidence + distractor_facts)
         chunks = pack([Unit(s) for s in sentences], self._count, self._chunk_tokens)
@@ -184,13 +194,14 @@ class SyntheticEnv:
         return filled, [int(s) for s in slots]
 
 
-def _chain(rng: np.random.Generator, template: _Template, hops: int, used: set[str]) -> list[str]:
-    return [_new_name(rng, kind, used) for kind in template.kinds[: hops + 1]]
+def _chain(rng: np.random.Generator, template: _Template, hops: int, used: set[str],
+           initials: str = _CONSONANTS) -> list[str]:
+    return [_new_name(rng, kind, used, initials) for kind in template.kinds[: hops + 1]]
 
 
-def _new_name(rng: np.random.Generator, kind: str, used: set[str]) -> str:
+def _new_name(rng: np.random.Generator, kind: str, used: set[str], initials: str = _CONSONANTS) -> str:
     while True:
-        stem = "".join(str(rng.choice(list(alphabet))) for alphabet in (_CONSONANTS, _VOWELS) * 2)
+        stem = "".join(str(rng.choice(list(alphabet))) for alphabet in (initials, _VOWELS, _CONSONANTS, _VOWELS))
         name = (stem + str(rng.choice(_SUFFIXES[kind]))).capitalize()
         if name not in used:
             used.add(name)

@@ -86,7 +86,7 @@ def test_names_and_knobs():
     assert ENV_NAMES == ("synthetic", "hotpotqa", "squad", "locomo", "longmemeval", "ruler_hotpotqa", "needle",
                          "musique", "2wikimultihopqa", "quality")
     assert knobs_of("synthetic") == {"level": None, "context_tokens": None, "hops": None, "distractors": None,
-                                     "num_tasks": 1000}
+                                     "num_tasks": 1000, "names": "any"}
     assert knobs_of("hotpotqa") == {"docs": 20, "context_tokens": None}
     assert knobs_of("squad") == {"docs": 10, "context_tokens": None}
     assert knobs_of("locomo") == {"categories": None, "stem": True}
@@ -459,3 +459,29 @@ def test_fixture_files_are_plain_official_json(tmp_path):
             assert all(json.loads(line) for line in path.read_text().splitlines())
         elif name != "needle":  # a plain-text filler
             assert json.loads(path.read_text())
+
+
+def test_synthetic_name_splits_share_no_name():
+    """``names=train`` and ``names=heldout`` draw entity names from disjoint initials, so no held-out task
+    shares a name with any training task, whatever the seeds; ``names=any`` is the default's exact tasks."""
+    import re
+
+    from envs.synthetic import NAME_SPLITS
+
+    def names(split: str, seed: int) -> set[str]:
+        env = load_env("synthetic", count_tokens=lambda t: len(t.split()), chunk_tokens=64, seed=seed, level=3,
+                       names=split)
+        found = set()
+        for t in env.tasks(20):
+            found |= set(re.findall(r"\b[A-Z][a-z]{3,}\b", " ".join(t.chunks) + " " + t.question))
+        return {n for n in found if n[0].lower() in NAME_SPLITS["any"] and n not in {"The", "An", "Which", "Who"}}
+
+    train = names("train", 0) | names("train", 1)
+    held = names("heldout", 1000)
+    assert train and held and not (train & held)
+    assert {n[0].lower() for n in train} <= set(NAME_SPLITS["train"])
+    assert {n[0].lower() for n in held} <= set(NAME_SPLITS["heldout"])
+    kw = dict(count_tokens=lambda t: len(t.split()), chunk_tokens=64, seed=3, level=2)
+    assert load_env("synthetic", **kw).tasks(5) == load_env("synthetic", names="any", **kw).tasks(5)
+    with pytest.raises(EnvError, match="knob names must be one of any, train, heldout"):
+        load_env("synthetic", names="test", **kw)
