@@ -309,6 +309,9 @@ class DistillConfig(Frozen):
     teacher: str | None = "default"
     teacher_source: TeacherSourceKind = TeacherSourceKind.model
     context: TeacherContext = TeacherContext.aligned
+    # call kinds the teacher scores in the aligned context whatever ``context`` is: e.g. ``[answer]`` with
+    # ``persistent`` measures the persistent context on update calls alone (teacher_source=model only)
+    aligned_kinds: list[CallKind] | None = None
     loss: Divergence = Divergence.reverse_kl
     beta: float = Field(0.5, ge=0, le=1)
     temperature: float = Field(1.0, gt=0)
@@ -362,7 +365,7 @@ class DistillConfig(Frozen):
     psd: PsdMode = PsdMode.none
     psd_mix: float = Field(0.5, ge=0, le=1)
 
-    @field_validator("kinds", mode="before")
+    @field_validator("kinds", "aligned_kinds", mode="before")
     @classmethod
     def _kind_names(cls, value: Any) -> Any:
         return kind_names(value)
@@ -582,6 +585,7 @@ class TrainConfig(Frozen):
         seed = self.seed + round_index
         rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
         steps = self.distill.steps
+        # round 1 starts AdamW fresh (its student is the base or warm-start model), later rounds carry it
         return rollout, self.distill.model_copy(update={
             "student": policy_id, "seed": seed, "schedule_offset": round_index * steps,
-            "schedule_steps": self.rounds * steps})
+            "schedule_steps": self.rounds * steps, "carry_optimizer": self.distill.carry_optimizer and round_index > 0})

@@ -162,3 +162,31 @@ def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
     with sqlite_store.session() as s:
         kinds = [r.run.kind.value for r in repo.list_runs(s)]
     assert "rollout" not in kinds and "distill" not in kinds
+
+
+def test_aligned_kinds_score_those_calls_in_the_aligned_context(rolled):  # noqa: F811
+    """persistent with aligned_kinds=[answer]: answer calls get exactly the aligned rebuild, update calls
+    the persistent one (the persistent context's effect on update calls alone)."""
+    from tiny_models import tiny_llama
+
+    from agentmem.records import TeacherContext
+    from agentmem.training.selection import select, teacher_sequences
+    from agentmem.training.teachers import OnlineTeacher
+
+    store, run_id, _ = rolled
+    selection = select(store, [run_id])
+    tok = tiny_tokenizer()
+    mixed = OnlineTeacher.for_selection(tiny_llama(), tok, "t", selection, TeacherContext.persistent, row_tokens=4096,
+                                        aligned_kinds=["answer"])
+    aligned = {s.invocation_id: s for s in teacher_sequences(selection, TeacherContext.aligned, tok)}
+    persistent = {s.invocation_id: s for s in teacher_sequences(selection, TeacherContext.persistent, tok)}
+    kinds = {i.id: i.kind for i in selection.invocations}
+    assert {"answer", "memory_update"} <= set(kinds.values())
+    def ids(seq) -> list[int]:
+        return seq.input_ids.tolist()
+
+    for inv_id, seq in mixed.sequences.items():
+        expected = aligned[inv_id] if kinds[inv_id] == "answer" else persistent[inv_id]
+        assert ids(seq) == ids(expected) and seq.action_mask.tolist() == expected.action_mask.tolist()
+    assert any(ids(aligned[i]) != ids(persistent[i]) for i in kinds if kinds[i] == "memory_update")
+    assert any(ids(aligned[i]) != ids(persistent[i]) for i in kinds if kinds[i] == "answer")

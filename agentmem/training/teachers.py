@@ -83,8 +83,16 @@ class OnlineTeacher:
                       selection: Selection, context: TeacherContext, *, row_tokens: int,
                       truncation: TeacherTruncation = TeacherTruncation.error,
                       path: AttentionPath = AttentionPath.fast, runtime: Runtime = CPU,
-                      packing: Packing = Packing.segments) -> OnlineTeacher:
+                      packing: Packing = Packing.segments,
+                      aligned_kinds: Sequence[str] | None = None) -> OnlineTeacher:
+        """``aligned_kinds``: call kinds the teacher scores in the ``aligned`` context whatever ``context``
+        is (a context effect measured on the other kinds alone)."""
         seqs = teacher_sequences(selection, context, tokenizer)
+        if aligned_kinds and TeacherContext(context) is not TeacherContext.aligned:
+            kinds = {str(k) for k in aligned_kinds}
+            mine = {i.id for i in selection.invocations if str(i.kind) in kinds}
+            own = {s.invocation_id: s for s in teacher_sequences(selection, TeacherContext.aligned, tokenizer)}
+            seqs = [own[s.invocation_id] if s.invocation_id in mine else s for s in seqs]
         return cls(PackedModel.create(model, tokenizer, path, runtime), name,
                    {s.invocation_id: s for s in seqs}, row_tokens, TeacherTruncation(truncation), Packing(packing))
 
@@ -160,7 +168,10 @@ def teacher_source(config: DistillConfig, store: Store, selection: Selection, *,
             raise TrainingError("teacher_source=model needs the teacher model and tokenizer loaded (Models.teacher)")
         return OnlineTeacher.for_selection(model, tokenizer, name, selection, config.context,
                                            row_tokens=config.row_tokens, truncation=config.teacher_truncation,
-                                           path=config.path, runtime=runtime, packing=config.packing)
+                                           path=config.path, runtime=runtime, packing=config.packing,
+                                           aligned_kinds=config.aligned_kinds)
+    if config.aligned_kinds:
+        raise TrainingError("aligned_kinds mixes two teacher contexts: it needs teacher_source=model")
     if config.teacher_source == TeacherSourceKind.shards:
         return ShardTeacher.from_store(store, name, config.context, selection.ids, vocab)
     return StoredScoresTeacher(store, name, config.context, config.temperature)
