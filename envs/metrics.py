@@ -28,7 +28,7 @@ import functools
 import re
 import string
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -204,3 +204,43 @@ def bootstrap_ci(
         means[start:stop] = data[rng.integers(0, data.size, size=(stop - start, data.size))].mean(axis=1)
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
+
+
+def cluster_bootstrap(
+    a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray] | None = None, n: int = 2000, seed: int = 0,
+    alpha: float = 0.05,
+) -> tuple[float, float, float]:
+    """Mean (of ``a``, or of ``a - b`` paired) over components, with a percentile interval that resamples
+    whole questions and whole training seeds.
+
+    Each component (a held-out set) maps to ``[S, Q]`` scores: S training seeds (rows) by Q questions
+    (columns, the same questions in the same order for every seed and both arms); an arm with one row (the
+    base model, trained by no seed) is broadcast to the other's seeds. A draw resamples the seeds once and
+    the questions of each component with replacement, and takes the mean over every drawn (seed, question)
+    cell of every component; ``b`` is drawn with the same indices, so the difference is paired. Returns
+    (point estimate, lo, hi)."""
+    names = sorted(a)
+    if not names or (b is not None and sorted(b) != names):
+        raise ValueError("cluster_bootstrap needs the same non-empty components in a and b")
+    arr = {k: np.atleast_2d(np.asarray(a[k], dtype=np.float64)) for k in names}
+    if b is not None:
+        other = {k: np.atleast_2d(np.asarray(b[k], dtype=np.float64)) for k in names}
+        seeds = max(max(v.shape[0] for v in arr.values()), max(v.shape[0] for v in other.values()))
+        arr = {k: np.broadcast_to(arr[k], (seeds, arr[k].shape[1])) - np.broadcast_to(other[k], (seeds, other[k].shape[1]))
+               for k in names}
+    seeds = max(v.shape[0] for v in arr.values())
+    arr = {k: np.broadcast_to(v, (seeds, v.shape[1])) for k, v in arr.items()}
+    total = sum(v.shape[1] for v in arr.values())
+    point = float(sum(v.mean(axis=0).sum() for v in arr.values()) / total)
+    rng = np.random.default_rng(seed)
+    means = np.empty(n)
+    for i in range(n):
+        rows = rng.integers(0, seeds, size=seeds)
+        acc = 0.0
+        for k in names:
+            v = arr[k]
+            cols = rng.integers(0, v.shape[1], size=v.shape[1])
+            acc += v[np.ix_(rows, cols)].mean(axis=0).sum()
+        means[i] = acc / total
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return point, float(lo), float(hi)

@@ -116,3 +116,20 @@ def test_bootstrap_ci():
     assert bootstrap_ci(np.ones(20_000) * 0.5, n=200) == (0.5, 0.5)  # large inputs are resampled in blocks
     with pytest.raises(ValueError, match="non-empty"):
         bootstrap_ci([])
+
+
+def test_cluster_bootstrap_pairs_and_resamples_seeds_and_questions():
+    from envs.metrics import cluster_bootstrap
+
+    a = {"l1": np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]), "l2": np.array([[0.5, 0.5], [0.5, 1.0]])}
+    point, lo, hi = cluster_bootstrap(a, n=500)
+    assert point == pytest.approx((1 + 0 + 1 + 0 + 0 + 1 + 0.5 + 0.5 + 0.5 + 1.0) / 10)  # every cell, equal weight
+    assert lo <= point <= hi
+    shifted = {k: v + 0.25 for k, v in a.items()}
+    assert cluster_bootstrap(shifted, a, n=200) == pytest.approx((0.25, 0.25, 0.25))  # paired: a constant gap
+    base = {"l1": np.array([0.0, 0.0, 1.0]), "l2": np.array([0.5, 0.5])}  # one row: broadcast to the seeds
+    d, dlo, dhi = cluster_bootstrap(a, base, n=500)
+    assert d == pytest.approx(point - (0 + 0 + 1 + 0.5 + 0.5) / 5)
+    assert dlo <= d <= dhi
+    with pytest.raises(ValueError):
+        cluster_bootstrap(a, {"l1": base["l1"]})
