@@ -1,47 +1,51 @@
-"""The learning benchmark: does training from the store make the memory agent better, and which method helps most?
+"""The learning benchmark: does on-policy distillation add to SFT, does the RL term fire, does alignment
+matter, and does any of it transfer to real text?
 
-Every arm starts from the default model (SmolLM2-135M-Instruct), gets the same budget (``steps`` optimiser
-steps of ``calls_per_step`` stored calls each) and the same seeds, and is scored greedily on the same
-held-out tasks: unseen seeds (``HELD_OUT_SEED``) of the synthetic ladder levels ``--heldout-levels``, plus
-the shared HotpotQA file (its gold paragraphs only, when ``../shared`` is there). The arms:
+Every trained arm starts from the same **warm start** (the default model after ``--warm-steps`` SFT steps on
+oracle calls of the synthetic ladder, levels ``train_levels``) and then gets the same budget (``steps``
+optimiser steps of ``calls_per_step`` stored calls, fresh rollouts every ``steps_per_round`` steps, one
+warmup + cosine schedule at ``lr``, AdamW carried across rounds), for each of ``--seeds`` training seeds:
 
-  base              no training;
-  sft               cross-entropy on oracle calls (``agentmem rollout --policy oracle`` + ``agentmem sft``);
-  opd_aligned       on-policy distillation, teacher in the ``aligned`` context (the student's own state);
-  opd_persistent    the same with the teacher on the flattened episode history (``persistent``);
-  opd_privileged    the same with the teacher also shown the gold answer and evidence (``privileged``);
-  grpo              the RL term only (group-relative advantages on the final F1, groups of ``--group``);
-  opd_grpo          on-policy distillation (aligned) + the RL term;
-  opd_persistent_chat  the teacher on the episode history as one well-formed chat (``persistent_chat``);
-  demopsd           aligned, towards DemoPSD's barycenter target (``--target barycenter``, defaults);
-  opsd_clip         aligned, each token's divergence clipped at 1 nat, plus a 0.1 KL anchor to the
-                    starting model (OPSD's clip and OPTD's frozen anchor; both values the project's choice);
-  psd_off           PSD off-policy: the tokens were sampled by the teacher under the privileged prompt
-                    (``rollout --context privileged``), scored by it under that prompt, the student trained
-                    on them from the plain prompt (PSD on-policy is ``opd_privileged``);
-  psd_mixed         PSD mixed: half of each step from the student's rollout, half from the privileged one;
-  reopd             ReOPD: the student samples one call per oracle episode (step t drawn with prob. ∝ 0.6^t)
-                    from the oracle's stored prompt (its memory), the teacher scores it there (aligned).
+  base                  the default model, untrained (once);
+  warm                  the warm start itself (the yardstick of the methods: each must add to it);
+  sft_more              SFT continued on the oracle calls;
+  opd_aligned           on-policy distillation, the teacher in the student's own state (MemOPD);
+  opd_persistent        the teacher on the flattened episode history, every call;
+  opd_persistent_update the persistent teacher on update calls only (answer calls aligned);
+  opd_persistent_answer the persistent teacher on answer calls only (update calls aligned);
+  opd_persistent_chat   the teacher on the history as one chat;
+  opd_privileged        the teacher also shown the gold answer and evidence (PSD on-policy);
+  grpo                  the RL term only (group-relative advantages, groups of ``group``);
+  opd_grpo              aligned on-policy distillation + the RL term;
+  psd_off               PSD off-policy: the teacher's samples under the privileged prompt;
+  reopd                 ReOPD: the student samples one call per oracle episode from the oracle's memory;
+  squad_warm            real text: the warm start's SFT, on SQuAD oracle calls instead of the ladder;
+  squad_opd             real text: squad_warm, then aligned OPD on SQuAD rollouts with a SQuAD teacher.
 
-Every arm's student starts from the base model and takes the same steps x calls (PSD's paper starts the
-student from the SFT checkpoint; here that would give its arms more student updates than the others).
+The teacher of the ladder arms is the default model fine-tuned on oracle calls for longer; it is
+**validated before any arm uses it** (``agentmem.jobs.teacher_check``): each candidate checkpoint
+(``teacher_steps``) is evaluated greedily on validation tasks, with its F1, its end-of-sequence-only output
+rate and its first-token EOS mass per call kind; the best F1 among those with an empty rate at most
+``max_teacher_empty`` on every kind is picked, and the run stops when none qualifies. The SQuAD arm's
+teacher is chosen the same way on SQuAD.
 
-The on-policy arms run ``agentmem train``'s loop: ``rounds`` x (a sampled rollout of the current student on
-training tasks of level ``--train-level``, ``steps / rounds`` distill steps on it). Their teacher is the
-stronger model that fits on this CPU: the default model fine-tuned on oracle calls (``--teacher-steps``
-SFT steps; with the default it is the ``sft`` arm's final checkpoint). That is what the paper's setting,
-a larger teacher, becomes at this scale; ``--teacher PATH`` takes any local model folder with the same
-tokenizer instead.
+Held-out sets are independent: ladder level ``L`` is seed ``HELD_OUT_SEED + L`` with ``names=heldout``
+(entity names that no training task can contain: ``envs/synthetic.py``), training and teacher tasks use
+``names=train`` and seeds of their own (oracle: 7000 + level; rollouts: 100 + 10 x seed + round). Real text:
+the shared HotpotQA file's questions with their gold paragraphs (``hotpotqa``) and the ``ruler_hotpotqa``
+form at 10 documents (``ruler10``), when ``../shared`` is there. Intervals resample whole questions and
+training seeds (``envs.metrics.cluster_bootstrap``); differences between arms are paired.
 
-Everything goes to one SQLite store (``WORK/learning.db``); a finished phase is recorded in
-``WORK/state.json`` and skipped when the benchmark is run again on the same folder, so a killed run resumes.
-Intervals are percentile-bootstrap 95% intervals over held-out episodes (differences: paired bootstrap over
-the same tasks). Outputs: ``WORK/learning.md`` (the table), ``WORK/learning.png`` (F1 against step, every
-arm), and the last line ``trained_minus_base=<d> aligned_minus_persistent=<d> opd_rl_minus_rl=<d>
-best_method=<arm> best_minus_sft=<d>`` (best_method: the best arm other than sft, the methods' yardstick).
+Outputs in ``WORK``: ``learning.md`` (tables), ``dynamics.png`` (per arm: live RL groups, first-token EOS
+mass, output length, KL to the teacher and to the round's start, against the step), ``learning.db`` (every
+run, call, step and eval, for SQL), ``state.json`` (finished phases: run again on the same folder and a
+killed run goes on). The last line:
+``warm_minus_base= aligned_minus_warm= aligned_minus_persistent= opd_rl_minus_rl= rl_live_fraction=
+hotpot_trained_minus_base= seeds=``.
 
-  .venv/bin/python bench/learning.py --quick --work /tmp/learning-quick   # about 30 minutes, 2 threads
-  .venv/bin/python bench/learning.py --work /tmp/learning                 # the full run
+  .venv/bin/python bench/learning.py --quick --work learning-quick
+  .venv/bin/python bench/learning.py --work learning --seeds 3
+  .venv/bin/python bench/learning.py --smoke --work /tmp/learning-smoke   # every phase on a tiny model
 """
 
 from __future__ import annotations
@@ -64,103 +68,124 @@ from agentmem.config import (  # noqa: E402
     HELD_OUT_SEED,
     AgentConfig,
     DistillConfig,
-    DistillTarget,
     EvalConfig,
+    LrSchedule,
     Oversize,
     PolicySource,
     PsdMode,
     ReplayConfig,
+    RewardKind,
     RLKind,
     RolloutConfig,
     SftConfig,
     TeacherTruncation,
-    TrainConfig,
 )
 from agentmem.jobs.distill import run_distill  # noqa: E402
 from agentmem.jobs.eval import run_eval  # noqa: E402
 from agentmem.jobs.replay import run_replay  # noqa: E402
 from agentmem.jobs.rollout import run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
+from agentmem.jobs.teacher_check import check_teacher  # noqa: E402
 from agentmem.records import Checkpoint, TeacherContext  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
-from envs.metrics import bootstrap_ci  # noqa: E402
+from agentmem.training.dynamics import EMPTY_WARN, round_warnings  # noqa: E402
+from envs.metrics import cluster_bootstrap  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
-ARMS = ("base", "sft", "opd_aligned", "opd_persistent", "opd_privileged", "grpo", "opd_grpo",
-        "opd_persistent_chat", "demopsd", "opsd_clip", "psd_off", "psd_mixed", "reopd")
-# what each on-policy arm changes in DistillConfig (kd: a teacher term; rl: the GRPO term)
+LADDER_ARMS = ("sft_more", "opd_aligned", "opd_persistent", "opd_persistent_update", "opd_persistent_answer",
+               "opd_persistent_chat", "opd_privileged", "grpo", "opd_grpo", "psd_off", "reopd")
+ARMS = ("base", "warm", *LADDER_ARMS, "squad_warm", "squad_opd")
+# what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
     "opd_persistent": {"kd": True, "context": TeacherContext.persistent},
+    "opd_persistent_update": {"kd": True, "context": TeacherContext.persistent, "aligned_kinds": ["answer"]},
+    "opd_persistent_answer": {"kd": True, "context": TeacherContext.persistent, "aligned_kinds": ["memory_update"]},
+    "opd_persistent_chat": {"kd": True, "context": TeacherContext.persistent_chat},
     "opd_privileged": {"kd": True, "context": TeacherContext.privileged},
     "grpo": {"rl": True},
     "opd_grpo": {"kd": True, "rl": True},
-    "opd_persistent_chat": {"kd": True, "context": TeacherContext.persistent_chat},
-    "demopsd": {"kd": True, "target": DistillTarget.barycenter},
-    "opsd_clip": {"kd": True, "jsd_clip": 1.0, "anchor_weight": 0.1},
     "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
-    "psd_mixed": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.mixed},
     "reopd": {"kd": True},
+    "squad_opd": {"kd": True},
 }
-HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
+RL_ARMS = ("grpo", "opd_grpo")
+REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
+SHARED = ROOT.parent / "shared" / "data"
+HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
+SQUAD = SHARED / "squad" / "dev-v1.1.json"
+ORACLE_SEED = 7000
+VALIDATION_SEED = 9000
 
 
 @dataclass(frozen=True)
 class Plan:
     """Every knob of one benchmark run (stored in ``state.json``; a resumed run must match it)."""
 
+    seeds: int
+    warm_steps: int
     steps: int
-    rounds: int
+    steps_per_round: int
     calls_per_step: int
     rollout_tasks: int  # training tasks per on-policy round (each sampled ``group`` times)
     group: int
     heldout_per_level: int
-    heldout_hotpot: int
-    curve_episodes: int  # held-out episodes per component at the intermediate points of the curve
-    curve_rounds: list[int]  # rounds after which an on-policy arm is evaluated (the last is the final point)
-    train_level: int = 1
-    heldout_levels: list[int] = field(default_factory=lambda: [0, 1])
-    teacher_steps: int | None = None  # None: the sft arm's steps (its final checkpoint is the teacher)
-    teacher: str | None = None  # a model folder used as the teacher instead
-    lr: float = 5e-5
+    heldout_real: int  # questions per real-text component
+    teacher_steps: list[int]  # candidate teacher checkpoints (SFT steps on oracle calls)
+    teacher_val: int  # validation episodes of each teacher candidate
+    train_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    heldout_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    lr: float = 1e-5
+    warm_lr: float = 2e-5
+    warmup: int = 1
     chunk_tokens: int = 128
-    memory_tokens: int = 32
-    answer_tokens: int = 8
+    memory_tokens: int = 48
+    answer_tokens: int = 16
     temperature: float = 1.0
-    seed: int = 0
+    max_teacher_empty: float = 0.02
+    model: str = "default"
     hotpot: str | None = None
+    squad: str | None = None
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
 
     @property
-    def steps_per_round(self) -> int:
-        return self.steps // self.rounds
+    def rounds(self) -> int:
+        return self.steps // self.steps_per_round
 
     def agent(self, temperature: float, seed: int) -> AgentConfig:
         return AgentConfig(memory_tokens=self.memory_tokens, answer_max_new_tokens=self.answer_tokens,
                            temperature=temperature, seed=seed, max_batch=32)
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
+def make_plan(args: argparse.Namespace, model: str) -> Plan:
     hotpot = args.hotpot or (str(HOTPOT) if HOTPOT.exists() else None)
-    if args.smoke:  # a check that every phase runs, in a few minutes; its numbers mean nothing
-        plan = Plan(steps=2, rounds=1, calls_per_step=4, rollout_tasks=2, group=2, heldout_per_level=2,
-                    heldout_hotpot=2, curve_episodes=2, curve_rounds=[1], hotpot=hotpot)
+    squad = args.squad or (str(SQUAD) if SQUAD.exists() else None)
+    common = {"model": model, "hotpot": hotpot, "squad": squad}
+    if args.smoke:  # every phase on a tiny random model; its numbers mean nothing
+        plan = Plan(seeds=1, warm_steps=1, steps=2, steps_per_round=1, calls_per_step=4, rollout_tasks=2, group=2,
+                    heldout_per_level=2, heldout_real=1, teacher_steps=[1, 2], teacher_val=2, train_levels=[1, 2],
+                    heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4,
+                    max_teacher_empty=1.0, **common)
     elif args.quick:
-        plan = Plan(steps=8, rounds=1, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=16,
-                    heldout_hotpot=8, curve_episodes=8, curve_rounds=[1], heldout_levels=[0, 1], hotpot=hotpot)
+        plan = Plan(seeds=1, warm_steps=8, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
+                    heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24], teacher_val=8, **common)
     else:
-        plan = Plan(steps=16, rounds=2, calls_per_step=8, rollout_tasks=4, group=4, heldout_per_level=70,
-                    heldout_hotpot=60, curve_episodes=12, curve_rounds=[1, 2], heldout_levels=[0, 1],
-                    hotpot=hotpot)
-    updates = {k: v for k, v in (("lr", args.lr), ("train_level", args.train_level), ("teacher", args.teacher),
-                                 ("teacher_steps", args.teacher_steps)) if v is not None}
-    if args.heldout_levels:
-        updates["heldout_levels"] = [int(x) for x in args.heldout_levels.split(",")]
-    if args.heldout_per_level:
-        updates["heldout_per_level"] = args.heldout_per_level
+        plan = Plan(seeds=3, warm_steps=8, steps=8, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
+                    heldout_per_level=32, heldout_real=40, teacher_steps=[16, 24, 32], teacher_val=12, **common)
+    updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
+                                       ("heldout_per_level", args.heldout_per_level)) if v is not None}
+    if args.arms:
+        arms = [a for a in args.arms.split(",") if a]
+        unknown = sorted(set(arms) - set(ARMS))
+        if unknown:
+            raise SystemExit(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
+        updates["arms"] = [a for a in ARMS if a in arms or a in ("base", "warm")]
     plan = Plan(**{**asdict(plan), **updates})
-    if plan.steps % plan.rounds:
-        raise SystemExit(f"steps ({plan.steps}) must be a multiple of rounds ({plan.rounds})")
+    if plan.steps % plan.steps_per_round:
+        raise SystemExit(f"steps ({plan.steps}) must be a multiple of steps_per_round ({plan.steps_per_round})")
+    if not plan.squad:
+        plan = Plan(**{**asdict(plan), "arms": [a for a in plan.arms if not a.startswith("squad")]})
     return plan
 
 
@@ -178,326 +203,438 @@ class State:
 
     def put(self, name: str, value) -> None:
         self.data["phases"][name] = value
-        self.path.write_text(json.dumps(self.data, indent=1))
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+    def once(self, name: str, make):
+        if self.get(name) is None:
+            self.put(name, make())
+        return self.get(name)
 
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# -- held-out evaluation -------------------------------------------------------------------------------
+@dataclass
+class Bench:
+    store: object
+    runtime: Runtime
+    plan: Plan
+    work: Path
+    state: State
 
-def heldout_sets(plan: Plan, per_component: int | None = None) -> list[tuple[str, EvalConfig]]:
-    """(name, config) of each held-out component; ``per_component`` caps the episodes (the first n tasks)."""
-    def n(full: int) -> int:
-        return min(full, per_component) if per_component else full
+    # -- configs -------------------------------------------------------------------------------------------
 
-    sets = [(f"level{lv}", EvalConfig(env="synthetic", env_knobs={"level": lv}, episodes=n(plan.heldout_per_level),
-                                      chunk_tokens=plan.chunk_tokens, agent=plan.agent(0.0, HELD_OUT_SEED)))
-            for lv in plan.heldout_levels]
-    if plan.hotpot and plan.heldout_hotpot:
-        sets.append(("hotpotqa", EvalConfig(env="hotpotqa", data=plan.hotpot, env_knobs={"docs": 2},
-                                            episodes=n(plan.heldout_hotpot), chunk_tokens=plan.chunk_tokens,
-                                            agent=plan.agent(0.0, HELD_OUT_SEED))))
-    return sets
+    def ladder(self, level: int, names: str) -> dict:
+        return {"level": level, "names": names}
+
+    def heldout_sets(self, real: bool) -> list[tuple[str, EvalConfig]]:
+        p = self.plan
+        sets = [(f"level{lv}", EvalConfig(env="synthetic", env_knobs=self.ladder(lv, "heldout"), episodes=p.heldout_per_level,
+                                          seed=HELD_OUT_SEED + lv, chunk_tokens=p.chunk_tokens,
+                                          agent=p.agent(0.0, HELD_OUT_SEED)))
+                for lv in p.heldout_levels]
+        if real and p.hotpot:
+            for name, env, knobs in (("hotpotqa", "hotpotqa", {"docs": 2}), ("ruler10", "ruler_hotpotqa", {"docs": 10})):
+                sets.append((name, EvalConfig(env=env, data=p.hotpot, env_knobs=knobs, episodes=p.heldout_real,
+                                              chunk_tokens=p.chunk_tokens, agent=p.agent(0.0, HELD_OUT_SEED))))
+        return sets
+
+    def training_rollout(self, domain: str, level: int, seed: int) -> RolloutConfig:
+        p = self.plan
+        if domain == "squad":
+            return RolloutConfig(env="squad", data=p.squad, episodes=p.rollout_tasks, group_size=p.group, seed=seed,
+                                 chunk_tokens=p.chunk_tokens, agent=p.agent(p.temperature, seed))
+        return RolloutConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.rollout_tasks,
+                             group_size=p.group, seed=seed, chunk_tokens=p.chunk_tokens,
+                             agent=p.agent(p.temperature, seed))
+
+    # -- phases --------------------------------------------------------------------------------------------
+
+    def ckpt(self, ckpt_id: str) -> Checkpoint:
+        with self.store.session() as s:
+            return repo.get_checkpoint(s, ckpt_id)
+
+    def base(self) -> Checkpoint:
+        return models.register(self.store, models.resolve(self.store, self.plan.model))
+
+    def oracle_runs(self, domain: str) -> list[str]:
+        """The oracle rollouts SFT trains on: one per training level (ladder) or one on SQuAD."""
+        p = self.plan
+        tasks = max(16, (max(p.teacher_steps) * p.calls_per_step) // 3)
+        out = []
+        for level in (p.train_levels if domain == "ladder" else [0]):
+            def make(level=level) -> str:
+                if domain == "squad":
+                    config = RolloutConfig(env="squad", data=p.squad, policy=PolicySource.oracle, episodes=tasks,
+                                           seed=ORACLE_SEED, chunk_tokens=p.chunk_tokens, model=p.model,
+                                           agent=p.agent(1.0, ORACLE_SEED))
+                else:
+                    config = RolloutConfig(env="synthetic", env_knobs=self.ladder(level, "train"), model=p.model,
+                                           policy=PolicySource.oracle, episodes=tasks, seed=ORACLE_SEED + level,
+                                           chunk_tokens=p.chunk_tokens, agent=p.agent(1.0, ORACLE_SEED))
+                result = run_rollout(self.store, config, self.runtime)
+                say(f"oracle rollout {domain} level {level}: {result.run_id}, {len(result.episodes)} episodes")
+                return result.run_id
+            out.append(self.state.once(f"oracle/{domain}/{level}", make))
+        return out
+
+    def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int,
+            save_every: int | None = None) -> list[dict]:
+        config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=self.plan.calls_per_step,
+                           lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
+                           out=str(self.work / "ckpt" / name), save_every=save_every)
+        result = run_sft(self.store, config, self.runtime)
+        with self.store.session() as s:
+            return [ckpt_json(c) for c in repo.list_checkpoints(s, result.run_id)]
+
+    def teacher(self, domain: str) -> str:
+        """The validated teacher's checkpoint id: the best candidate whose empty rate is within bounds."""
+        p = self.plan
+
+        def train() -> list[dict]:
+            say(f"teacher ({domain}): SFT on oracle calls, candidates at steps {p.teacher_steps}")
+            ckpts = self.sft(f"teacher-{domain}", self.oracle_runs(domain), p.model, max(p.teacher_steps), p.warm_lr,
+                             0, save_every=int(np.gcd.reduce(p.teacher_steps)))
+            return [c for c in ckpts if c["step"] in p.teacher_steps]
+
+        candidates = self.state.once(f"teacher/{domain}/candidates", train)
+        reports = []
+        for c in candidates:
+            def validate(c=c) -> dict:
+                if domain == "squad":
+                    config = EvalConfig(env="squad", data=p.squad, episodes=p.teacher_val, seed=VALIDATION_SEED,
+                                        chunk_tokens=p.chunk_tokens, agent=p.agent(0.0, VALIDATION_SEED))
+                else:
+                    level = p.train_levels[len(p.train_levels) // 2]
+                    config = EvalConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.teacher_val,
+                                        seed=VALIDATION_SEED + level, chunk_tokens=p.chunk_tokens,
+                                        agent=p.agent(0.0, VALIDATION_SEED))
+                report = check_teacher(self.store, self.ckpt(c["id"]), config, self.runtime)
+                say(f"teacher candidate step {c['step']}: {report.line()}")
+                return {**asdict(report), "step": c["step"]}
+            reports.append(self.state.once(f"teacher/{domain}/check/{c['id']}", validate))
+        ok = [r for r in reports if max(r["empty_by_kind"].values(), default=0.0) <= p.max_teacher_empty]
+        if not ok:
+            worst = ", ".join(f"step {r['step']}: {max(r['empty_by_kind'].values(), default=0):.2f}" for r in reports)
+            raise SystemExit(f"no {domain} teacher candidate has an empty-output rate within {p.max_teacher_empty} on "
+                             f"every call kind ({worst}): refusing to distil from a teacher that stops at once")
+        best = max(ok, key=lambda r: (r["f1"], -r["step"]))
+        self.state.put(f"teacher/{domain}/pick", best)
+        for c in candidates:
+            prune(c["path"], weights=c["id"] != best["teacher"])
+        return best["teacher"]
+
+    def warm(self, domain: str, seed: int) -> dict:
+        p = self.plan
+        return self.state.once(f"warm/{domain}/{seed}", lambda: self.sft(
+            f"warm-{domain}-{seed}", self.oracle_runs(domain), p.model, p.warm_steps, p.warm_lr, seed)[-1])
+
+    def rollout(self, policy: Checkpoint, config: RolloutConfig, key: str) -> str:
+        def make() -> dict:
+            backend = models.backend("transformers", policy.path, "float32", self.runtime)
+            rolled = run_rollout(self.store, config.model_copy(update={"model": policy.path}), self.runtime,
+                                 backend=backend, policy=policy)
+            mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
+            say(f"rollout {rolled.run_id} of {policy.id[:8]} ({key}): F1 {mean:.3f}")
+            return {"run": rolled.run_id, "f1": mean}
+        return self.state.once(key, make)["run"]
+
+    def psd_data(self, teacher: Checkpoint, config: RolloutConfig) -> str:
+        key = f"data/psd_off/{config.env_knobs.get('level', config.env)}/{config.seed}"
+        return self.rollout(teacher, config.model_copy(update={"context": TeacherContext.privileged}), key)
+
+    def reopd_data(self, student: Checkpoint, oracle_run: str, seed: int) -> str:
+        def make() -> dict:
+            backend = models.backend("transformers", student.path, "float32", self.runtime)
+            config = ReplayConfig(teacher_run=oracle_run, model=student.path, group_size=4, kappa=0.6, seed=seed,
+                                  max_batch=32)
+            replayed = run_replay(self.store, config, self.runtime, backend=backend, policy=student)
+            return {"run": replayed.run_id, "f1": float("nan")}
+        return self.state.once(f"data/reopd/{student.id}/{oracle_run}/{seed}", make)["run"]
+
+    def sft_more(self, seed: int) -> list[dict]:
+        warm = self.warm("ladder", seed)
+        return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm["id"], self.plan.steps, self.plan.lr,
+                        seed)[-1:]
+
+    def on_policy(self, arm: str, seed: int) -> list[dict]:
+        """Rounds of (rollout of the current student on fresh training tasks, ``steps_per_round`` distill
+        steps), one schedule over every round, AdamW carried from round 2 on."""
+        p = self.plan
+        domain = "squad" if arm.startswith("squad") else "ladder"
+        spec = dict(ON_POLICY[arm])
+        kd, rl = spec.pop("kd", False), spec.pop("rl", False)
+        teacher = self.ckpt(self.teacher(domain)) if kd else None
+        policy = self.ckpt(self.warm(domain, seed)["id"])
+        oracles = self.oracle_runs(domain)
+        out = []
+        for r in range(p.rounds):
+            level = p.train_levels[r % len(p.train_levels)]
+            rollout_seed = 100 + 10 * seed + r
+            config = self.training_rollout(domain, level, rollout_seed)
+            if arm == "psd_off":
+                runs = [self.psd_data(teacher, config)]
+            elif arm == "reopd":
+                runs = [self.reopd_data(policy, oracles[r % len(oracles)], rollout_seed)]
+            else:
+                runs = [self.rollout(policy, config, f"rollout/{policy.id}/{rollout_seed}/{level}")]
+            distill = DistillConfig(
+                run_ids=runs, student=policy.id, teacher=teacher.id if teacher else None, kd_weight=1.0 if kd else 0.0,
+                rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=p.steps_per_round,
+                invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
+                schedule_offset=r * p.steps_per_round, schedule_steps=p.steps, carry_optimizer=r > 0,
+                reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
+                out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
+                teacher_truncation=TeacherTruncation.left, **spec)
+            done = run_distill(self.store, distill, self.runtime)
+            if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
+                prune(policy.path, weights=True)
+            policy = done.last_checkpoint
+            with self.store.session() as s:
+                steps = repo.list_train_steps(s, done.run_id)
+            for w in round_warnings(steps, rl):
+                say(f"warning: {arm} seed {seed} round {r + 1}: {w}")
+            say(f"{arm} seed {seed} round {r + 1}/{p.rounds}: {distill.steps} steps -> {policy.id[:8]}")
+            out.append({**ckpt_json(policy), "round": r + 1, "distill_run": done.run_id})
+        return out
+
+    def train(self, arm: str, seed: int) -> dict:
+        """The arm's final checkpoint (the warm start for ``warm``/``squad_warm``) and its distill runs."""
+        def make() -> list[dict]:
+            say(f"train {arm} seed {seed}")
+            if arm == "warm":
+                return [self.warm("ladder", seed)]
+            if arm == "squad_warm":
+                return [self.warm("squad", seed)]
+            if arm == "sft_more":
+                return self.sft_more(seed)
+            return self.on_policy(arm, seed)
+        ckpts = self.state.once(f"arm/{arm}/{seed}", make)
+        prune(ckpts[-1]["path"], weights=False)  # the optimizer state of a finished arm is never read again
+        return {"final": ckpts[-1], "distill_runs": [c["distill_run"] for c in ckpts if "distill_run" in c]}
+
+    def evaluate(self, arm: str, seed: int, ckpt: Checkpoint, ladder: bool, real: bool) -> dict:
+        """Per component: F1 per question (sorted by task id, so arms pair up) and the greedy empty-output
+        rate per call kind."""
+        def make() -> dict:
+            say(f"evaluate {arm} seed {seed}")
+            backend = models.backend("transformers", ckpt.path, "float32", self.runtime)
+            out: dict = {"scores": {}, "empty": {}, "length": {}}
+            for name, config in self.heldout_sets(real):
+                if not ladder and name.startswith("level"):
+                    continue
+                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path}), self.runtime,
+                               backend=backend, policy=ckpt)
+                with self.store.session() as s:
+                    episodes = sorted(repo.list_episodes(s, row.run_id), key=lambda e: (e.task_id, e.sample_index))
+                out["scores"][name] = [float(e.f1 or 0.0) for e in episodes]
+                out["empty"][name] = row.metrics.get("empty_by_kind", {})
+                out["length"][name] = row.metrics.get("out_len_by_kind", {})
+            return out
+        return self.state.once(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}", make)
 
 
-def evaluate(store, runtime: Runtime, plan: Plan, policy: Checkpoint, step: int, final: bool) -> dict:
-    """Held-out F1 of ``policy`` per component (one float per episode, sorted by task id, so the lists of
-    two arms pair up task by task)."""
-    backend = models.backend("transformers", policy.path, "float32", runtime)
-    out: dict[str, list[float]] = {}
-    for name, config in heldout_sets(plan, None if final else plan.curve_episodes):
-        row = run_eval(store, config.model_copy(update={"model": policy.path}), runtime, backend=backend,
-                       policy=policy, step=step)
-        with store.session() as s:  # sorted by task id: every arm lists the same tasks in the same order
-            episodes = sorted(repo.list_episodes(s, row.run_id), key=lambda e: (e.task_id, e.sample_index))
-        out[name] = [float(e.f1 or 0.0) for e in episodes]
-    return out
-
-
-def flat(scores: dict[str, list[float]]) -> list[float]:
-    return [v for name in sorted(scores) for v in scores[name]]
-
-
-# -- arms ----------------------------------------------------------------------------------------------
-
-def oracle_run(store, runtime: Runtime, plan: Plan, state: State) -> str:
-    if state.get("oracle"):
-        return state.get("oracle")
-    # enough calls for the largest SFT: every call of a task is (chunks + 1) calls; draw epochs otherwise
-    tasks = max(16, (max(plan.steps, plan.teacher_steps or 0) * plan.calls_per_step) // 3)
-    config = RolloutConfig(env="synthetic", env_knobs={"level": plan.train_level}, policy=PolicySource.oracle,
-                           episodes=tasks, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
-                           agent=plan.agent(1.0, plan.seed))
-    result = run_rollout(store, config, runtime)
-    mean = float(np.mean([e.f1 or 0.0 for e in result.episodes]))
-    say(f"oracle rollout {result.run_id}: {len(result.episodes)} episodes, F1 {mean:.3f}")
-    state.put("oracle", result.run_id)
-    return result.run_id
-
-
-def sft_arm(store, runtime: Runtime, plan: Plan, work: Path, oracle: str, steps: int, name: str) -> list[dict]:
-    """SFT on the oracle run; a checkpoint at every round boundary (the on-policy arms' x positions)."""
-    config = SftConfig(run_ids=[oracle], steps=steps, invocations_per_step=plan.calls_per_step, lr=plan.lr,
-                       seed=plan.seed, out=str(work / "ckpt" / name),
-                       save_every=plan.steps_per_round if steps == plan.steps else None)
-    result = run_sft(store, config, runtime)
-    with store.session() as s:
-        ckpts = repo.list_checkpoints(s, result.run_id)
-    return [ckpt_json(c) for c in ckpts]
+def prune(folder: str, weights: bool) -> None:
+    """Free disk: a checkpoint's optimizer state (1 GB for the 135M model), and its weights too when asked."""
+    path = Path(folder)
+    (path / "trainer_state.pt").unlink(missing_ok=True)
+    if weights:
+        for f in path.glob("*.safetensors"):
+            f.unlink()
 
 
 def ckpt_json(c: Checkpoint) -> dict:
     return {"id": c.id, "step": c.step, "path": c.path}
 
 
-def on_policy_arm(store, runtime: Runtime, plan: Plan, work: Path, arm: str, teacher: str | None,
-                  state: State, base: Checkpoint) -> list[dict]:
-    """``rounds`` x (sampled rollout of the current student, ``steps / rounds`` distill steps on it): the
-    rounds of ``agentmem train`` (``TrainConfig.round_configs``). A rollout is a function of (policy, seed),
-    so the first round's rollout of the base model is made once and shared by every on-policy arm."""
-    spec = dict(ON_POLICY[arm])
-    kd, rl = spec.pop("kd", False), spec.pop("rl", False)
-    distill = DistillConfig(
-        teacher=teacher if kd else None, kd_weight=1.0 if kd else 0.0,
-        rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=plan.steps_per_round,
-        invocations_per_step=plan.calls_per_step, lr=plan.lr, out=str(work / "ckpt" / arm),
-        oversize=Oversize.skip, teacher_truncation=TeacherTruncation.left, **spec)
-    rollout = RolloutConfig(env="synthetic", env_knobs={"level": plan.train_level}, episodes=plan.rollout_tasks,
-                            group_size=plan.group, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
-                            agent=plan.agent(plan.temperature, plan.seed))
-    loop = TrainConfig(rounds=plan.rounds, seed=plan.seed, rollout=rollout, distill=distill)
-    policy, out = base, []
-    for r in range(plan.rounds):
-        rollout_cfg, distill_cfg = loop.round_configs(r, policy.id)
-        key = f"rollout/{policy.id}/{rollout_cfg.seed}"
-        if arm not in OFF_POLICY and not state.get(key):
-            backend = models.backend("transformers", policy.path, "float32", runtime)
-            rolled = run_rollout(store, rollout_cfg.model_copy(update={"model": policy.path}), runtime,
-                                 backend=backend, policy=policy)
-            mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
-            state.put(key, {"run": rolled.run_id, "f1": mean})
-            say(f"{arm} round {r + 1}: rollout {rolled.run_id} of {policy.id[:8]}, F1 {mean:.3f}")
-        if arm in OFF_POLICY:  # psd_off: the teacher's samples, made once; reopd: the current student's replay
-            key = off_policy_data(store, runtime, arm, rollout_cfg, teacher, policy, state)
-        runs = [state.get(key)["run"]]
-        if arm == "psd_mixed":
-            runs.append(state.get(off_policy_data(store, runtime, "psd_off", rollout_cfg, teacher, policy,
-                                                  state))["run"])
-        done = run_distill(store, distill_cfg.model_copy(update={"run_ids": runs}), runtime)
-        policy = done.last_checkpoint
-        say(f"{arm} round {r + 1}: {distill_cfg.steps} steps -> {policy.id[:8]}")
-        out.append({**ckpt_json(policy), "step": (r + 1) * plan.steps_per_round, "round": r + 1,
-                    "rollout_f1": state.get(key)["f1"]})
-    return out
+# -- report ----------------------------------------------------------------------------------------------
+
+def stack(evals: list[dict], components: list[str]) -> dict[str, np.ndarray]:
+    """[seeds, questions] per component."""
+    return {c: np.array([e["scores"][c] for e in evals]) for c in components}
 
 
-OFF_POLICY = ("psd_off", "reopd")
+def diff(a: dict, b: dict) -> tuple[float, float, float]:
+    return cluster_bootstrap(a, b, n=2000)
 
 
-def off_policy_data(store, runtime: Runtime, arm: str, rollout_cfg: RolloutConfig, teacher: str,
-                    student: Checkpoint, state: State) -> str:
-    """The state key of the stored calls an off-policy arm trains on: for ``psd_off`` the teacher's rollout
-    under the privileged prompt (same tasks and seed as the on-policy rollouts; one for every round), for
-    ``reopd`` the current student's replay of one call per oracle episode (``group`` samples each)."""
-    key = "data/psd_off" if arm == "psd_off" else f"data/reopd/{student.id}"  # the replay is the student's
-    if state.get(key):
-        return key
-    if arm == "psd_off":
-        ckpt = _load_ckpt(store, teacher)
-        backend = models.backend("transformers", ckpt.path, "float32", runtime)
-        rolled = run_rollout(store, rollout_cfg.model_copy(update={"model": ckpt.path,
-                                                                   "context": TeacherContext.privileged}),
-                             runtime, backend=backend, policy=ckpt)
-        mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
-        state.put(key, {"run": rolled.run_id, "f1": mean})
-        say(f"psd_off: privileged rollout {rolled.run_id} of the teacher {teacher[:8]}, F1 {mean:.3f}")
-    else:
-        backend = models.backend("transformers", student.path, "float32", runtime)
-        config = ReplayConfig(teacher_run=state.get("oracle"), model=student.path, group_size=4, kappa=0.6,
-                              seed=rollout_cfg.seed, max_batch=32)
-        replayed = run_replay(store, config, runtime, backend=backend, policy=student)
-        state.put(key, {"run": replayed.run_id, "f1": float("nan")})
-        say(f"reopd: replay run {replayed.run_id}, {len(replayed.episodes)} branched calls")
-    return key
+def fmt(d: tuple[float, float, float]) -> str:
+    return f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
 
 
-# -- report --------------------------------------------------------------------------------------------
-
-def ci(values: list[float]) -> tuple[float, float]:
-    return bootstrap_ci(values, n=2000, seed=0)
-
-
-def paired_diff(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """Mean of a - b over the same tasks, with a paired bootstrap 95% interval."""
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    lo, hi = ci(d)
-    return float(np.mean(d)), lo, hi
+def live_fraction(store, runs: list[str]) -> float | None:
+    """Groups with a non-zero advantage over every step of the runs (None when no step had RL groups)."""
+    groups = live = 0.0
+    with store.session() as s:
+        for rid in runs:
+            for step in repo.list_train_steps(s, rid):
+                groups += step.metrics.get("rl_groups", 0.0)
+                live += step.metrics.get("rl_groups_live", 0.0)
+    return live / groups if groups else None
 
 
-def report(plan: Plan, evals: dict[str, dict[int, dict]], work: Path) -> str:
-    final = {arm: evals[arm][max(evals[arm])] for arm in evals}
-    base = flat(final["base"])
-    lines = ["| arm | steps | held-out F1 | 95% interval | " + " | ".join(sorted(final["base"])) + " | vs base |",
-             "|---|---:|---:|---|" + "---:|" * len(final["base"]) + "---|"]
-    for arm in ARMS:
-        if arm not in final:
-            continue
-        values = flat(final[arm])
-        lo, hi = ci(values)
-        parts = " | ".join(f"{np.mean(final[arm][c]):.3f}" for c in sorted(final[arm]))
-        d, dlo, dhi = paired_diff(values, base)
-        lines.append(f"| {arm} | {max(evals[arm])} | {np.mean(values):.3f} | [{lo:.3f}, {hi:.3f}] | {parts} | "
-                     f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] |")
-    n = len(base)
-    table = "\n".join(lines) + f"\n\n{n} held-out episodes per arm; components: " + ", ".join(
-        f"{c} ({len(final['base'][c])})" for c in sorted(final["base"]))
-    (work / "learning.md").write_text(table + "\n")
-    plot(evals, work / "learning.png")
-    return table
+def report(bench: Bench, results: dict) -> tuple[str, str]:
+    """The tables (markdown) and the last line."""
+    p = bench.plan
+    ladder = [f"level{lv}" for lv in p.heldout_levels]
+    scores = {arm: stack(r["evals"], ladder) for arm, r in results.items() if r["ladder"]}
+    base = scores["base"]
+    lines = ["| arm | seeds | held-out F1, levels " + ",".join(map(str, p.heldout_levels)) + " [95%] | "
+             + " | ".join(ladder) + " | vs warm (paired) | vs base (paired) | max empty rate | RL live |",
+             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|"]
+    for arm in [a for a in ARMS if a in scores]:
+        s = scores[arm]
+        mean = cluster_bootstrap(s, n=2000)
+        per = " | ".join(f"{s[c].mean():.3f}" for c in ladder)
+        vs_warm = fmt(diff(s, scores["warm"])) if arm not in ("base", "warm") and "warm" in scores else ""
+        vs_base = fmt(diff(s, base)) if arm != "base" else ""
+        empty = max((v for e in results[arm]["evals"] for comp in e["empty"].values() for v in comp.values()), default=0)
+        flag = " (collapsed)" if empty > 0.02 else ""
+        live = results[arm].get("live")
+        live_s = "" if live is None else (f"{live:.2f}" + (" (dead: no signal)" if live == 0 else ""))
+        lines.append(f"| {arm} | {len(results[arm]['evals'])} | {mean[0]:.3f} [{mean[1]:.3f}, {mean[2]:.3f}] | {per} | "
+                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {live_s} |")
+    table = "\n".join(lines)
+    real = {arm: r for arm, r in results.items() if r["real"]}
+    real_table = ""
+    hotpot_d = (float("nan"),) * 3
+    if real and p.hotpot:
+        comps = ["hotpotqa", "ruler10"]
+        rs = {arm: stack(r["evals"], comps) for arm, r in real.items()}
+        rows = ["| arm | hotpotqa (gold paragraphs) | ruler_hotpotqa, 10 docs | both vs base (paired) |",
+                "|---|---:|---:|---|"]
+        for arm in [a for a in ARMS if a in rs]:
+            d = fmt(diff(rs[arm], rs["base"])) if arm != "base" else ""
+            rows.append(f"| {arm} | {rs[arm]['hotpotqa'].mean():.3f} | {rs[arm]['ruler10'].mean():.3f} | {d} |")
+        real_table = "\n".join(rows)
+        trained = "squad_opd" if "squad_opd" in rs else ("opd_aligned" if "opd_aligned" in rs else None)
+        if trained:
+            hotpot_d = diff(rs[trained], rs["base"])
+
+    def d(a: str, b: str) -> tuple[float, float, float]:
+        return diff(scores[a], scores[b]) if a in scores and b in scores else (float("nan"),) * 3
+
+    lives = [results[a]["live"] for a in RL_ARMS if a in results and results[a].get("live") is not None]
+    live = float(np.mean(lives)) if lives else float("nan")
+    split = (f"aligned_minus_persistent_update={d('opd_aligned', 'opd_persistent_update')[0]:.3f} "
+             f"aligned_minus_persistent_answer={d('opd_aligned', 'opd_persistent_answer')[0]:.3f}")
+    last = (f"warm_minus_base={d('warm', 'base')[0]:.3f} aligned_minus_warm={d('opd_aligned', 'warm')[0]:.3f} "
+            f"aligned_minus_persistent={d('opd_aligned', 'opd_persistent')[0]:.3f} "
+            f"opd_rl_minus_rl={d('opd_grpo', 'grpo')[0]:.3f} rl_live_fraction={live:.2f} "
+            f"hotpot_trained_minus_base={hotpot_d[0]:.3f} seeds={p.seeds}")
+    intervals = "\n".join(f"- `{name}`: {fmt(v)}" for name, v in (
+        ("warm_minus_base", d("warm", "base")), ("aligned_minus_warm", d("opd_aligned", "warm")),
+        ("aligned_minus_persistent", d("opd_aligned", "opd_persistent")),
+        ("aligned_minus_persistent_update (context on update calls only)", d("opd_aligned", "opd_persistent_update")),
+        ("aligned_minus_persistent_answer (context on answer calls only)", d("opd_aligned", "opd_persistent_answer")),
+        ("opd_rl_minus_rl", d("opd_grpo", "grpo")), ("hotpot_trained_minus_base", hotpot_d)))
+    text = (f"## Held-out ladder\n\n{table}\n\n{p.heldout_per_level} questions per level, {p.seeds} training seed(s); "
+            "intervals resample questions and seeds. Max empty rate: the largest greedy end-of-sequence-only share of "
+            "any call kind over the arm's evaluations (above 0.02: collapsed). RL live: share of GRPO groups with a "
+            f"non-zero advantage over every step.\n\n## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
+            f"## Differences (paired, 95%)\n\n{intervals}\n\n{split}\n")
+    (bench.work / "learning.md").write_text(text)
+    return text, last
 
 
-def plot(evals: dict[str, dict[int, dict]], path: Path) -> None:
+def plot_dynamics(bench: Bench, results: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5))
+    fig = Figure(figsize=(13, 8))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    base0 = flat(evals["base"][0])
-    trained = [a for a in ARMS if a in evals and a != "base"]
-    last = max(max(evals[a]) for a in trained) if trained else 1
-    for k, arm in enumerate(trained):
-        shift = (k - (len(trained) - 1) / 2) * last / 150  # side by side, so the intervals do not hide each other
-        xs, ys, err = [], [], [[], []]
-        for step in [0, *sorted(evals[arm])]:
-            v = base0 if step == 0 else flat(evals[arm][step])
-            lo, hi = ci(v)
-            mean = float(np.mean(v))
-            xs.append(step + shift)
-            ys.append(mean)
-            err[0].append(mean - lo)
-            err[1].append(hi - mean)
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
-    ax.axhline(float(np.mean(base0)), color="grey", linestyle="--", label="base")
-    ax.set_xlabel("optimiser step (same calls per step for every arm)")
-    ax.set_ylabel("held-out F1 (95% bootstrap interval)")
-    ax.set_title("Learning benchmark: held-out F1 against training step")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    panels = [("rl_live_fraction", "share of GRPO groups with a non-zero advantage"),
+              ("eos_first/", "first-token EOS mass (mean over call kinds)"),
+              ("out_len/", "mean output length, tokens (mean over kinds)"),
+              ("kl_teacher", "KL(student || teacher)"), ("kl_start", "KL(student || round start)")]
+    axes = [fig.add_subplot(2, 3, i + 1) for i in range(len(panels))]
+    with bench.store.session() as s:
+        for arm, r in results.items():
+            runs = r.get("distill_runs_seed0") or []
+            steps = [st for rid in runs for st in repo.list_train_steps(s, rid)]
+            if not steps:
+                continue
+            for ax, (key, title) in zip(axes, panels, strict=True):
+                ys = []
+                for st in steps:
+                    vals = [v for k, v in st.metrics.items() if (k.startswith(key) if key.endswith("/") else k == key)]
+                    ys.append(float(np.mean(vals)) if vals else np.nan)
+                if not all(np.isnan(ys)):
+                    ax.plot(range(1, len(ys) + 1), ys, marker="o", label=arm)
+                ax.set_title(title, fontsize=9)
+                ax.set_xlabel("step (after the warm start)", fontsize=8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Training dynamics, seed 0")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+# -- main ------------------------------------------------------------------------------------------------
+
+def tiny_model(work: Path) -> str:
+    """A tiny random model folder (the tests' tokenizer and config) for ``--smoke``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import save_tiny
+
+    folder = work / "tiny-model"
+    return str(folder) if (folder / "config.json").exists() else save_tiny(folder)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer steps and held-out episodes (about 30 minutes)")
-    ap.add_argument("--smoke", action="store_true", help="the smallest plan: checks that every phase runs")
+    ap.add_argument("--quick", action="store_true", help="one seed, a short budget, fewer held-out questions")
+    ap.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in a minute or two")
     ap.add_argument("--work", type=Path, default=Path("learning-bench"), help="folder for the store and outputs")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of: " + ", ".join(ARMS))
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--train-level", type=int)
-    ap.add_argument("--heldout-levels", help="comma-separated ladder levels, e.g. 0,1,2")
+    ap.add_argument("--seeds", type=int, help="training seeds (default: 3, or 1 with --quick)")
+    ap.add_argument("--steps", type=int, help="method steps after the warm start")
+    ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
+    ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
     ap.add_argument("--heldout-per-level", type=int)
-    ap.add_argument("--teacher", help="a local model folder to use as the teacher (same tokenizer)")
-    ap.add_argument("--teacher-steps", type=int, help="SFT steps of the teacher (default: the arms' steps)")
-    ap.add_argument("--hotpot", help="HotpotQA file for the held-out set (default: the shared one if present)")
+    ap.add_argument("--model", default=None, help="the base model (default: the default model)")
+    ap.add_argument("--hotpot", help="HotpotQA file for the real-text sets (default: the shared one if present)")
+    ap.add_argument("--squad", help="SQuAD v1.1 file for the real-text arm (default: the shared one if present)")
     args = ap.parse_args()
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown or "base" not in arms:
-        raise SystemExit(f"--arms: unknown {unknown}" if unknown else "--arms must include base")
-    plan = make_plan(args)
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model = args.model or (tiny_model(work) if args.smoke else "default")
+    plan = make_plan(args, model)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
     state = State(work / "state.json", plan)
     runtime = Runtime.create("cpu", args.threads)
     store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
+    bench = Bench(store, runtime, plan, work, state)
     t0 = time.perf_counter()
     say(f"plan: {json.dumps(asdict(plan))}")
-
-    base_ckpt = models.register(store, models.resolve(store, "default"))
-    evals: dict[str, dict[int, dict]] = {}
-
-    def evaluated(arm: str, ckpt: dict | Checkpoint, step: int, final: bool) -> None:
-        key = f"eval/{arm}/{step}"
-        if not state.get(key):
-            c = ckpt if isinstance(ckpt, Checkpoint) else _load_ckpt(store, ckpt["id"])
-            say(f"evaluate {arm} at step {step} ({'final' if final else 'curve'})")
-            state.put(key, evaluate(store, runtime, plan, c, step, final))
-        evals.setdefault(arm, {})[step] = state.get(key)
-
-    evaluated("base", base_ckpt, 0, True)
-    oracle = oracle_run(store, runtime, plan, state) if set(arms) & {"sft", *ARMS[2:]} else None
-
-    teacher = plan.teacher
-    for arm in arms:
-        if arm == "base":
-            continue
-        if not state.get(f"arm/{arm}"):
-            say(f"train {arm}")
-            if arm == "sft":
-                ckpts = sft_arm(store, runtime, plan, work, oracle, plan.steps, "sft")
-            else:
-                if teacher is None:
-                    teacher = teacher_checkpoint(store, runtime, plan, work, oracle, state)
-                ckpts = on_policy_arm(store, runtime, plan, work, arm, teacher, state, base_ckpt)
-            state.put(f"arm/{arm}", ckpts)
-        ckpts = state.get(f"arm/{arm}")
-        points = {c["step"]: c for c in ckpts}
-        for r in plan.curve_rounds:
-            step = r * plan.steps_per_round
-            if step in points:
-                evaluated(arm, points[step], step, final=step == plan.steps)
-        prune(ckpts, keep_weights={ckpts[-1]["id"]})
-
-    table = report(plan, evals, work)
-    print(table)
-    finals = {arm: flat(evals[arm][plan.steps]) for arm in evals if arm != "base" and plan.steps in evals[arm]}
-    base = flat(evals["base"][0])
-    best = max(finals, key=lambda a: np.mean(finals[a])) if finals else None
-    trained = paired_diff(finals[best], base)[0] if best else float("nan")
-
-    def diff(a: str, b: str) -> float:
-        return paired_diff(finals[a], finals[b])[0] if a in finals and b in finals else float("nan")
-
-    say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; best arm: {best}; outputs in {work}")
-    methods = {a: v for a, v in finals.items() if a != "sft"}
-    best_method = max(methods, key=lambda a: np.mean(methods[a])) if methods else None
-    print(f"trained_minus_base={trained:.3f} aligned_minus_persistent={diff('opd_aligned', 'opd_persistent'):.3f} "
-          f"opd_rl_minus_rl={diff('opd_grpo', 'grpo'):.3f} best_method={best_method} "
-          f"best_minus_sft={diff(best_method, 'sft') if best_method else float('nan'):.3f}")
-
-
-def prune(ckpts: list[dict], keep_weights: set[str]) -> None:
-    """Free disk once an arm is trained and evaluated: every optimizer state, and the weights of the
-    checkpoints not in ``keep_weights`` (a 135M checkpoint is 0.5 GB of weights + 1 GB of AdamW state)."""
-    for c in ckpts:
-        folder = Path(c["path"])
-        (folder / "trainer_state.pt").unlink(missing_ok=True)
-        if c["id"] not in keep_weights:
-            for f in folder.glob("*.safetensors"):
-                f.unlink()
-
-
-def _load_ckpt(store, ckpt_id: str) -> Checkpoint:
-    with store.session() as s:
-        return repo.get_checkpoint(s, ckpt_id)
-
-
-def teacher_checkpoint(store, runtime: Runtime, plan: Plan, work: Path, oracle: str, state: State) -> str:
-    """The teacher's checkpoint id: the sft arm's final one, or a separate SFT of ``teacher_steps``."""
-    steps = plan.teacher_steps or plan.steps
-    if steps == plan.steps and state.get("arm/sft"):
-        return state.get("arm/sft")[-1]["id"]
-    if not state.get("teacher"):
-        say(f"train the teacher: SFT on oracle calls, {steps} steps")
-        state.put("teacher", sft_arm(store, runtime, plan, work, oracle, steps, "teacher")[-1])
-    return state.get("teacher")["id"]
+    results: dict = {}
+    base = bench.base()
+    results["base"] = {"evals": [bench.evaluate("base", 0, base, True, True)], "ladder": True, "real": True}
+    for domain in ("ladder", "squad"):
+        if any((a.startswith("squad") if domain == "squad" else not a.startswith("squad"))
+               and a in ON_POLICY for a in plan.arms):
+            bench.teacher(domain)  # validated before any arm distils from it
+    for arm in [a for a in plan.arms if a != "base"]:
+        evals, runs = [], []
+        ladder, real = not arm.startswith("squad"), arm in REAL_ARMS
+        for seed in range(plan.seeds):
+            trained = bench.train(arm, seed)
+            evals.append(bench.evaluate(arm, seed, bench.ckpt(trained["final"]["id"]), ladder, real))
+            runs.append(trained["distill_runs"])
+        results[arm] = {"evals": evals, "ladder": ladder, "real": real, "distill_runs_seed0": runs[0],
+                        "live": live_fraction(store, [r for rs in runs for r in rs]) if arm in RL_ARMS else None}
+        empty = max((v for e in evals for c in e["empty"].values() for v in c.values()), default=0.0)
+        if empty > EMPTY_WARN:
+            say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")
+    text, last = report(bench, results)
+    plot_dynamics(bench, results, work / "dynamics.png")
+    print(text)
+    say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; outputs in {work}")
+    print(last)
 
 
 if __name__ == "__main__":
