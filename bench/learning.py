@@ -93,8 +93,9 @@ from envs.metrics import cluster_bootstrap  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
-LADDER_ARMS = ("sft_more", "opd_aligned", "opd_persistent", "opd_persistent_update", "opd_persistent_answer",
-               "opd_persistent_chat", "opd_privileged", "grpo", "opd_grpo", "psd_off", "reopd")
+# in the order they run (the paper's questions first, so a partial run answers them)
+LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "opd_persistent", "opd_persistent_update",
+               "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off", "reopd")
 ARMS = ("base", "warm", *LADDER_ARMS, "squad_warm", "squad_opd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
