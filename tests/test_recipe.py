@@ -190,3 +190,42 @@ def test_aligned_kinds_score_those_calls_in_the_aligned_context(rolled):  # noqa
         assert ids(seq) == ids(expected) and seq.action_mask.tolist() == expected.action_mask.tolist()
     assert any(ids(aligned[i]) != ids(persistent[i]) for i in kinds if kinds[i] == "memory_update")
     assert any(ids(aligned[i]) != ids(persistent[i]) for i in kinds if kinds[i] == "answer")
+
+
+def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_path):
+    """``warm_start``: an SFT on an oracle run before round 1, whose last checkpoint is round 1's policy;
+    a loop killed after the warm start resumes without redoing it."""
+    from agentmem.config import AgentConfig, RolloutConfig, SftConfig
+    from agentmem.jobs.rollout import run_rollout
+    from agentmem.jobs.train import load_train_state, warm_out
+
+    folder = save_tiny(tmp_path / "tiny")
+    oracle = run_rollout(sqlite_store, RolloutConfig(model=folder, policy="oracle", env_knobs={"level": 1},
+                                                     chunk_tokens=48, episodes=3,
+                                                     agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=4)))
+    config = tiny_train(folder, tmp_path)
+    config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], steps=2, invocations_per_step=4,
+                                                               lr=1e-3, out="ignored"),
+                                       "teacher_check_episodes": 0})
+
+    class Killed(Exception):
+        pass
+
+    def kill(msg: str) -> None:
+        if msg.startswith("round 1/2: rollout with"):
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_train(sqlite_store, config, on_phase=kill)
+    with sqlite_store.session() as s:
+        (train,) = [r.run for r in repo.list_runs(s) if r.run.kind.value == "train"]
+        (sft,) = [r.run for r in repo.list_runs(s) if r.run.kind.value == "sft"]
+    assert sft.config["out"] == warm_out(config.distill.out, train.id) and sft.status == "finished"
+    state = load_train_state(sqlite_store, train.id)
+    assert state.finished == [] and state.pending_distill is None
+    run_id, rounds = run_train(sqlite_store, None, resume=train.id)
+    with sqlite_store.session() as s:
+        sfts = [r.run for r in repo.list_runs(s) if r.run.kind.value == "sft"]
+        (warm,) = [c for c in repo.list_checkpoints(s, sft.id) if c.step == 2]
+    assert len(sfts) == 1  # the warm start was not redone
+    assert rounds[0].policy == warm and rounds[1].policy == rounds[0].checkpoint
