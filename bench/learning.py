@@ -175,7 +175,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         plan = Plan(seeds=3, warm_steps=8, steps=8, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
                     heldout_per_level=32, heldout_real=40, teacher_steps=[16, 24, 32], teacher_val=12, **common)
     updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
-                                       ("heldout_per_level", args.heldout_per_level)) if v is not None}
+                                       ("heldout_per_level", args.heldout_per_level),
+                                       ("heldout_real", args.heldout_real)) if v is not None}
     if args.arms:
         arms = [a for a in args.arms.split(",") if a]
         unknown = sorted(set(arms) - set(ARMS))
@@ -593,7 +594,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="method steps after the warm start")
     ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
-    ap.add_argument("--heldout-per-level", type=int)
+    ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
+    ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--model", default=None, help="the base model (default: the default model)")
     ap.add_argument("--hotpot", help="HotpotQA file for the real-text sets (default: the shared one if present)")
     ap.add_argument("--squad", help="SQuAD v1.1 file for the real-text arm (default: the shared one if present)")
