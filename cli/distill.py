@@ -154,6 +154,11 @@ def distill(
                + (f" skipped_calls={skipped}" if skipped else "")
                + (f" teacher_truncated_calls={result.teacher_truncated_calls}" if result.teacher_truncated_calls
                   else ""))
+    from agentmem.training.dynamics import round_warnings
+    from cli.console import console
+
+    for warning in round_warnings(result.history, any("rl_groups" in s.metrics for s in result.history)):
+        console(stderr=True).print(f"warning: {warning}")
 
 
 def _train(rt, db: str | None, config, resume: str | None, steps: int | None, trackers):

@@ -229,3 +229,18 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
         (warm,) = [c for c in repo.list_checkpoints(s, sft.id) if c.step == 2]
     assert len(sfts) == 1  # the warm start was not redone
     assert rounds[0].policy == warm and rounds[1].policy == rounds[0].checkpoint
+
+
+def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):  # noqa: F811
+    """Every sample of a task scored the same: the step records 0 live groups of 2, and the job's warnings
+    say the RL term had no signal."""
+    store, run_id, policy = rolled
+    with store.session() as s:
+        for ep in repo.list_episodes(s, run_id):
+            repo.update_episode(s, ep.model_copy(update={"reward": 0.5, "f1": 0.5}))
+        s.commit()
+    result = run_distill(store, config(run_id, tmp_path, steps=1, invocations_per_step=100), models=models(policy))
+    (step,) = result.history
+    assert (step.metrics["rl_groups"], step.metrics["rl_groups_live"], step.metrics["rl_live_fraction"]) == (2, 0, 0)
+    (warning,) = [w for w in round_warnings(result.history, rl_on=True) if "RL term" in w]
+    assert "0 of 2 groups had a non-zero advantage" in warning
