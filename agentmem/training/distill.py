@@ -179,7 +179,7 @@ class Trainer:
         for g in self.group_of.values():
             self.group_sizes[g] = self.group_sizes.get(g, 0) + 1
         self.invocation = {i.id: i for i in self.selection.invocations}
-        self.kind_of = {i.id: str(getattr(i.kind, "value", i.kind)) for i in self.selection.invocations}
+        self.kind_of = {i.id: str(i.kind) for i in self.selection.invocations}
         self.eos_id = models.tokenizer.eos_token_id
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],

@@ -183,7 +183,7 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     totals_ = step_totals(batches, inputs.episode_of, runtime, step_episodes, inputs.mix)
     weights = step_weights(batches, inputs.episode_of, objective.weighting, totals_, student.device, inputs.mix)
     totals = {t.name: 0.0 for _, t in objective.terms}
-    metrics: dict[str, float] = {}
+    metrics = _monitor_keys(inputs, reference)
     tokens = actions = 0
     if not batches and student.wrapper is not None:
         with student.micro_batch(last=True):
@@ -226,6 +226,19 @@ def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, input
     (loss * student.grad_scale if student.grad_scale != 1.0 else loss).backward()
 
 
+def _monitor_keys(inputs: StepInputs, reference: PackedModel | None) -> dict[str, float]:
+    """The dynamics sums every process starts from, at 0, in one order: the processes' metrics are summed
+    key by key (``Trainer._reduce``), so a process whose rows lack a call kind must still carry its keys."""
+    if inputs.kind_of is None:
+        return {}
+    keys = [f"{p}/{k}" for k in sorted(set(inputs.kind_of.values())) for p in ("eos_first_sum", "eos_first_n")]
+    if inputs.teacher is not None and inputs.teacher.full_vocab:
+        keys.append("kl_teacher")
+    if reference is not None:
+        keys.append("kl_start")
+    return dict.fromkeys(keys, 0.0)
+
+
 def _monitor(batch: PackedBatch, mb: MicroBatch, ref: torch.Tensor | None, inputs: StepInputs,
              metrics: dict[str, float]) -> None:
     """Add the dynamics sums of one micro-batch to ``metrics`` (no gradient): the student's end-of-sequence
@@ -247,7 +260,8 @@ def _monitor(batch: PackedBatch, mb: MicroBatch, ref: torch.Tensor | None, input
                 metrics[f"eos_first_n/{kind}"] = metrics.get(f"eos_first_n/{kind}", 0.0) + 1.0
         w = mb.weights.float()
         teacher = mb.teacher
-        if teacher is not None and teacher.dim() == 2 and bool(torch.isfinite(teacher).all()):
+        if teacher is not None and teacher.dim() == 2:  # a top-K teacher's missing mass: a floor of -1e4
+            teacher = torch.nan_to_num(teacher.float(), neginf=-1e4)
             metrics["kl_teacher"] = metrics.get("kl_teacher", 0.0) + float((reverse_kl(logits, teacher) * w).sum())
         if ref is not None:
             metrics["kl_start"] = metrics.get("kl_start", 0.0) + float((reverse_kl(logits, ref) * w).sum())
