@@ -105,3 +105,27 @@ def test_stored_configs_without_the_method_fields_still_load():
     config = DistillConfig.model_validate(stored)
     assert config.target is DistillTarget.teacher and config.jsd_clip is None
     assert config.teacher_source is TeacherSourceKind.model
+
+
+def test_train_recipe_flags_reach_the_config(captured):
+    """The recipe's flags (warm start, init, schedule, optimizer, reward, caps, teacher check) build the
+    TrainConfig the loop gets; with no flags the defaults are TrainConfig's recipe."""
+    from agentmem.config import LrSchedule, RewardKind, TrainConfig
+
+    result = invoke("train", "--warm-start-sft", "oracle1", "--warm-start-steps", "3", "--init", "ckpt9",
+                    "--schedule", "constant", "--warmup-steps", "0", "--no-carry-optimizer", "--reward", "sub_em",
+                    "--steps-per-round", "3", "--answer-tokens", "20", "--teacher-check-episodes", "0", "--lr", "3e-6")
+    assert isinstance(result.exception, Called), result.output
+    config: TrainConfig = captured["train"]
+    d = config.distill
+    assert config.warm_start is not None and config.warm_start.run_ids == ["oracle1"] and config.warm_start.steps == 3
+    assert (d.student, d.schedule, d.warmup_steps, d.carry_optimizer, d.reward, d.steps, d.lr) == (
+        "ckpt9", LrSchedule.constant, 0, False, RewardKind.sub_em, 3, 3e-6)
+    assert config.rollout.agent.answer_max_new_tokens == 20 and config.teacher_check_episodes == 0
+    assert isinstance(invoke("train").exception, Called)
+    plain, recipe = captured["train"], TrainConfig()
+    for field in ("lr", "warmup_steps", "schedule", "carry_optimizer", "reward", "steps", "monitor_start_kl"):
+        assert getattr(plain.distill, field) == getattr(recipe.distill, field), field
+    assert plain.rollout.group_size == recipe.rollout.group_size
+    assert plain.rollout.agent.answer_max_new_tokens == recipe.rollout.agent.answer_max_new_tokens
+    assert plain.warm_start is None and plain.teacher_check_episodes == recipe.teacher_check_episodes
