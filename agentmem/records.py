@@ -111,6 +111,7 @@ class RunKind(str, enum.Enum):
     sft = "sft"  # supervised fine-tuning on stored calls (cross-entropy on the action tokens)
     replay = "replay"  # ReOPD: the student's samples of single calls branched from a stored teacher run
     memories = "memories"  # `agentmem memories build`: workflow memories written from a run's episodes
+    serve = "serve"  # `agentmem serve`: calls of outside agents recorded by the OpenAI-compatible server
 
 
 class Run(Record):
