@@ -115,7 +115,7 @@ class Recorder:
                questions: list[str], temperature: float, n: int) -> None:
         """Store one request in one transaction: ``choices`` in request order, ``n`` per prompt;
         ``prompt_texts[i]`` and ``questions[i]`` belong to prompt ``i``."""
-        standalone = ctx.episode is None and len(choices) == 1
+        standalone = ctx.episode is None  # episodes the client did not name are closed with their call
         with self._lock, self.store.session() as s:
             for i, choice in enumerate(choices):
                 prompt, ep_id = i // n, planned.episode_ids[i]

@@ -1,0 +1,258 @@
+"""`agentmem serve` driven by the real `openai` client: every call is stored exactly (prompt ids from the chat
+template, output ids, sampler log-probs, policy version), episodes come from the URL, headers or metadata,
+and `score`, `distill`, `export` and the viewer work on the serve run unchanged. SQLite and Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from serve_helpers import running
+from tiny_models import save_tiny, tiny_tokenizer
+
+from agentmem.config import ScoreConfig
+from agentmem.jobs.score import run_score
+from agentmem.records import EpisodeStatus, RunKind, TeacherContext
+from agentmem.serve.recorder import episode_row_id
+from agentmem.serve.server import ServeConfig, build_server
+from agentmem.view.app import create_app as create_view
+from store import repository as repo
+from store.engine import open_read_only
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTION = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where does Bob live?"}]
+
+
+def chat_ids(messages) -> list[int]:
+    tok = tiny_tokenizer()
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def am(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> str:
+    return save_tiny(tmp_path / "tiny")
+
+
+def serve(store, model_dir: str, **options):
+    config = ServeConfig(model=model_dir, dtype="float32", run_name="test", batch_window_ms=50, **options)
+    return build_server(store, config)
+
+
+def test_openai_client_calls_are_stored_exactly(store, model_dir, tmp_path):
+    server = serve(store, model_dir)
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/episodes/ep1/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == [model_dir]
+
+        # a two-step chat in episode ep1 (URL path); the second call continues the first (parent header)
+        first = client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=8, temperature=0,
+                                               logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True})
+        second_messages = [*QUESTION, {"role": "assistant", "content": first.choices[0].message.content},
+                           {"role": "user", "content": "And Alice?"}]
+        raw = client.chat.completions.with_raw_response.create(
+            model=model_dir, messages=second_messages, max_tokens=6, temperature=0.8, top_p=0.9, seed=5,
+            logprobs=True, extra_headers={"X-Agentmem-Parent": first.id})
+        second = raw.parse()
+        assert raw.headers["x-agentmem-invocation"] == second.id
+        rewarded = httpx.post(f"{root}/agentmem/episodes/ep1/reward", json={"reward": 0.5, "metrics": {"em": 0.0}})
+        assert rewarded.status_code == 200, rewarded.text
+
+        # n = 4 under one task (header), no episode: a group of four one-call episodes
+        group = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        four = group.chat.completions.create(model=model_dir, messages=QUESTION, n=4, max_tokens=5,
+                                             extra_headers={"X-Agentmem-Task": "bob"})
+        assert len(four.choices) == 4
+
+        # streaming gives the same ids and text as the same seeded call without streaming
+        kwargs = dict(model=model_dir, messages=QUESTION, max_tokens=10, temperature=1.0, seed=11, logprobs=True,
+                      extra_body={"metadata": {"episode": "s"}})
+        plain = group.chat.completions.create(**kwargs)
+        chunks = list(group.chat.completions.create(stream=True, **kwargs))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == plain.choices[0].message.content
+        stream_lps = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                      for e in c.choices[0].logprobs.content]
+        assert stream_lps == [e.logprob for e in plain.choices[0].logprobs.content]
+        assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+
+        # concurrent clients from threads share backend calls and are all stored
+        batches_before = server.sampler.batches
+        answers: dict[int, str] = {}
+
+        def call(i: int) -> None:
+            c = openai.OpenAI(base_url=f"{root}/episodes/par{i}/v1", api_key="unused", max_retries=0)
+            r = c.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=4, temperature=0)
+            answers[i] = r.id
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(answers) == 6
+        assert server.sampler.batches - batches_before < 6
+    server.close("finished")
+    run_id = server.run_id
+
+    with store.session() as s:
+        run = repo.get_run(s, run_id)
+        ep1 = repo.get_episode(s, episode_row_id(run_id, "ep1"))
+        calls = repo.episode_invocations(s, ep1.id)
+        episodes = repo.list_episodes(s, run_id)
+        ckpt = repo.get_checkpoint(s, calls[0].policy_version)
+    assert run.kind is RunKind.serve and run.config["model"] == model_dir
+    assert ckpt.path == model_dir
+    assert [c.step for c in calls] == [0, 1] and [c.id for c in calls] == [first.id, second.id]
+    assert calls[0].prompt_ids.tolist() == chat_ids(QUESTION)
+    assert calls[1].prompt_ids.tolist() == chat_ids(second_messages)
+    assert calls[0].output_ids.tolist() == first.choices[0].model_extra["token_ids"]
+    assert first.model_extra["prompt_token_ids"] == chat_ids(QUESTION)
+    assert calls[0].output_logprobs.tolist() == [e.logprob for e in first.choices[0].logprobs.content]
+    assert calls[1].output_logprobs.tolist() == [e.logprob for e in second.choices[0].logprobs.content]
+    assert calls[0].output_text == first.choices[0].message.content
+    assert calls[0].temperature == 0 and calls[1].temperature == 0.8
+    assert calls[1].parent_invocation_id == first.id and calls[0].parent_invocation_id is None
+    assert (ep1.reward, ep1.f1, ep1.em, ep1.status) == (0.5, 0.5, 0.0, EpisodeStatus.answered)
+    # greedy: each listed top token is the sampled one, with the sampler's log-prob (a forward pass vs decoding)
+    for entry in first.choices[0].logprobs.content:
+        assert entry.top_logprobs[0].token == entry.token and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
+
+    bob = sorted((e for e in episodes if e.task_id == "bob"), key=lambda e: e.sample_index)
+    assert [e.sample_index for e in bob] == [0, 1, 2, 3]
+    assert all(e.status is EpisodeStatus.answered for e in bob)  # standalone calls close with their call
+    with store.session() as s:
+        streamed_calls = repo.episode_invocations(s, episode_row_id(run_id, "s"))
+        assert len(streamed_calls) == 2
+        assert streamed_calls[0].output_ids.tolist() == streamed_calls[1].output_ids.tolist()
+        assert [len(repo.episode_invocations(s, episode_row_id(run_id, f"par{i}"))) for i in range(6)] == [1] * 6
+
+    # score: the teacher's log-probs of the served calls equal a direct forward pass of the model
+    result = run_score(store, ScoreConfig(run_ids=[run_id], teacher=model_dir, context=TeacherContext.aligned))
+    assert len(episodes) == 1 + 4 + 1 + 6 and result.scored == 2 + 4 + 2 + 6  # every stored call
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with store.session() as s:
+        score = repo.get_teacher_scores(s, [calls[0].id], model_dir, TeacherContext.aligned)[calls[0].id]
+    ids = np.concatenate([calls[0].prompt_ids, calls[0].output_ids])
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids.tolist()])).logits[0].float(), -1)
+    p = calls[0].prompt_tokens
+    direct = logp[p - 1 : len(ids) - 1].gather(-1, torch.tensor(calls[0].output_ids.tolist())[:, None]).squeeze(-1)
+    np.testing.assert_allclose(score.token_logprobs, direct.numpy(), atol=1e-5)
+    np.testing.assert_allclose(score.token_logprobs, calls[0].output_logprobs, atol=1e-4)  # greedy: T = 1
+
+    # distill one step, export and the viewer's episode page, all on the serve run
+    distilled = am("distill", "--run", run_id, "--student", model_dir, "--teacher", model_dir, "--steps", "1",
+                   "--invocations-per-step", "4", "--out", str(tmp_path / "ck"), "--db", _plain(store))
+    assert distilled.returncode == 0, distilled.stderr
+    out = tmp_path / "calls.parquet"
+    exported = am("export", "--run", run_id, "--out", str(out), "--db", _plain(store))
+    assert exported.returncode == 0, exported.stderr
+    import datasets
+
+    rows = datasets.Dataset.from_parquet(str(out))
+    assert rows.num_rows == 14
+    row = next(r for r in rows if r["invocation_id"] == first.id)
+    assert row["prompt_ids"] == chat_ids(QUESTION) and row["output_ids"] == calls[0].output_ids.tolist()
+    viewer = TestClient(create_view(open_read_only(_plain(store))))
+    page = viewer.get(f"/episodes/{ep1.id}")
+    assert page.status_code == 200 and "Where does Bob live?" in page.text
+
+
+def _plain(store) -> str:
+    return store.engine.url.render_as_string(hide_password=False)
+
+
+def test_bad_input_gets_openai_errors_and_stores_nothing(sqlite_store, model_dir):
+    server = serve(sqlite_store, model_dir, max_n=4, context_length=64)
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.NotFoundError) as unknown:
+            client.chat.completions.create(model="gpt-9", messages=QUESTION, max_tokens=2)
+        assert unknown.value.body["code"] == "model_not_found"
+        with pytest.raises(openai.BadRequestError) as many:
+            client.chat.completions.create(model=model_dir, messages=QUESTION, n=5, max_tokens=2)
+        assert many.value.body["param"] == "n"
+        with pytest.raises(openai.BadRequestError) as long:
+            client.chat.completions.create(model=model_dir, messages=[{"role": "user", "content": "Paris " * 80}],
+                                           max_tokens=2)
+        assert long.value.body["code"] == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=2, temperature=3)
+        malformed = httpx.post(f"{root}/v1/chat/completions", content=b"{not json",
+                               headers={"content-type": "application/json"})
+        assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
+        no_messages = httpx.post(f"{root}/v1/chat/completions", json={"model": model_dir})
+        assert no_messages.status_code == 400 and no_messages.json()["error"]["param"] == "messages"
+        unknown_episode = httpx.post(f"{root}/agentmem/episodes/nope/reward", json={"reward": 1.0})
+        assert unknown_episode.status_code == 404 and unknown_episode.json()["error"]["code"] == "episode_not_found"
+        bad_parent = httpx.post(f"{root}/v1/chat/completions", headers={"X-Agentmem-Parent": "f" * 32},
+                                json={"model": model_dir, "messages": QUESTION, "max_tokens": 2})
+        assert bad_parent.status_code == 400 and bad_parent.json()["error"]["code"] == "parent_not_found"
+
+        # a client that drops a stream: the server stays up, and the call is stored whole or not at all
+        with httpx.stream("POST", f"{root}/v1/chat/completions",
+                          json={"model": model_dir, "messages": QUESTION, "max_tokens": 30, "stream": True}) as r:
+            next(r.iter_lines())
+        ok = client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=3, temperature=0,
+                                            extra_body={"return_token_ids": True})
+    server.close("finished")
+    with sqlite_store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[server.run_id]))
+    assert ok.id in {c.id for c in calls} and len(calls) in (1, 2)
+    for c in calls:
+        assert c.output_logprobs is not None and len(c.output_logprobs) == len(c.output_ids) > 0
+
+
+def test_api_key_is_required_when_set(sqlite_store, model_dir):
+    config = ServeConfig(model=model_dir, dtype="float32")
+    server = build_server(sqlite_store, config, api_key="sekret")
+    with running(server.app) as root:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{root}/v1", api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=f"{root}/v1", api_key="sekret", max_retries=0)
+        assert [m.id for m in good.models.list()] == [model_dir]
+    server.close("finished")
+
+
+def test_completions_with_token_ids_and_stop(sqlite_store, model_dir):
+    server = serve(sqlite_store, model_dir)
+    tok = tiny_tokenizer()
+    prompt = tok("Question: where does Bob live? Answer:")["input_ids"]
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        full = client.completions.create(model=model_dir, prompt=prompt, max_tokens=12, temperature=0, logprobs=2,
+                                         extra_body={"return_token_ids": True})
+        text = full.choices[0].text
+        assert len(full.choices[0].logprobs.tokens) == len(full.choices[0].model_extra["token_ids"])
+        stop = text[3:5] if len(text) >= 5 and text[3:5].strip() else None
+        if stop:
+            cut = client.completions.create(model=model_dir, prompt=prompt, max_tokens=12, temperature=0, stop=stop,
+                                            extra_body={"return_token_ids": True})
+            assert cut.choices[0].finish_reason == "stop" and text.startswith(cut.choices[0].text)
+            assert stop not in cut.choices[0].text
+    server.close("finished")
+    with sqlite_store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[server.run_id]))
+    first = next(c for c in calls if c.id == full.id)
+    assert first.prompt_ids.tolist() == prompt and first.output_ids.tolist() == full.choices[0].model_extra["token_ids"]
+    assert first.kind == "completion"
