@@ -52,6 +52,7 @@ class DType(Choice):
 class BackendKind(Choice):
     transformers = "transformers"
     vllm = "vllm"
+    openai = "openai"  # an OpenAI-compatible server that returns token ids (``agentmem serve``; rollout only)
 
 
 class Divergence(Choice):
@@ -203,6 +204,7 @@ class RolloutConfig(Frozen):
     model: str = "default"
     policy: PolicySource = PolicySource.model  # oracle: ``model`` gives only the tokenizer and chat template
     backend: BackendKind = BackendKind.transformers
+    base_url: str | None = None  # backend openai: the server's /v1 URL (``agentmem serve``)
     # fp32 by default: on CPU it is faster end to end for long prompts (prefill dominates), and the stored
     # sampler log-probs then match the fp32 training recompute (bf16 differs by ~0.03 on average).
     dtype: DType = DType.float32
@@ -214,6 +216,12 @@ class RolloutConfig(Frozen):
     # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
     # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
     context: TeacherContext = TeacherContext.aligned
+
+    @model_validator(mode="after")
+    def _server(self) -> RolloutConfig:
+        if (self.backend is BackendKind.openai) != (self.base_url is not None):
+            raise ValueError("--backend openai and --base-url URL go together")
+        return self
 
     @field_validator("context")
     @classmethod

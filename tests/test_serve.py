@@ -4,7 +4,6 @@ and `score`, `distill`, `export` and the viewer work on the serve run unchanged.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -256,3 +255,33 @@ def test_completions_with_token_ids_and_stop(sqlite_store, model_dir):
     first = next(c for c in calls if c.id == full.id)
     assert first.prompt_ids.tolist() == prompt and first.output_ids.tolist() == full.choices[0].model_extra["token_ids"]
     assert first.kind == "completion"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollout_through_the_server_stores_the_direct_ids(sqlite_store, model_dir, temperature):
+    from agentmem.config import AgentConfig, BackendKind, RolloutConfig
+    from agentmem.jobs.rollout import run_rollout
+
+    config = RolloutConfig(model=model_dir, episodes=2, group_size=2, chunk_tokens=48, env_knobs={"context_tokens": 100},
+                           agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, temperature=temperature))
+    direct = run_rollout(sqlite_store, config)
+    server = build_server(sqlite_store, ServeConfig(model=model_dir, dtype="float32", batch_window_ms=0))
+    with running(server.app) as root:
+        served = run_rollout(sqlite_store, config.model_copy(update={"backend": BackendKind.openai,
+                                                                     "base_url": f"{root}/v1"}))
+    server.close("finished")
+
+    def calls(run_id: str) -> dict:
+        with sqlite_store.session() as s:
+            eps = {e.id: e for e in repo.list_episodes(s, run_id)}
+            return {(eps[i.episode_id].task_id, eps[i.episode_id].sample_index, i.step): i
+                    for i in repo.stream_invocations(s, run_ids=[run_id])}
+
+    a, b, recorded = calls(direct.run_id), calls(served.run_id), calls(server.run_id)
+    assert a.keys() == b.keys() and len(a) == len(recorded) > 0
+    for key, inv in a.items():
+        assert b[key].prompt_ids.tolist() == inv.prompt_ids.tolist()
+        assert b[key].output_ids.tolist() == inv.output_ids.tolist()
+        assert b[key].policy_version == inv.policy_version
+        np.testing.assert_allclose(b[key].output_logprobs, inv.output_logprobs, atol=1e-5)
+    assert sorted(i.output_ids.tolist() for i in recorded.values()) == sorted(i.output_ids.tolist() for i in a.values())
