@@ -285,3 +285,66 @@ def test_rollout_through_the_server_stores_the_direct_ids(sqlite_store, model_di
         assert b[key].policy_version == inv.policy_version
         np.testing.assert_allclose(b[key].output_logprobs, inv.output_logprobs, atol=1e-5)
     assert sorted(i.output_ids.tolist() for i in recorded.values()) == sorted(i.output_ids.tolist() for i in a.values())
+
+
+def _direct(model, context: list[int], output: list[int]) -> np.ndarray:
+    ids = context + output
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    return logp[len(context) - 1 : len(ids) - 1].gather(-1, torch.tensor(output)[:, None]).squeeze(-1).numpy()
+
+
+def test_teacher_contexts_of_served_calls(sqlite_store, model_dir):
+    """persistent and persistent_chat read the episode's earlier calls in arrival order; privileged reads the
+    text given once per episode; each score equals a direct forward pass over that context."""
+    from transformers import AutoModelForCausalLM
+
+    from agentmem.agent.prompts import privileged_ids
+
+    server = serve(sqlite_store, model_dir)
+    turns = [[{"role": "system", "content": "Keep a memory."}, {"role": "user", "content": f"Chunk {i}: Bob lives in Oslo."}]
+             for i in range(2)]
+    with running(server.app) as root:
+        given = httpx.post(f"{root}/agentmem/episodes/m/privileged", json={"text": "Bob lives in Oslo.",
+                                                                          "answers": ["Oslo"], "task": "bob"})
+        assert given.status_code == 200, given.text
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        for messages in turns:
+            client.chat.completions.create(model=model_dir, messages=messages, max_tokens=5, temperature=0,
+                                           extra_headers={"X-Agentmem-Episode": "m", "X-Agentmem-Kind": "memory_update"})
+    server.close("finished")
+    ep_id = episode_row_id(server.run_id, "m")
+    for context in (TeacherContext.persistent, TeacherContext.persistent_chat, TeacherContext.privileged):
+        run_score(sqlite_store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir, context=context))
+    with sqlite_store.session() as s:
+        episode = repo.get_episode(s, ep_id)
+        first, second = repo.episode_invocations(s, ep_id)
+        scores = {c: repo.get_teacher_scores(s, [second.id], model_dir, c)[second.id].token_logprobs
+                  for c in (TeacherContext.persistent, TeacherContext.persistent_chat, TeacherContext.privileged)}
+    assert (episode.task_id, episode.gold_answers, episode.evidence) == ("bob", ["Oslo"], ["Bob lives in Oslo."])
+    assert first.kind == "memory_update" and [first.step, second.step] == [0, 1]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = tiny_tokenizer()
+    out = second.output_ids.tolist()
+    flat = first.prompt_ids.tolist() + first.output_ids.tolist() + second.prompt_ids.tolist()
+    np.testing.assert_allclose(scores[TeacherContext.persistent], _direct(model, flat, out), atol=1e-5)
+    chat = [*turns[0], {"role": "assistant", "content": first.output_text}, turns[1][1]]
+    np.testing.assert_allclose(scores[TeacherContext.persistent_chat], _direct(model, chat_ids(chat), out), atol=1e-5)
+    privileged = privileged_ids(tok, episode) + second.prompt_ids.tolist()
+    np.testing.assert_allclose(scores[TeacherContext.privileged], _direct(model, privileged, out), atol=1e-5)
+
+
+def test_restart_with_the_same_run_name_continues_the_run(sqlite_store, model_dir):
+    ids = []
+    for _ in range(2):
+        server = serve(sqlite_store, model_dir)
+        with running(server.app) as root:
+            client = openai.OpenAI(base_url=f"{root}/episodes/long/v1", api_key="unused", max_retries=0)
+            ids.append(client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=3).id)
+        server.close("interrupted")
+        ids.append(server.run_id)
+    assert ids[1] == ids[3]
+    with sqlite_store.session() as s:
+        calls = repo.episode_invocations(s, episode_row_id(ids[1], "long"))
+        assert repo.get_run(s, ids[1]).status == "interrupted"
+    assert [(c.id, c.step) for c in calls] == [(ids[0], 0), (ids[2], 1)]
