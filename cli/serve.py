@@ -37,6 +37,10 @@ def serve(
                                             min=1)] = 256,
     batch_window_ms: Annotated[float, typer.Option(help="How long a request waits for others to share its "
                                                         "backend call (transformers).", min=0)] = 5.0,
+    upstream: Annotated[str | None, typer.Option(help="Gateway mode: forward generation to this vLLM OpenAI server "
+                                                      "(e.g. http://127.0.0.1:8001/v1) instead of loading the model; "
+                                                      "--model then gives only the tokenizer and chat template.",
+                                                 show_default=False)] = None,
     dtype: Annotated[DType, typer.Option(help="Model dtype.")] = DType.bfloat16,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
@@ -50,7 +54,7 @@ def serve(
 
     config = ServeConfig(model=model, served_model_name=served_model_name, backend=backend, dtype=dtype,
                          run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,
-                         batch_window_ms=batch_window_ms)
+                         batch_window_ms=batch_window_ms, upstream=upstream)
     key = api_key or os.environ.get(API_KEY_VAR) or None
     setup_logging()
     rt = runtime(device, threads)

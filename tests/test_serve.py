@@ -348,3 +348,33 @@ def test_restart_with_the_same_run_name_continues_the_run(sqlite_store, model_di
         calls = repo.episode_invocations(s, episode_row_id(ids[1], "long"))
         assert repo.get_run(s, ids[1]).status == "interrupted"
     assert [(c.id, c.step) for c in calls] == [(ids[0], 0), (ids[2], 1)]
+
+
+def test_gateway_mode_records_what_the_upstream_sampled(sqlite_store, model_dir):
+    from fake_vllm import fake_vllm
+
+    from agentmem.policy.transformers_backend import TransformersBackend
+
+    upstream = fake_vllm(TransformersBackend(model_dir, dtype="float32"))
+    with running(upstream) as up:
+        server = build_server(sqlite_store, ServeConfig(model=model_dir, upstream=f"{up}/v1", run_name="gw"))
+        with running(server.app) as root:
+            client = openai.OpenAI(base_url=f"{root}/episodes/g/v1", api_key="unused", max_retries=0)
+            plain = client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=6, temperature=0,
+                                                   logprobs=True, extra_body={"return_token_ids": True})
+            pair = client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=4, n=2, seed=3)
+            streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model=model_dir, messages=QUESTION, max_tokens=6, temperature=0, stream=True) if c.choices)
+        server.close("finished")
+    answers = upstream.state.answers
+    assert len(answers) == 3 and [len(a) for a in answers] == [1, 2, 1]
+    assert streamed == plain.choices[0].message.content and len(pair.choices) == 2
+    with sqlite_store.session() as s:
+        calls = {c.id: c for c in repo.stream_invocations(s, run_ids=[server.run_id])}
+    first = calls[plain.id]
+    assert first.prompt_ids.tolist() == chat_ids(QUESTION) == answers[0][0]["prompt_token_ids"]
+    assert first.output_ids.tolist() == answers[0][0]["token_ids"] == plain.choices[0].model_extra["token_ids"]
+    assert first.output_logprobs.tolist() == pytest.approx(answers[0][0]["logprobs"]["token_logprobs"], abs=1e-7)
+    stored_pair = sorted(c.output_ids.tolist() for c in calls.values() if c.temperature == 1.0)
+    assert stored_pair == sorted(a["token_ids"] for a in answers[1])
+    assert first.policy_version is not None and len(calls) == 4

@@ -19,6 +19,7 @@ from agentmem.runtime import CPU, Runtime
 from agentmem.serve.app import ServeSettings, create_app
 from agentmem.serve.recorder import Recorder, open_run
 from agentmem.serve.sampler import Sampler
+from agentmem.serve.upstream import UpstreamSampler
 from store.engine import Store
 
 
@@ -37,6 +38,7 @@ class ServeConfig(BaseModel):
     batch_window_ms: float = Field(5.0, ge=0)
     max_batch: int = Field(64, ge=1)
     context_length: int | None = Field(None, ge=2)  # default: the model's
+    upstream: str | None = None  # gateway mode: a vLLM OpenAI server's /v1 URL generates instead of a local model
 
     @property
     def name(self) -> str:
@@ -46,7 +48,7 @@ class ServeConfig(BaseModel):
 @dataclass
 class Server:
     app: FastAPI
-    sampler: Sampler
+    sampler: Sampler | UpstreamSampler
     recorder: Recorder
 
     @property
@@ -72,6 +74,8 @@ def context_length(backend: Backend) -> int:
 def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, api_key: str | None = None,
                  backend: Backend | None = None, policy_version: str | None = None) -> Server:
     """A ready server. ``backend`` injects a loaded backend (tests; ``policy_version`` then names it)."""
+    if config.upstream is not None:
+        return _gateway(store, config, api_key)
     if backend is None:
         ref = model_refs.resolve(store, config.model)
         policy_version = model_refs.register(store, ref).id
@@ -83,3 +87,19 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
                              config.default_max_tokens, api_key, top_logprobs=hasattr(backend, "model"))
     return Server(create_app(sampler, recorder, backend.tokenizer, settings), sampler, recorder)
+
+
+def _gateway(store: Store, config: ServeConfig, api_key: str | None) -> Server:
+    """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstream generates."""
+    from agentmem.serve.upstream import upstream_model
+
+    ref = model_refs.resolve(store, config.model)
+    tokenizer = model_refs.load_tokenizer(ref.path)
+    upstream_name, upstream_len = upstream_model(config.upstream)
+    policy_version = model_refs.register(store, ref).id
+    recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
+    sampler = UpstreamSampler(config.upstream, upstream_name, tokenizer)
+    length = config.context_length or upstream_len or int(tokenizer.model_max_length)
+    settings = ServeSettings(config.name, length, config.max_n, config.default_max_tokens, api_key,
+                             top_logprobs=False)
+    return Server(create_app(sampler, recorder, tokenizer, settings), sampler, recorder)
