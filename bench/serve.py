@@ -82,8 +82,8 @@ def start_server(model: str, db: str, port: int, window_ms: float) -> subprocess
 
 def direct(model: str, clients: int, calls: int, max_tokens: int) -> float:
     """Calls per second of the backend alone, one batch of the K clients' prompts per round."""
-    from agentmem.policy.types import SamplingParams
     from agentmem.policy.transformers_backend import TransformersBackend
+    from agentmem.policy.types import SamplingParams
 
     backend = TransformersBackend(model, dtype="float32")
     tok = backend.tokenizer
@@ -147,7 +147,7 @@ def kills(model: str, db: str, port: int, window_ms: float, server: subprocess.P
         stop = threading.Event()
         lock = threading.Lock()
 
-        def retrying_client(c: int) -> None:
+        def retrying_client(c: int, k: int = k, stop: threading.Event = stop, lock: threading.Lock = lock) -> None:
             api = openai.OpenAI(base_url=f"{root}/episodes/restart{k}-{c}/v1", api_key="unused", max_retries=0,
                                 timeout=60)
             i = 0
