@@ -378,3 +378,28 @@ def test_gateway_mode_records_what_the_upstream_sampled(sqlite_store, model_dir)
     stored_pair = sorted(c.output_ids.tolist() for c in calls.values() if c.temperature == 1.0)
     assert stored_pair == sorted(a["token_ids"] for a in answers[1])
     assert first.policy_version is not None and len(calls) == 4
+
+
+def test_the_example_agent_runs_against_the_server(sqlite_store, model_dir):
+    server = serve(sqlite_store, model_dir)
+    with running(server.app) as root:
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / "serve_openai_agent.py"), "--server", root,
+                               "--model", model_dir, "--samples", "2", "--max-tokens", "6"],
+                              capture_output=True, text=True, timeout=300)
+    server.close("finished")
+    assert done.returncode == 0, done.stderr
+    with sqlite_store.session() as s:
+        episodes = repo.list_episodes(s, server.run_id)
+        kinds = [c.kind for c in repo.episode_invocations(s, episodes[0].id)]
+    assert len(episodes) == 4 and all(e.status is EpisodeStatus.answered and e.f1 is not None for e in episodes)
+    assert sorted(e.sample_index for e in episodes if e.task_id == "Where does Bob live?") == [0, 1]
+    assert kinds[-1] == "answer" and set(kinds[:-1]) == {"memory_update"}
+
+
+def test_cli_refuses_bad_flags_with_one_line(tmp_path):
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    missing = am("serve", "--model", str(tmp_path / "nope"), "--db", db, "--device", "cpu")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ") and str(tmp_path / "nope") in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    zero = am("serve", "--max-n", "0", "--db", db)
+    assert zero.returncode == 2 and "--max-n" in zero.stderr
