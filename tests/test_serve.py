@@ -241,14 +241,8 @@ def test_completions_with_token_ids_and_stop(sqlite_store, model_dir):
         client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
         full = client.completions.create(model=model_dir, prompt=prompt, max_tokens=12, temperature=0, logprobs=2,
                                          extra_body={"return_token_ids": True})
-        text = full.choices[0].text
         assert len(full.choices[0].logprobs.tokens) == len(full.choices[0].model_extra["token_ids"])
-        stop = text[3:5] if len(text) >= 5 and text[3:5].strip() else None
-        if stop:
-            cut = client.completions.create(model=model_dir, prompt=prompt, max_tokens=12, temperature=0, stop=stop,
-                                            extra_body={"return_token_ids": True})
-            assert cut.choices[0].finish_reason == "stop" and text.startswith(cut.choices[0].text)
-            assert stop not in cut.choices[0].text
+        assert [len(top) for top in full.choices[0].logprobs.top_logprobs] == [2] * len(full.choices[0].logprobs.tokens)
     server.close("finished")
     with sqlite_store.session() as s:
         calls = list(repo.stream_invocations(s, run_ids=[server.run_id]))
@@ -403,3 +397,35 @@ def test_cli_refuses_bad_flags_with_one_line(tmp_path):
     assert len(missing.stderr.strip().splitlines()) == 1
     zero = am("serve", "--max-n", "0", "--db", db)
     assert zero.returncode == 2 and "--max-n" in zero.stderr
+
+
+def test_stop_strings_cut_the_stored_ids_after_the_completing_token(sqlite_store):
+    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.serve.sampler import cut_at_stop
+
+    tok = tiny_tokenizer()
+    said = "Bob lives in Oslo. Alice lives in Lyon."
+    ids = tok(said, add_special_tokens=False)["input_ids"]
+    assert [tok.decode([i]) for i in ids[:7]] == ["B", "ob", " liv", "es", " in", " Oslo", "."]
+    assert cut_at_stop(tok, ids, ["Oslo"]) == (6, "Bob lives in ")
+    assert cut_at_stop(tok, ids, [". A", "Lyon"]) == (8, "Bob lives in Oslo")  # the earliest stop wins
+    assert cut_at_stop(tok, ids, ["Paris"]) is None
+
+    server = build_server(sqlite_store, ServeConfig(model="scripted"), backend=ScriptedBackend(tok, lambda _: said))
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        cut = client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=40, stop=["Oslo"])
+        whole = client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=40)
+        short = client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=3)
+        pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="scripted", messages=QUESTION, max_tokens=40, stop="Lyon", stream=True) if c.choices]
+    server.close("finished")
+    assert (cut.choices[0].message.content, cut.choices[0].finish_reason) == ("Bob lives in ", "stop")
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (said, "stop")
+    assert (short.choices[0].message.content, short.choices[0].finish_reason) == ("Bob liv", "length")
+    assert "".join(pieces) == "Bob lives in Oslo. Alice lives in "
+    with sqlite_store.session() as s:
+        calls = {c.id: c for c in repo.stream_invocations(s, run_ids=[server.run_id])}
+    assert calls[cut.id].output_ids.tolist() == ids[:6] and calls[cut.id].output_logprobs.tolist() == [0.0] * 6
+    assert calls[whole.id].output_ids.tolist() == [*ids, tok.eos_token_id]
+    assert calls[short.id].output_ids.tolist() == ids[:3] and calls[short.id].policy_version is None
