@@ -274,6 +274,14 @@ class ScoreConfig(Frozen):
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     dtype: DType = DType.float32
     temperature: float = Field(1.0, gt=0)
+    # context privileged: a JSONL of {task_id, answers, text} for episodes stored without privileged context
+    privileged_file: str | None = None
+
+    @model_validator(mode="after")
+    def _privileged_file(self) -> ScoreConfig:
+        if self.privileged_file is not None and self.context is not TeacherContext.privileged:
+            raise ValueError("--privileged-file is the privileged context's: give --context privileged")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -4,6 +4,7 @@ and `score`, `distill`, `export` and the viewer work on the serve run unchanged.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -429,3 +430,40 @@ def test_stop_strings_cut_the_stored_ids_after_the_completing_token(sqlite_store
     assert calls[cut.id].output_ids.tolist() == ids[:6] and calls[cut.id].output_logprobs.tolist() == [0.0] * 6
     assert calls[whole.id].output_ids.tolist() == [*ids, tok.eos_token_id]
     assert calls[short.id].output_ids.tolist() == ids[:3] and calls[short.id].policy_version is None
+
+
+def test_privileged_context_from_a_file_at_score_time(sqlite_store, model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from agentmem.agent.prompts import privileged_ids
+    from agentmem.errors import ConfigError
+
+    server = serve(sqlite_store, model_dir)
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        for task in ("bob", "alice"):
+            client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=4, temperature=0,
+                                           extra_headers={"X-Agentmem-Task": task})
+    server.close("finished")
+    file = tmp_path / "privileged.jsonl"
+    file.write_text(json.dumps({"task_id": "bob", "answers": ["Oslo"], "text": "Bob lives in Oslo."}) + "\n")
+    with pytest.raises(ConfigError, match="bad.jsonl:1: expected"):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"answers": []}\n')
+        run_score(sqlite_store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir,
+                                            context=TeacherContext.privileged, privileged_file=str(bad)))
+    with pytest.raises(ValueError, match="--context privileged"):
+        ScoreConfig(run_ids=["x"], privileged_file=str(file))
+    run_score(sqlite_store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir, context=TeacherContext.privileged,
+                                        privileged_file=str(file)))
+    with sqlite_store.session() as s:
+        episodes = {e.task_id: e for e in repo.list_episodes(s, server.run_id)}
+        calls = {t: repo.episode_invocations(s, e.id)[0] for t, e in episodes.items()}
+        scores = {t: repo.get_teacher_scores(s, [c.id], model_dir, TeacherContext.privileged)[c.id].token_logprobs
+                  for t, c in calls.items()}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = tiny_tokenizer()
+    bob = episodes["bob"].model_copy(update={"gold_answers": ["Oslo"], "evidence": ["Bob lives in Oslo."]})
+    for task, episode in (("bob", bob), ("alice", episodes["alice"])):
+        context = privileged_ids(tok, episode) + calls[task].prompt_ids.tolist()
+        np.testing.assert_allclose(scores[task], _direct(model, context, calls[task].output_ids.tolist()), atol=1e-5)
