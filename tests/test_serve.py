@@ -467,3 +467,42 @@ def test_privileged_context_from_a_file_at_score_time(sqlite_store, model_dir, t
     for task, episode in (("bob", bob), ("alice", episodes["alice"])):
         context = privileged_ids(tok, episode) + calls[task].prompt_ids.tolist()
         np.testing.assert_allclose(scores[task], _direct(model, context, calls[task].output_ids.tolist()), atol=1e-5)
+
+
+class _SlowBackend:
+    """A scripted backend that takes ``delay_s`` per call: a client can leave while its call generates."""
+
+    name = "slow"
+
+    def __init__(self, tokenizer, text: str, delay_s: float):
+        from agentmem.policy.scripted import ScriptedBackend
+
+        self.tokenizer, self.delay_s = tokenizer, delay_s
+        self._inner = ScriptedBackend(tokenizer, lambda _: text)
+
+    def generate(self, prompts, params):
+        import time
+
+        time.sleep(self.delay_s)
+        return self._inner.generate(prompts, params)
+
+
+def test_a_client_gone_before_its_stream_ends_has_nothing_stored(sqlite_store):
+    import time
+
+    tok = tiny_tokenizer()
+    server = build_server(sqlite_store, ServeConfig(model="slow"), backend=_SlowBackend(tok, "Oslo.", 1.0))
+    body = {"model": "slow", "messages": QUESTION, "max_tokens": 8, "stream": True}
+    with running(server.app) as root:
+        with httpx.stream("POST", f"{root}/episodes/gone/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            gone = response.headers["x-agentmem-invocation"]
+        time.sleep(2.0)  # the call finished generating after its client left
+        kept = openai.OpenAI(base_url=f"{root}/episodes/kept/v1", api_key="unused", max_retries=0).chat.completions \
+            .create(model="slow", messages=QUESTION, max_tokens=8)
+    server.close("finished")
+    with sqlite_store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[server.run_id]))
+        episodes = repo.list_episodes(s, server.run_id)
+    assert [c.id for c in calls] == [kept.id] and gone != kept.id
+    assert [e.id for e in episodes] == [episode_row_id(server.run_id, "kept")]  # no episode row for the dropped call
