@@ -342,3 +342,17 @@ class EvalResult(Record):
     sub_em_ci: tuple[float, float] = (0.0, 0.0)
     metrics: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class ServeCall(Record):
+    """What a client sent with a call recorded by ``agentmem serve``: the chat ``messages`` and ``tools``
+    (None for a completions call), the sampling parameters, what the client named (episode, task, kind),
+    and in gateway mode the upstream's prompt log-probs (NaN for the first prompt token)."""
+
+    invocation_id: str
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    client: dict[str, Any] = Field(default_factory=dict)
+    prompt_logprobs: FloatArray | None = None
+    created_at: datetime = Field(default_factory=utcnow)

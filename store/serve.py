@@ -7,11 +7,15 @@ writes the call. One server process writes a run, and it serialises these transa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from agentmem.records import ServeCall
+from store import arrays
 from store.errors import NotFound
-from store.models import EpisodeRow, InvocationRow
+from store.models import EpisodeRow, InvocationRow, ServeCallRow
 
 
 def next_step(session: Session, episode_id: str) -> int:
@@ -49,3 +53,20 @@ def set_privileged(session: Session, episode_id: str, answers: list[str], eviden
                            .values(gold_answers=answers, evidence=evidence))
     if done.rowcount == 0:
         raise NotFound(f"no episode with id {episode_id!r}")
+
+
+def insert_serve_calls(session: Session, calls: Iterable[ServeCall]) -> None:
+    session.add_all([ServeCallRow(
+        invocation_id=c.invocation_id, messages=c.messages, tools=c.tools, sampling=c.sampling, client=c.client,
+        prompt_logprobs=None if c.prompt_logprobs is None else arrays.encode(c.prompt_logprobs, arrays.FLOATS),
+        created_at=c.created_at) for c in calls])
+
+
+def get_serve_call(session: Session, invocation_id: str) -> ServeCall:
+    row = session.get(ServeCallRow, invocation_id)
+    if row is None:
+        raise NotFound(f"no served call with invocation id {invocation_id!r}")
+    return ServeCall(invocation_id=row.invocation_id, messages=row.messages, tools=row.tools, sampling=row.sampling,
+                     client=row.client, created_at=row.created_at,
+                     prompt_logprobs=None if row.prompt_logprobs is None
+                     else arrays.decode(row.prompt_logprobs, arrays.FLOATS))

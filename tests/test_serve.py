@@ -27,6 +27,7 @@ from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.view.app import create_app as create_view
 from store import repository as repo
+from store import serve as serve_repo
 from store.engine import open_read_only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +135,13 @@ def test_openai_client_calls_are_stored_exactly(store, model_dir, tmp_path):
     for entry in first.choices[0].logprobs.content:
         assert entry.top_logprobs[0].token == entry.token and len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
+
+    with store.session() as s:
+        sent = [serve_repo.get_serve_call(s, c.id) for c in calls]
+    assert sent[0].messages == QUESTION and sent[1].messages == second_messages and sent[0].tools is None
+    assert sent[0].sampling == {"temperature": 0.0, "max_tokens": 8, "n": 1, "logprobs": True, "top_logprobs": 3}
+    assert sent[1].sampling == {"temperature": 0.8, "top_p": 0.9, "max_tokens": 6, "seed": 5, "n": 1, "logprobs": True}
+    assert sent[0].client == {"episode": "ep1", "task": "ep1", "kind": "chat"} and sent[0].prompt_logprobs is None
 
     bob = sorted((e for e in episodes if e.task_id == "bob"), key=lambda e: e.sample_index)
     assert [e.sample_index for e in bob] == [0, 1, 2, 3]
@@ -373,6 +381,12 @@ def test_gateway_mode_records_what_the_upstream_sampled(sqlite_store, model_dir)
     stored_pair = sorted(c.output_ids.tolist() for c in calls.values() if c.temperature == 1.0)
     assert stored_pair == sorted(a["token_ids"] for a in answers[1])
     assert first.policy_version is not None and len(calls) == 4
+    with sqlite_store.session() as s:
+        sent = serve_repo.get_serve_call(s, plain.id)
+    expected = [np.nan] + [answers[0][0]["prompt_logprobs"][i][str(t)]["logprob"] for i, t in enumerate(chat_ids(QUESTION))
+                           if i > 0]
+    np.testing.assert_array_equal(sent.prompt_logprobs, np.asarray(expected, np.float32))
+    assert sent.messages == QUESTION and sent.client == {"episode": "g", "task": "g", "kind": "chat"}
 
 
 def test_the_example_agent_runs_against_the_server(sqlite_store, model_dir):

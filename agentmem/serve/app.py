@@ -46,7 +46,7 @@ from agentmem.serve.protocol import (
     RewardRequest,
     bad_request,
 )
-from agentmem.serve.recorder import CallContext, Planned, Recorder
+from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
 from agentmem.serve.sampler import Choice, Job
 
 
@@ -66,8 +66,7 @@ class ServeSettings:
 @dataclass(frozen=True)
 class _Prepared:
     prompts: list[list[int]]
-    prompt_texts: list[str]
-    questions: list[str]
+    sent: Sent
     job: Job
     ctx: CallContext
     planned: Planned
@@ -120,8 +119,9 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
             raise bad_request(f"the model's chat template cannot render these messages: {exc}", "messages") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-        prep = await _prepare(request, req, body, episode, [ids], [text], [question], "chat",
-                              req.top_k if req.logprobs else 0)
+        sent = Sent([text], [question], messages, req.tools, _sampling(req, top_logprobs=req.top_logprobs,
+                                                                       logprobs=req.logprobs))
+        prep = await _prepare(request, req, body, episode, [ids], sent, "chat", req.top_k if req.logprobs else 0)
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         return await _respond(request, req, prep, chat=True, logprobs=req.logprobs, body=body)
@@ -132,7 +132,8 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         prompts = _completion_prompts(req.prompt)
         ids = [list(tokenizer(p, add_special_tokens=True)["input_ids"]) if isinstance(p, str) else p for p in prompts]
         texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
-        prep = await _prepare(request, req, body, episode, ids, texts, texts, "completion", req.top_k)
+        sent = Sent(texts, texts, None, None, _sampling(req, logprobs=req.logprobs))
+        prep = await _prepare(request, req, body, episode, ids, sent, "completion", req.top_k)
         return await _respond(request, req, prep, chat=False, logprobs=req.logprobs is not None, body=body)
 
     @app.post("/v1/chat/completions")
@@ -164,7 +165,7 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         return {"episode_id": ep.id, "answers": ep.gold_answers, "evidence": ep.evidence}
 
     async def _prepare(request: Request, req, body: dict, episode: str | None, prompts: list[list[int]],
-                       texts: list[str], questions: list[str], kind: str, top_k: int) -> _Prepared:
+                       sent: Sent, kind: str, top_k: int) -> _Prepared:
         if req.model != settings.model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist: this server serves "
                                 f"`{settings.model_name}`", type="invalid_request_error", param="model",
@@ -190,7 +191,7 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         ctx = _context(request, body, episode, kind)
         await asyncio.to_thread(recorder.check_parent, ctx.parent)
         job = Job(prompts, req.n, params, tuple(req.stops), top_k)
-        return _Prepared(prompts, texts, questions, job, ctx, recorder.plan(ctx, len(prompts), req.n))
+        return _Prepared(prompts, sent, job, ctx, recorder.plan(ctx, len(prompts), req.n))
 
     async def _respond(request: Request, req, prep: _Prepared, *, chat: bool, logprobs: bool, body: dict) -> Any:
         headers = {"X-Agentmem-Invocation": ",".join(prep.planned.invocation_ids),
@@ -204,8 +205,7 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         return JSONResponse(out, headers=headers)
 
     def _store(prep: _Prepared, choices: list[Choice]) -> None:
-        recorder.record(prep.ctx, prep.planned, choices, prep.prompt_texts, prep.questions,
-                        prep.job.params.temperature, prep.job.n)
+        recorder.record(prep.ctx, prep.planned, choices, prep.sent, prep.job.params.temperature, prep.job.n)
 
     def _response(prep: _Prepared, choices: list[Choice], chat: bool, logprobs: bool, token_ids: bool) -> dict:
         out: dict[str, Any] = {
@@ -321,6 +321,13 @@ def _deltas(tokenizer, c: Choice) -> list[str]:
     if sent != c.text and out:
         out[-1] += c.text[len(sent):]
     return out
+
+
+def _sampling(req, **extra: Any) -> dict[str, Any]:
+    """The sampling fields as the client gave them (None: the default), for ``serve_calls.sampling``."""
+    fields = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.output_limit, "seed": req.seed,
+              "stop": req.stops or None, "n": req.n, **extra}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _completion_prompts(prompt: Any) -> list[str | list[int]]:

@@ -19,7 +19,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from agentmem.records import Episode, EpisodeStatus, Invocation, Run, RunKind, new_id, utcnow
+from agentmem.records import Episode, EpisodeStatus, Invocation, Run, RunKind, ServeCall, new_id, utcnow
 from agentmem.serve.protocol import ApiError
 from agentmem.serve.sampler import Choice
 from store import repository as repo
@@ -84,6 +84,18 @@ class Planned:
     tasks: list[str]
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What the client sent: per prompt, its rendered text and its question (the last user message, or the
+    prompt); the chat ``messages`` and ``tools`` (None for completions); the sampling fields as given."""
+
+    prompt_texts: list[str]
+    questions: list[str]
+    messages: list[dict] | None
+    tools: list[dict] | None
+    sampling: dict
+
+
 class Recorder:
     """Writes a served run's calls. One instance per server process; ``record`` calls are serialised."""
 
@@ -111,10 +123,10 @@ class Recorder:
             tasks = [ctx.task or (base if prompts == 1 else f"{base}:{i // n}") for i in range(total)]
         return Planned(call_id, inv_ids, clients, [episode_row_id(self.run_id, c) for c in clients], tasks)
 
-    def record(self, ctx: CallContext, planned: Planned, choices: list[Choice], prompt_texts: list[str],
-               questions: list[str], temperature: float, n: int) -> None:
-        """Store one request in one transaction: ``choices`` in request order, ``n`` per prompt;
-        ``prompt_texts[i]`` and ``questions[i]`` belong to prompt ``i``."""
+    def record(self, ctx: CallContext, planned: Planned, choices: list[Choice], sent: Sent, temperature: float,
+               n: int) -> None:
+        """Store one request in one transaction: ``choices`` in request order, ``n`` per prompt, each an
+        invocation with its ``serve_calls`` row."""
         standalone = ctx.episode is None  # episodes the client did not name are closed with their call
         with self._lock, self.store.session() as s:
             for i, choice in enumerate(choices):
@@ -124,13 +136,17 @@ class Recorder:
                     repo.insert_episodes(s, [Episode(
                         id=ep_id, run_id=self.run_id, env=ENV, task_id=task,
                         sample_index=serve_repo.next_sample_index(s, self.run_id, task),
-                        question=questions[prompt])])
+                        question=sent.questions[prompt])])
                 repo.insert_invocations(s, [Invocation(
                     id=planned.invocation_ids[i], episode_id=ep_id, step=serve_repo.next_step(s, ep_id),
                     kind=ctx.kind, memory_policy=ENV, policy_version=self.policy_version,
                     prompt_ids=choice.prompt_ids, output_ids=choice.output_ids, output_logprobs=choice.logprobs,
-                    prompt_text=prompt_texts[prompt], output_text=choice.text, finish_reason=choice.finish_reason,
+                    prompt_text=sent.prompt_texts[prompt], output_text=choice.text, finish_reason=choice.finish_reason,
                     temperature=temperature, latency_s=choice.latency_s, parent_invocation_id=ctx.parent)])
+                serve_repo.insert_serve_calls(s, [ServeCall(
+                    invocation_id=planned.invocation_ids[i], messages=sent.messages, tools=sent.tools,
+                    sampling=sent.sampling, prompt_logprobs=choice.prompt_logprobs,
+                    client={"episode": planned.client_episodes[i], "task": planned.tasks[i], "kind": ctx.kind})])
                 if standalone:
                     ep = repo.get_episode(s, ep_id)
                     repo.update_episode(s, ep.model_copy(update={

@@ -2,8 +2,9 @@
 
 The gateway renders each chat with the served model's own tokenizer and chat template (``--model`` names
 it; no weights load), sends the token ids to the upstream's ``/v1/completions`` with
-``"return_token_ids": true`` and ``logprobs: 0``, and records what comes back: the ids the upstream
-consumed (checked equal to the ids sent), the ids it sampled and their log-probs. Requests go upstream
+``"return_token_ids": true``, ``logprobs: 0`` and ``prompt_logprobs: 0``, and records what comes back: the
+ids the upstream consumed (checked equal to the ids sent), the ids it sampled and their log-probs, and the
+prompt tokens' log-probs (``serve_calls.prompt_logprobs``). Requests go upstream
 concurrently (vLLM batches them continuously). Start vLLM with ``--logprobs-mode processed_logprobs`` so
 its log-probs are the temperature-scaled ones every agentmem backend stores (``policy.types``).
 
@@ -69,7 +70,7 @@ class UpstreamSampler:
     def _generate(self, job: Job) -> list[Choice]:
         p = job.params
         body = {"model": self.model, "prompt": job.prompts, "n": job.n, "max_tokens": p.max_new_tokens,
-                "temperature": p.temperature, "top_p": p.top_p, "logprobs": 0, "return_token_ids": True}
+                "temperature": p.temperature, "top_p": p.top_p, "logprobs": 0, "prompt_logprobs": 0, "return_token_ids": True}
         if p.seed is not None:
             body["seed"] = p.seed
         if job.stops:
@@ -100,4 +101,17 @@ class UpstreamSampler:
             ids, lps, reason = ids[:keep], lps[:keep], FinishReason.stop
         else:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Choice(list(prompt), ids, lps, reason, text, latency)
+        return Choice(list(prompt), ids, lps, reason, text, latency,
+                      prompt_logprobs=_prompt_logprobs(prompt, c.get("prompt_logprobs")))
+
+
+def _prompt_logprobs(prompt: list[int], entries: list | None) -> list[float] | None:
+    """vLLM's ``prompt_logprobs`` (None for the first token, then ``{token id: {"logprob": ..}}`` per position,
+    the prompt's own token among them) as one log-prob per prompt token, NaN where there is none."""
+    if entries is None or len(entries) != len(prompt):
+        return None
+    out = []
+    for tid, entry in zip(prompt, entries, strict=True):
+        found = (entry or {}).get(str(tid))
+        out.append(float(found["logprob"]) if isinstance(found, dict) else float("nan"))
+    return out
