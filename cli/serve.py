@@ -41,7 +41,8 @@ def serve(
                                                       "(e.g. http://127.0.0.1:8001/v1) instead of loading the model; "
                                                       "--model then gives only the tokenizer and chat template.",
                                                  show_default=False)] = None,
-    dtype: Annotated[DType, typer.Option(help="Model dtype.")] = DType.bfloat16,
+    dtype: Annotated[DType, typer.Option(help="Model dtype (fp32, as rollouts: the stored log-probs then match "
+                                              "training's fp32 recompute).")] = DType.float32,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
 ) -> None:

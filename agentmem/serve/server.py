@@ -31,7 +31,9 @@ class ServeConfig(BaseModel):
     model: str | None = None
     served_model_name: str | None = None  # the ``model`` clients send (default: the model reference)
     backend: BackendKind = BackendKind.transformers
-    dtype: DType = DType.bfloat16
+    # fp32, as rollouts: on CPU it is as fast for long prompts, and the stored log-probs then match the fp32
+    # recompute of training
+    dtype: DType = DType.float32
     run_name: str | None = None
     max_n: int = Field(16, ge=1)
     default_max_tokens: int = Field(256, ge=1)
