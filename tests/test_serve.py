@@ -520,3 +520,53 @@ def test_a_client_gone_before_its_stream_ends_has_nothing_stored(sqlite_store):
         episodes = repo.list_episodes(s, server.run_id)
     assert [c.id for c in calls] == [kept.id] and gone != kept.id
     assert [e.id for e in episodes] == [episode_row_id(server.run_id, "kept")]  # no episode row for the dropped call
+
+
+def test_groups_fork_an_episode_and_prompt_lists_make_one_task_each(sqlite_store):
+    from agentmem.policy.scripted import ScriptedBackend
+
+    tok = tiny_tokenizer()
+    server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tok, lambda _: "Oslo."))
+    with running(server.app) as root:
+        forked = openai.OpenAI(base_url=f"{root}/episodes/E/v1", api_key="unused", max_retries=0)
+        pair = forked.chat.completions.with_raw_response.create(model="s", messages=QUESTION, n=2)
+        branch = openai.OpenAI(base_url=f"{root}/episodes/E.1/v1", api_key="unused", max_retries=0)
+        more = branch.chat.completions.create(model="s", messages=QUESTION)
+        assert httpx.post(f"{root}/agentmem/episodes/E.1/reward", json={"reward": 1.0}).status_code == 200
+        listed = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0).completions.create(
+            model="s", prompt=["Bob lives in", "Alice lives in"], extra_headers={"X-Agentmem-Episode": "L"})
+    server.close("finished")
+    rid = server.run_id
+    assert pair.headers["x-agentmem-episode"] == f"{episode_row_id(rid, 'E.0')},{episode_row_id(rid, 'E.1')}"
+    assert len(pair.headers["x-agentmem-invocation"].split(",")) == 2 and len(listed.choices) == 2
+    with sqlite_store.session() as s:
+        eps = {e.id: e for e in repo.list_episodes(s, rid)}
+        branch_calls = repo.episode_invocations(s, episode_row_id(rid, "E.1"))
+    e0, e1 = eps[episode_row_id(rid, "E.0")], eps[episode_row_id(rid, "E.1")]
+    assert (e0.task_id, e0.sample_index, e0.status) == ("E", 0, EpisodeStatus.running)
+    assert (e1.task_id, e1.sample_index, e1.status, e1.reward) == ("E", 1, EpisodeStatus.answered, 1.0)
+    assert episode_row_id(rid, "E") not in eps
+    assert [c.step for c in branch_calls] == [0, 1] and branch_calls[1].id == more.id
+    assert {(eps[episode_row_id(rid, f"L.{i}")].task_id, eps[episode_row_id(rid, f"L.{i}")].question)
+            for i in range(2)} == {("L:0", "Bob lives in"), ("L:1", "Alice lives in")}
+
+
+def test_a_failing_backend_answers_500_and_stores_nothing(sqlite_store):
+    class Broken:
+        name, tokenizer = "broken", tiny_tokenizer()
+
+        def generate(self, prompts, params):
+            raise RuntimeError("out of memory")
+
+    server = build_server(sqlite_store, ServeConfig(model="b"), backend=Broken())
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.create(model="b", messages=QUESTION)
+        assert "out of memory" in failed.value.body["message"] and failed.value.body["type"] == "server_error"
+        events = [line for line in httpx.post(f"{root}/v1/chat/completions", json={
+            "model": "b", "messages": QUESTION, "stream": True}).text.splitlines() if line.startswith("data: ")]
+        assert len(events) == 1 and json.loads(events[0][6:])["error"]["type"] == "server_error"
+    server.close("finished")
+    with sqlite_store.session() as s:
+        assert repo.count_invocations(s, [server.run_id]) == 0 and repo.list_episodes(s, server.run_id) == []

@@ -79,6 +79,12 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(Exception)
+    async def _server_error(_request: Request, exc: Exception) -> JSONResponse:
+        # a failed generation or store write: the OpenAI body, and nothing stored (one transaction per call)
+        err = ApiError(500, f"the server failed on this call: {type(exc).__name__}: {exc}", type="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(_validation_error(exc.errors()).body(), status_code=400)
@@ -272,8 +278,9 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
 
         try:
             choices = await asyncio.wrap_future(sampler.submit(prep.job))
-        except ApiError as exc:
-            yield f"data: {json.dumps(exc.body())}\n\n"
+        except Exception as exc:  # noqa: BLE001  the stream has started: the error goes in it, nothing is stored
+            err = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error")
+            yield f"data: {json.dumps(err.body())}\n\n"
             return
         for i, c in enumerate(choices):
             if chat:
