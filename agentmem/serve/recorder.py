@@ -143,6 +143,9 @@ class Recorder:
                     prompt_ids=choice.prompt_ids, output_ids=choice.output_ids, output_logprobs=choice.logprobs,
                     prompt_text=sent.prompt_texts[prompt], output_text=choice.text, finish_reason=choice.finish_reason,
                     temperature=temperature, latency_s=choice.latency_s, parent_invocation_id=ctx.parent)])
+                if not serve_repo.invocation_exists(s, planned.invocation_ids[i]):  # its step was taken meanwhile
+                    raise ApiError(409, f"episode {planned.client_episodes[i]!r}: another process stored a call at "
+                                        "the same step; serve one run from one server process", type="conflict")
                 serve_repo.insert_serve_calls(s, [ServeCall(
                     invocation_id=planned.invocation_ids[i], messages=sent.messages, tools=sent.tools,
                     sampling=sent.sampling, prompt_logprobs=choice.prompt_logprobs,
