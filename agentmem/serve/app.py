@@ -47,6 +47,7 @@ from agentmem.serve.protocol import (
     bad_request,
 )
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
+from agentmem.serve.responses import Formatter, usage
 from agentmem.serve.sampler import Choice, Job
 
 
@@ -125,8 +126,8 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
             raise bad_request(f"the model's chat template cannot render these messages: {exc}", "messages") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-        sent = Sent([text], [question], messages, req.tools, _sampling(req, top_logprobs=req.top_logprobs,
-                                                                       logprobs=req.logprobs))
+        sent = Sent([text], [question], messages, req.tools, req.sampling(top_logprobs=req.top_logprobs,
+                                                                     logprobs=req.logprobs))
         prep = await _prepare(request, req, body, episode, [ids], sent, "chat", req.top_k if req.logprobs else 0)
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
@@ -138,7 +139,7 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         prompts = _completion_prompts(req.prompt)
         ids = [list(tokenizer(p, add_special_tokens=True)["input_ids"]) if isinstance(p, str) else p for p in prompts]
         texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
-        sent = Sent(texts, texts, None, None, _sampling(req, logprobs=req.logprobs))
+        sent = Sent(texts, texts, None, None, req.sampling(logprobs=req.logprobs))
         prep = await _prepare(request, req, body, episode, ids, sent, "completion", req.top_k)
         return await _respond(request, req, prep, chat=False, logprobs=req.logprobs is not None, body=body)
 
@@ -202,139 +203,38 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
     async def _respond(request: Request, req, prep: _Prepared, *, chat: bool, logprobs: bool, body: dict) -> Any:
         headers = {"X-Agentmem-Invocation": ",".join(prep.planned.invocation_ids),
                    "X-Agentmem-Episode": ",".join(prep.planned.episode_ids)}
+        shape = Formatter(tokenizer, settings.model_name, recorder.policy_version, chat, logprobs)
         if req.stream:
-            return StreamingResponse(_stream(request, req, prep, chat, logprobs, body), headers=headers,
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(_stream(request, prep, shape, include_usage), headers=headers,
                                      media_type="text/event-stream")
         choices = await asyncio.wrap_future(sampler.submit(prep.job))
         await asyncio.to_thread(_store, prep, choices)
-        out = _response(prep, choices, chat, logprobs, bool(body.get("return_token_ids")))
+        out = shape.response(prep.planned.invocation_ids[0], int(time.time()), prep.prompts, choices,
+                             bool(body.get("return_token_ids")))
         return JSONResponse(out, headers=headers)
 
     def _store(prep: _Prepared, choices: list[Choice]) -> None:
         recorder.record(prep.ctx, prep.planned, choices, prep.sent, prep.job.params.temperature, prep.job.n)
 
-    def _response(prep: _Prepared, choices: list[Choice], chat: bool, logprobs: bool, token_ids: bool) -> dict:
-        out: dict[str, Any] = {
-            "id": prep.planned.invocation_ids[0], "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": settings.model_name,
-            "system_fingerprint": recorder.policy_version,
-            "choices": [_choice(i, c, chat, logprobs, token_ids) for i, c in enumerate(choices)],
-            "usage": _usage(prep, choices),
-        }
-        if token_ids:
-            out["prompt_token_ids"] = prep.prompts[0] if len(prep.prompts) == 1 else prep.prompts
-        return out
-
-    def _choice(i: int, c: Choice, chat: bool, logprobs: bool, token_ids: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value}
-        if chat:
-            out["message"] = {"role": "assistant", "content": c.text}
-            out["logprobs"] = {"content": _chat_logprobs(c)} if logprobs else None
-        else:
-            out["text"] = c.text
-            out["logprobs"] = _completion_logprobs(c) if logprobs else None
-        if token_ids:
-            out["token_ids"] = c.output_ids
-        return out
-
-    def _token(tid: int) -> str:
-        return tokenizer.decode([tid])
-
-    def _entry(tid: int, lp: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
-        text = _token(tid)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode()),
-                "top_logprobs": [{"token": _token(t), "logprob": v, "bytes": list(_token(t).encode())}
-                                 for t, v in (top or [])]}
-
-    def _chat_logprobs(c: Choice, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
-        lps = c.logprobs or [0.0] * len(c.output_ids)
-        stop = len(c.output_ids) if stop is None else stop
-        return [_entry(c.output_ids[k], lps[k], c.top[k] if c.top else None) for k in range(start, stop)]
-
-    def _completion_logprobs(c: Choice) -> dict[str, Any]:
-        lps = c.logprobs or [0.0] * len(c.output_ids)
-        tokens = [_token(t) for t in c.output_ids]
-        offsets, at = [], 0
-        for t in tokens:
-            offsets.append(at)
-            at += len(t)
-        top = [{_token(t): v for t, v in row} for row in c.top] if c.top else None
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets}
-
-    def _usage(prep: _Prepared, choices: list[Choice]) -> dict[str, int]:
-        prompt = sum(len(p) for p in prep.prompts)
-        completion = sum(len(c.output_ids) for c in choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-    async def _stream(request: Request, req, prep: _Prepared, chat: bool, logprobs: bool,
-                      body: dict) -> AsyncIterator[str]:
-        inv_id, created = prep.planned.invocation_ids[0], int(time.time())
-        kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-            data = {"id": inv_id, "object": kind, "created": created, "model": settings.model_name,
-                    "system_fingerprint": recorder.policy_version, "choices": choices, **extra}
-            return f"data: {json.dumps(data)}\n\n"
-
+    async def _stream(request: Request, prep: _Prepared, shape: Formatter, include_usage: bool) -> AsyncIterator[str]:
+        call_id, created = prep.planned.invocation_ids[0], int(time.time())
         try:
             choices = await asyncio.wrap_future(sampler.submit(prep.job))
         except Exception as exc:  # noqa: BLE001  the stream has started: the error goes in it, nothing is stored
             err = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error")
             yield f"data: {json.dumps(err.body())}\n\n"
             return
-        for i, c in enumerate(choices):
-            if chat:
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}])
-            for k, delta in enumerate(_deltas(tokenizer, c)):
-                piece: dict[str, Any] = {"index": i, "finish_reason": None}
-                if chat:
-                    piece["delta"] = {"content": delta}
-                    piece["logprobs"] = {"content": _chat_logprobs(c, k, k + 1)} if logprobs else None
-                else:
-                    piece["text"] = delta
-                    piece["logprobs"] = None
-                yield chunk([piece])
-                await asyncio.sleep(0)
+        for piece in shape.token_chunks(call_id, created, choices):
+            yield piece
+            await asyncio.sleep(0)
         if await request.is_disconnected():
             return  # the client is gone: its call is not stored
         await asyncio.to_thread(_store, prep, choices)
-        for i, c in enumerate(choices):
-            last: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value}
-            if chat:
-                last["delta"] = {}
-                last["logprobs"] = None
-            else:
-                last["text"] = ""
-            yield chunk([last])
-        if (body.get("stream_options") or {}).get("include_usage"):
-            yield chunk([], usage=_usage(prep, choices))
-        yield "data: [DONE]\n\n"
+        for piece in shape.final_chunks(call_id, created, choices, usage(prep.prompts, choices) if include_usage else None):
+            yield piece
 
     return app
-
-
-def _deltas(tokenizer, c: Choice) -> list[str]:
-    """One text delta per output token, whose concatenation is the choice's text: a token that decodes
-    only together with later ones (part of a UTF-8 character) gives an empty delta until it completes."""
-    out, sent = [], ""
-    for k in range(1, len(c.output_ids) + 1):
-        cur = tokenizer.decode(c.output_ids[:k], skip_special_tokens=True)[: len(c.text)]
-        if c.text.startswith(cur) and len(cur) > len(sent):
-            out.append(cur[len(sent):])
-            sent = cur
-        else:
-            out.append("")
-    if sent != c.text and out:
-        out[-1] += c.text[len(sent):]
-    return out
-
-
-def _sampling(req, **extra: Any) -> dict[str, Any]:
-    """The sampling fields as the client gave them (None: the default), for ``serve_calls.sampling``."""
-    fields = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.output_limit, "seed": req.seed,
-              "stop": req.stops or None, "n": req.n, **extra}
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _completion_prompts(prompt: Any) -> list[str | list[int]]:

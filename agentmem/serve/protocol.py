@@ -62,6 +62,12 @@ class _Sampling(_Body):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def sampling(self, **extra: Any) -> dict[str, Any]:
+        """The sampling fields as the client gave them (omitted: the default), as ``serve_calls`` stores them."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.output_limit,
+                  "seed": self.seed, "stop": self.stops or None, "n": self.n, **extra}
+        return {k: v for k, v in fields.items() if v is not None}
+
 
 class ChatMessage(_Body):
     role: str
