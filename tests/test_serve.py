@@ -184,6 +184,7 @@ def test_openai_client_calls_are_stored_exactly(store, model_dir, tmp_path):
     viewer = TestClient(create_view(open_read_only(_plain(store))))
     page = viewer.get(f"/episodes/{ep1.id}")
     assert page.status_code == 200 and "Where does Bob live?" in page.text
+    assert viewer.get(f"/runs/{run_id}").status_code == 200 and run_id[:8] in viewer.get("/").text
 
 
 def _plain(store) -> str:
@@ -261,21 +262,21 @@ def test_completions_with_token_ids_and_stop(sqlite_store, model_dir):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_rollout_through_the_server_stores_the_direct_ids(sqlite_store, model_dir, temperature):
+def test_rollout_through_the_server_stores_the_direct_ids(store, model_dir, temperature):
     from agentmem.config import AgentConfig, BackendKind, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
 
     config = RolloutConfig(model=model_dir, episodes=2, group_size=2, chunk_tokens=48, env_knobs={"context_tokens": 100},
                            agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, temperature=temperature))
-    direct = run_rollout(sqlite_store, config)
-    server = build_server(sqlite_store, ServeConfig(model=model_dir, dtype="float32", batch_window_ms=0))
+    direct = run_rollout(store, config)
+    server = build_server(store, ServeConfig(model=model_dir, dtype="float32", batch_window_ms=0))
     with running(server.app) as root:
-        served = run_rollout(sqlite_store, config.model_copy(update={"backend": BackendKind.openai,
+        served = run_rollout(store, config.model_copy(update={"backend": BackendKind.openai,
                                                                      "base_url": f"{root}/v1"}))
     server.close("finished")
 
     def calls(run_id: str) -> dict:
-        with sqlite_store.session() as s:
+        with store.session() as s:
             eps = {e.id: e for e in repo.list_episodes(s, run_id)}
             return {(eps[i.episode_id].task_id, eps[i.episode_id].sample_index, i.step): i
                     for i in repo.stream_invocations(s, run_ids=[run_id])}
@@ -297,14 +298,14 @@ def _direct(model, context: list[int], output: list[int]) -> np.ndarray:
     return logp[len(context) - 1 : len(ids) - 1].gather(-1, torch.tensor(output)[:, None]).squeeze(-1).numpy()
 
 
-def test_teacher_contexts_of_served_calls(sqlite_store, model_dir):
+def test_teacher_contexts_of_served_calls(store, model_dir):
     """persistent and persistent_chat read the episode's earlier calls in arrival order; privileged reads the
     text given once per episode; each score equals a direct forward pass over that context."""
     from transformers import AutoModelForCausalLM
 
     from agentmem.agent.prompts import privileged_ids
 
-    server = serve(sqlite_store, model_dir)
+    server = serve(store, model_dir)
     turns = [[{"role": "system", "content": "Keep a memory."}, {"role": "user", "content": f"Chunk {i}: Bob lives in Oslo."}]
              for i in range(2)]
     with running(server.app) as root:
@@ -318,8 +319,8 @@ def test_teacher_contexts_of_served_calls(sqlite_store, model_dir):
     server.close("finished")
     ep_id = episode_row_id(server.run_id, "m")
     for context in (TeacherContext.persistent, TeacherContext.persistent_chat, TeacherContext.privileged):
-        run_score(sqlite_store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir, context=context))
-    with sqlite_store.session() as s:
+        run_score(store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir, context=context))
+    with store.session() as s:
         episode = repo.get_episode(s, ep_id)
         first, second = repo.episode_invocations(s, ep_id)
         scores = {c: repo.get_teacher_scores(s, [second.id], model_dir, c)[second.id].token_logprobs
@@ -501,11 +502,11 @@ class _SlowBackend:
         return self._inner.generate(prompts, params)
 
 
-def test_a_client_gone_before_its_stream_ends_has_nothing_stored(sqlite_store):
+def test_a_client_gone_before_its_stream_ends_has_nothing_stored(store):
     import time
 
     tok = tiny_tokenizer()
-    server = build_server(sqlite_store, ServeConfig(model="slow"), backend=_SlowBackend(tok, "Oslo.", 1.0))
+    server = build_server(store, ServeConfig(model="slow"), backend=_SlowBackend(tok, "Oslo.", 1.0))
     body = {"model": "slow", "messages": QUESTION, "max_tokens": 8, "stream": True}
     with running(server.app) as root:
         with httpx.stream("POST", f"{root}/episodes/gone/v1/chat/completions", json=body) as response:
@@ -515,7 +516,7 @@ def test_a_client_gone_before_its_stream_ends_has_nothing_stored(sqlite_store):
         kept = openai.OpenAI(base_url=f"{root}/episodes/kept/v1", api_key="unused", max_retries=0).chat.completions \
             .create(model="slow", messages=QUESTION, max_tokens=8)
     server.close("finished")
-    with sqlite_store.session() as s:
+    with store.session() as s:
         calls = list(repo.stream_invocations(s, run_ids=[server.run_id]))
         episodes = repo.list_episodes(s, server.run_id)
     assert [c.id for c in calls] == [kept.id] and gone != kept.id
