@@ -207,6 +207,9 @@ def test_bad_input_gets_openai_errors_and_stores_nothing(sqlite_store, model_dir
         assert long.value.body["code"] == "context_length_exceeded"
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=2, temperature=3)
+        with pytest.raises(openai.BadRequestError) as penalty:
+            client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=2, presence_penalty=0.5)
+        assert penalty.value.body["param"] == "presence_penalty"
         malformed = httpx.post(f"{root}/v1/chat/completions", content=b"{not json",
                                headers={"content-type": "application/json"})
         assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
@@ -253,6 +256,10 @@ def test_completions_with_token_ids_and_stop(sqlite_store, model_dir):
                                          extra_body={"return_token_ids": True})
         assert len(full.choices[0].logprobs.tokens) == len(full.choices[0].model_extra["token_ids"])
         assert [len(top) for top in full.choices[0].logprobs.top_logprobs] == [2] * len(full.choices[0].logprobs.tokens)
+        chunks = [c for c in client.completions.create(model=model_dir, prompt=prompt, max_tokens=12, temperature=0,
+                                                       logprobs=2, stream=True) if c.choices and c.choices[0].logprobs]
+        assert [t for c in chunks for t in c.choices[0].logprobs.token_logprobs] == full.choices[0].logprobs.token_logprobs
+        assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
     server.close("finished")
     with sqlite_store.session() as s:
         calls = list(repo.stream_invocations(s, run_ids=[server.run_id]))

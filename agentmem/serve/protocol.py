@@ -49,6 +49,24 @@ class _Sampling(_Body):
     seed: int | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    # not implemented by the sampler: refused unless neutral, so that no client believes they were applied
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError("penalties are not supported: the stored log-probs are the plain tempered model's")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported: the stored log-probs are the plain tempered model's")
+        return value
 
     @field_validator("stop")
     @classmethod

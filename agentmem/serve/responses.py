@@ -75,6 +75,8 @@ class Formatter:
                         piece["logprobs"] = {"content": self._chat_logprobs(c, k, k + 1)}
                 else:
                     piece["text"] = delta
+                    if self.logprobs:
+                        piece["logprobs"] = self._completion_logprobs(c, k, k + 1)
                 yield self._chunk(call_id, created, [piece])
 
     def final_chunks(self, call_id: str, created: int, choices: list[Choice],
@@ -119,7 +121,7 @@ class Formatter:
         stop = len(c.output_ids) if stop is None else stop
         return [self._entry(c.output_ids[k], lps[k], c.top[k] if c.top else None) for k in range(start, stop)]
 
-    def _completion_logprobs(self, c: Choice) -> dict[str, Any]:
+    def _completion_logprobs(self, c: Choice, start: int = 0, stop: int | None = None) -> dict[str, Any]:
         lps = c.logprobs or [0.0] * len(c.output_ids)
         tokens = [self._token(t) for t in c.output_ids]
         offsets, at = [], 0
@@ -127,4 +129,6 @@ class Formatter:
             offsets.append(at)
             at += len(t)
         top = [{self._token(t): v for t, v in row} for row in c.top] if c.top else None
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets}
+        part = slice(start, len(tokens) if stop is None else stop)
+        return {"tokens": tokens[part], "token_logprobs": lps[part], "top_logprobs": top[part] if top else None,
+                "text_offset": offsets[part]}
