@@ -23,7 +23,7 @@ from tiny_models import save_tiny, tiny_tokenizer
 from agentmem.config import ScoreConfig
 from agentmem.jobs.score import run_score
 from agentmem.records import EpisodeStatus, RunKind, TeacherContext
-from agentmem.serve.recorder import episode_row_id
+from agentmem.serve.recorder import episode_row_id, serve_run_id
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.view.app import create_app as create_view
 from store import repository as repo
@@ -578,3 +578,40 @@ def test_a_failing_backend_answers_500_and_stores_nothing(sqlite_store):
     server.close("finished")
     with sqlite_store.session() as s:
         assert repo.count_invocations(s, [server.run_id]) == 0 and repo.list_episodes(s, server.run_id) == []
+
+
+def test_the_cli_serves_records_and_stops_cleanly(tmp_path, model_dir):
+    import signal
+    import time
+
+    from serve_helpers import free_port
+
+    from store.engine import open_store
+
+    db, port = f"sqlite:///{tmp_path / 'served.db'}", free_port()
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1", "AGENTMEM_API_KEY": "k3y"}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.app", "serve", "--model", model_dir, "--port", str(port),
+                             "--db", db, "--run-name", "cli", "--device", "cpu"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        root = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(f"{root}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert httpx.get(f"{root}/v1/models").status_code == 401  # $AGENTMEM_API_KEY is required
+        client = openai.OpenAI(base_url=f"{root}/episodes/c/v1", api_key="k3y", max_retries=0)
+        reply = client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=3)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/v1" in out and "bearer key required" in out
+    store = open_store(db)
+    with store.session() as s:
+        run = repo.get_run(s, serve_run_id("cli"))
+        calls = repo.episode_invocations(s, episode_row_id(run.id, "c"))
+    store.dispose()
+    assert run.kind is RunKind.serve and run.status == "interrupted" and [c.id for c in calls] == [reply.id]
