@@ -420,6 +420,8 @@ def test_cli_refuses_bad_flags_with_one_line(tmp_path):
     assert len(missing.stderr.strip().splitlines()) == 1
     zero = am("serve", "--max-n", "0", "--db", db)
     assert zero.returncode == 2 and "--max-n" in zero.stderr
+    relay = am("serve", "--backend", "openai", "--db", db)
+    assert relay.returncode == 1 and relay.stderr.startswith("error: --backend") and "--upstream" in relay.stderr
 
 
 def test_stop_strings_cut_the_stored_ids_after_the_completing_token(sqlite_store):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentmem import models as model_refs
 from agentmem.config import BackendKind, DType
@@ -41,6 +41,13 @@ class ServeConfig(BaseModel):
     max_batch: int = Field(64, ge=1)
     context_length: int | None = Field(None, ge=2)  # default: the model's
     upstream: str | None = None  # gateway mode: a vLLM OpenAI server's /v1 URL generates instead of a local model
+
+    @field_validator("backend")
+    @classmethod
+    def _local(cls, value: BackendKind) -> BackendKind:
+        if value is BackendKind.openai:
+            raise ValueError("a server generates with transformers or vllm; to forward to another server use --upstream")
+        return value
 
     @property
     def name(self) -> str:
