@@ -483,6 +483,8 @@ KIND_ALIASES = {"update": InvocationKind.memory_update.value}
 # call kinds ``--kinds`` accepts beside overwrite's: the memory policies' own (``route``: agent.routed_memory;
 # ``event_record``, ``event_view``: agent.events_memory; ``log_note``, ``log_search``: agent.log_memory)
 POLICY_KINDS = ("route", "event_record", "event_view", "log_note", "log_search")
+# the kinds of calls recorded by ``agentmem serve`` that name no kind of their own (``X-Agentmem-Kind``)
+SERVE_KINDS = ("chat", "completion")
 
 
 def kind_names(value: Any) -> Any:
@@ -491,7 +493,7 @@ def kind_names(value: Any) -> Any:
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         return value
-    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS)
+    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS) + list(SERVE_KINDS)
     names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
     bad = [v for v in names if isinstance(v, str) and v not in allowed]
     if bad or not names:

@@ -172,6 +172,9 @@ def test_openai_client_calls_are_stored_exactly(store, model_dir, tmp_path):
     distilled = am("distill", "--run", run_id, "--student", model_dir, "--teacher", model_dir, "--steps", "1",
                    "--invocations-per-step", "4", "--out", str(tmp_path / "ck"), "--db", _plain(store))
     assert distilled.returncode == 0, distilled.stderr
+    tuned = am("sft", "--run", run_id, "--student", model_dir, "--min-f1", "0.4", "--kinds", "chat", "--steps", "1",
+               "--invocations-per-step", "2", "--out", str(tmp_path / "sft"), "--db", _plain(store))
+    assert tuned.returncode == 0, tuned.stderr  # ep1's two calls: its reward made its F1 0.5
     out = tmp_path / "calls.parquet"
     exported = am("export", "--run", run_id, "--out", str(out), "--db", _plain(store))
     assert exported.returncode == 0, exported.stderr
