@@ -213,6 +213,9 @@ def test_bad_input_gets_openai_errors_and_stores_nothing(sqlite_store, model_dir
         with pytest.raises(openai.BadRequestError) as penalty:
             client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=2, presence_penalty=0.5)
         assert penalty.value.body["param"] == "presence_penalty"
+        with pytest.raises(openai.BadRequestError) as bad_ids:
+            client.completions.create(model=model_dir, prompt=[1, 2, 10**6], max_tokens=2)
+        assert bad_ids.value.body["param"] == "prompt"
         malformed = httpx.post(f"{root}/v1/chat/completions", content=b"{not json",
                                headers={"content-type": "application/json"})
         assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "invalid_request_error"

@@ -118,6 +118,8 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
     async def chat(request: Request, episode: str | None) -> Any:
         body = await _json(request)
         req = _parse(ChatRequest, body)
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         messages = [m.as_template() for m in req.messages]
         try:
             text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=True,
@@ -129,14 +131,15 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         sent = Sent([text], [question], messages, req.tools, req.sampling(top_logprobs=req.top_logprobs,
                                                                      logprobs=req.logprobs))
         prep = await _prepare(request, req, body, episode, [ids], sent, "chat", req.top_k if req.logprobs else 0)
-        if req.top_logprobs and not req.logprobs:
-            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         return await _respond(request, req, prep, chat=True, logprobs=req.logprobs, body=body)
 
     async def completions(request: Request, episode: str | None) -> Any:
         body = await _json(request)
         req = _parse(CompletionRequest, body)
         prompts = _completion_prompts(req.prompt)
+        vocab = len(tokenizer)
+        if any(not 0 <= t < vocab for p in prompts if not isinstance(p, str) for t in p):
+            raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt")
         ids = [list(tokenizer(p, add_special_tokens=True)["input_ids"]) if isinstance(p, str) else p for p in prompts]
         texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
         sent = Sent(texts, texts, None, None, req.sampling(logprobs=req.logprobs))
