@@ -52,6 +52,7 @@ class DType(Choice):
 class BackendKind(Choice):
     transformers = "transformers"
     vllm = "vllm"
+    openai = "openai"  # an OpenAI-compatible server that returns token ids (``agentmem serve``; rollout only)
 
 
 class Divergence(Choice):
@@ -222,6 +223,7 @@ class RolloutConfig(Frozen):
     model: str = "default"
     policy: PolicySource = PolicySource.model  # oracle: ``model`` gives only the tokenizer and chat template
     backend: BackendKind = BackendKind.transformers
+    base_url: str | None = None  # backend openai: the server's /v1 URL (``agentmem serve``)
     # fp32 by default: on CPU it is faster end to end for long prompts (prefill dominates), and the stored
     # sampler log-probs then match the fp32 training recompute (bf16 differs by ~0.03 on average).
     dtype: DType = DType.float32
@@ -233,6 +235,12 @@ class RolloutConfig(Frozen):
     # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
     # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
     context: TeacherContext = TeacherContext.aligned
+
+    @model_validator(mode="after")
+    def _server(self) -> RolloutConfig:
+        if (self.backend is BackendKind.openai) != (self.base_url is not None):
+            raise ValueError("--backend openai and --base-url URL go together")
+        return self
 
     @field_validator("context")
     @classmethod
@@ -285,6 +293,14 @@ class ScoreConfig(Frozen):
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     dtype: DType = DType.float32
     temperature: float = Field(1.0, gt=0)
+    # context privileged: a JSONL of {task_id, answers, text} for episodes stored without privileged context
+    privileged_file: str | None = None
+
+    @model_validator(mode="after")
+    def _privileged_file(self) -> ScoreConfig:
+        if self.privileged_file is not None and self.context is not TeacherContext.privileged:
+            raise ValueError("--privileged-file is the privileged context's: give --context privileged")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -468,6 +484,8 @@ KIND_ALIASES = {"update": InvocationKind.memory_update.value}
 # call kinds ``--kinds`` accepts beside overwrite's: the memory policies' own (``route``: agent.routed_memory;
 # ``event_record``, ``event_view``: agent.events_memory; ``log_note``, ``log_search``: agent.log_memory)
 POLICY_KINDS = ("route", "event_record", "event_view", "log_note", "log_search")
+# the kinds of calls recorded by ``agentmem serve`` that name no kind of their own (``X-Agentmem-Kind``)
+SERVE_KINDS = ("chat", "completion")
 
 
 def kind_names(value: Any) -> Any:
@@ -476,7 +494,7 @@ def kind_names(value: Any) -> Any:
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         return value
-    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS)
+    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS) + list(SERVE_KINDS)
     names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
     bad = [v for v in names if isinstance(v, str) and v not in allowed]
     if bad or not names:

@@ -90,14 +90,26 @@ def load(path: str | Path, dtype: DType | str, runtime: Runtime, *, trainable: b
     return model, tokenizer
 
 
-def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime) -> Backend:
-    """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for)."""
+def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime, *,
+            base_url: str | None = None, served_name: str | None = None) -> Backend:
+    """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for);
+    ``openai``: a client of the server at ``base_url`` serving the model under ``served_name``, with the
+    tokenizer of ``path`` (no weights load)."""
     from agentmem.policy.backends import make_backend
+
+    if str(kind) == BackendKind.openai.value:
+        from agentmem.policy.errors import BackendError
+        from agentmem.policy.openai_backend import OpenAIBackend
+
+        if base_url is None:
+            raise BackendError("backend openai needs a base URL (--base-url)")
+        return OpenAIBackend(base_url, served_name or path, load_tokenizer(path))
 
     return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device)
 
 
 def sampler(store: Store, model: ModelRef, kind: BackendKind | str, dtype: DType | str,
-            runtime: Runtime) -> tuple[Checkpoint, Backend]:
-    """(checkpoint row, generation backend) of the model that samples a run's calls."""
-    return register(store, model), backend(kind, model.path, dtype, runtime)
+            runtime: Runtime, *, base_url: str | None = None) -> tuple[Checkpoint, Backend]:
+    """(checkpoint row, generation backend) of the model that samples a run's calls; ``base_url``: the
+    server of backend ``openai`` (which serves the model under the reference's name)."""
+    return register(store, model), backend(kind, model.path, dtype, runtime, base_url=base_url, served_name=model.ref)

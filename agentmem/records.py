@@ -111,6 +111,7 @@ class RunKind(str, enum.Enum):
     sft = "sft"  # supervised fine-tuning on stored calls (cross-entropy on the action tokens)
     replay = "replay"  # ReOPD: the student's samples of single calls branched from a stored teacher run
     memories = "memories"  # `agentmem memories build`: workflow memories written from a run's episodes
+    serve = "serve"  # `agentmem serve`: calls of outside agents recorded by the OpenAI-compatible server
 
 
 class Run(Record):
@@ -340,4 +341,18 @@ class EvalResult(Record):
     em_ci: tuple[float, float] = (0.0, 0.0)
     sub_em_ci: tuple[float, float] = (0.0, 0.0)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ServeCall(Record):
+    """What a client sent with a call recorded by ``agentmem serve``: the chat ``messages`` and ``tools``
+    (None for a completions call), the sampling parameters, what the client named (episode, task, kind),
+    and in gateway mode the upstream's prompt log-probs (NaN for the first prompt token)."""
+
+    invocation_id: str
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    client: dict[str, Any] = Field(default_factory=dict)
+    prompt_logprobs: FloatArray | None = None
     created_at: datetime = Field(default_factory=utcnow)

@@ -23,6 +23,7 @@ from cli import models as models_commands
 from cli import report as report_commands
 from cli import rollout as rollout_commands
 from cli import score as score_commands
+from cli import serve as serve_commands
 from cli import sft as sft_commands
 from cli import train as train_commands
 from cli import view as view_commands
@@ -45,6 +46,7 @@ models_commands.register(app)
 report_commands.register(app)
 rollout_commands.register(app)
 score_commands.register(app)
+serve_commands.register(app)
 sft_commands.register(app)
 train_commands.register(app)
 view_commands.register(app)

@@ -23,7 +23,10 @@ def rollout(
         help="Who writes the outputs: the model (sampled, with log-probs) or the oracle (scripted from the "
              "task's evidence and gold answer: no model, no log-probs; --model gives only the tokenizer and "
              "chat template).")] = PolicySource.model,
-    backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
+    backend: Annotated[BackendKind, typer.Option(help="Generation backend (openai: a client of an `agentmem serve` "
+                                                      "server at --base-url serving --model).")] = BackendKind.transformers,
+    base_url: Annotated[str | None, typer.Option(help="With --backend openai: the server's URL, e.g. "
+                                                      "http://127.0.0.1:8000/v1.", show_default=False)] = None,
     dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
     episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
     group_size: Annotated[int, typer.Option(help="Episodes sampled per task (for group-normalised RL).")] = 1,
@@ -95,7 +98,7 @@ def rollout(
     if not resume:
         config = RolloutConfig(
             env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, policy=policy, backend=backend,
-            dtype=dtype,
+            base_url=base_url, dtype=dtype,
             episodes=episodes, group_size=group_size, seed=seed, chunk_tokens=chunk_tokens,
             agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                               max_chunks=max_chunks, temperature=temperature, top_p=top_p, max_batch=batch,

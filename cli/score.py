@@ -39,6 +39,9 @@ def score(
     temperature: Annotated[float, typer.Option(help="Temperature of both distributions (stored per row).")]
     = 1.0,
     dtype: Annotated[DType, typer.Option(help="Teacher/student weights dtype.")] = DType.float32,
+    privileged_file: Annotated[str | None, typer.Option(
+        help="With --context privileged: a JSONL of {\"task_id\", \"answers\", \"text\"} giving the privileged "
+             "context of episodes stored without one (e.g. an `agentmem serve` run).", show_default=False)] = None,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
@@ -56,7 +59,7 @@ def score(
     config = ScoreConfig(run_ids=run, teacher=teacher, student=student, context=context, kinds=kind or None,
                          row_tokens=row_tokens, rows_per_batch=rows_per_batch, topk=topk, topk_dir=topk_dir,
                          path=attention, packing=packing, teacher_truncation=teacher_truncation, temperature=temperature,
-                         dtype=dtype)
+                         dtype=dtype, privileged_file=privileged_file)
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db)

@@ -203,3 +203,16 @@ class EvalResultRow(Base):
     sub_em_hi: Mapped[float]
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
+
+
+class ServeCallRow(Base):
+    """What a client sent with a call recorded by ``agentmem serve`` (one row per served invocation)."""
+
+    __tablename__ = "serve_calls"
+    invocation_id: Mapped[str] = mapped_column(sa.ForeignKey("invocations.id"), primary_key=True)
+    messages: Mapped[list[Any] | None]
+    tools: Mapped[list[Any] | None]
+    sampling: Mapped[dict[str, Any]]
+    client: Mapped[dict[str, Any]]
+    prompt_logprobs: Mapped[bytes | None]
+    created_at: Mapped[datetime]

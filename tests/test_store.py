@@ -26,7 +26,8 @@ from store.errors import NotFound, SchemaOutOfDate
 from store.migrations import current_revision, downgrade, head_revision, upgrade
 from store.models import Base
 
-TABLES = {"runs", "checkpoints", "episodes", "invocations", "teacher_scores", "train_steps", "eval_results"}
+TABLES = {"runs", "checkpoints", "episodes", "invocations", "teacher_scores", "train_steps", "eval_results",
+          "serve_calls"}
 VIEWS = {"invocation_history", "episode_summary"}
 
 

@@ -351,7 +351,8 @@ def run_rollout(
         raise ConfigError("give both backend and policy, or neither")
     setup = rollout_setup(store, config, kind, backend)
     if backend is None and not setup.oracle:
-        policy, backend = models.sampler(store, setup.model, config.backend, config.dtype, runtime)
+        policy, backend = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
+                                         base_url=config.base_url)
     lease = lease or LeaseTerms()
     with tracked_run(store, kind, config, resume=resumed, shared=True) as run:
         rid = run.id

@@ -16,6 +16,7 @@ from agentmem.errors import AgentmemError, ConfigError, TrainingError
 from agentmem.jobs.runs import check_runs, tracked_run
 from agentmem.records import RunKind
 from agentmem.runtime import CPU, Runtime
+from agentmem.training.privileged_file import read_privileged, with_privileged
 from agentmem.training.scoring import LoadedModel, ScoreProgress, Scorer, ScoreResult
 from agentmem.training.selection import select, student_sequences, teacher_sequences
 from agentmem.training.vocab import check_same_vocab
@@ -64,6 +65,7 @@ def run_score(
     """Score every selected invocation not yet scored by this teacher under this context. ``teacher`` and
     ``student`` inject loaded models (tests); otherwise ``config.teacher`` / ``config.student`` load."""
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    privileged = read_privileged(config.privileged_file) if config.privileged_file else None
     if teacher is None:
         teacher_path = model_refs.resolve(store, config.teacher).path
         check_run_vocab(store, config.run_ids, model_refs.load_tokenizer(teacher_path), "teacher")
@@ -77,6 +79,8 @@ def run_score(
             student = load(store, config.student, config, runtime)
         scorer = Scorer(config, teacher, student, runtime)
         selection = select(store, config.run_ids, kinds=config.kinds)
+        if privileged is not None:
+            selection = with_privileged(selection, privileged)
         with store.session() as s:
             done = repo.scored_invocation_ids(s, teacher.name, config.context)
         sequences = teacher_sequences(selection, config.context, teacher.tokenizer)

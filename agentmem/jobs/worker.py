@@ -118,7 +118,8 @@ def _work_one(store: Store, rid: str, runtime: Runtime, lease: LeaseTerms, resul
         key = (setup.model.path, config.backend, config.dtype)
         if key not in samplers:
             samplers.clear()  # one model in memory at a time
-            samplers[key] = models.sampler(store, setup.model, config.backend, config.dtype, runtime)
+            samplers[key] = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
+                                           base_url=config.base_url)
         policy, backend = samplers[key]
     handle = RunHandle(store, rid)
     loop = rollout_loop(store, setup, backend, policy)

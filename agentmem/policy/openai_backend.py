@@ -1,0 +1,73 @@
+"""A backend that samples through an OpenAI-compatible server that returns token ids (``agentmem serve``,
+or vLLM's OpenAI server): the agent loop becomes a plain client of the server.
+
+Each ``generate`` call is ONE ``POST {base_url}/completions`` whose ``prompt`` is the batch of token-id
+lists (the server consumes them exactly, no re-tokenisation) with ``"return_token_ids": true``, so the
+server's batch is the caller's batch and the stored output ids are the sampled ids, never re-tokenised
+text. ``logprobs: 0`` asks for each sampled token's log-prob (the server's sampler's, under the
+temperature-scaled distribution; ``policy.types``). Only the standard library is used (urllib).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from transformers import PreTrainedTokenizerBase
+
+from agentmem.policy.errors import BackendError
+from agentmem.policy.types import Generation, SamplingParams
+from agentmem.records import FinishReason
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, tokenizer: PreTrainedTokenizerBase, *, api_key: str | None = None,
+                 timeout_s: float = 600.0):
+        self.base_url, self.model, self.tokenizer = base_url.rstrip("/"), model, tokenizer
+        self.api_key, self.timeout_s = api_key, timeout_s
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        body = {"model": self.model, "prompt": [list(map(int, p)) for p in prompts], "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0, "return_token_ids": True}
+        if params.seed is not None:
+            body["seed"] = params.seed
+        answer = self._post("/completions", body)
+        latency = time.perf_counter() - start
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        if len(choices) != len(prompts):
+            raise BackendError(f"{self.base_url} answered {len(choices)} choices for {len(prompts)} prompts")
+        out = []
+        for c in choices:
+            ids = c.get("token_ids")
+            if ids is None:
+                raise BackendError(f"{self.base_url} returned no token ids: it must support \"return_token_ids\" "
+                                   "(agentmem serve, or vLLM >= 0.10)")
+            lps = (c.get("logprobs") or {}).get("token_logprobs")
+            reason = FinishReason.length if c.get("finish_reason") == "length" else FinishReason.stop
+            out.append(Generation(list(ids), None if lps is None else [float(x) for x in lps], reason, latency))
+        return out
+
+    def _post(self, path: str, body: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")
+            try:
+                detail = json.loads(detail)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise BackendError(f"{self.base_url}{path} answered {err.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError) as err:
+            raise BackendError(f"cannot reach {self.base_url}{path}: {err}") from None

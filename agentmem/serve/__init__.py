@@ -1,0 +1,10 @@
+"""``agentmem serve``: an OpenAI-compatible HTTP endpoint that records every call as an exact invocation.
+
+- ``protocol``: the request bodies (pydantic) and OpenAI-style error bodies;
+- ``sampler``: batches concurrent requests into backend calls (a short collection window), applies stop
+  strings and computes OpenAI log-prob fields;
+- ``recorder``: the store side: the ``serve`` run, episodes from the client, one transaction per call;
+- ``app``: the FastAPI routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, the
+  ``/episodes/{id}/v1`` prefix, reward and privileged endpoints);
+- ``client``: ``OpenAIBackend``, the agent loop's backend speaking to such a server.
+"""

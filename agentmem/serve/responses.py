@@ -1,0 +1,134 @@
+"""OpenAI response bodies and SSE chunks from sampled choices: pure formatting, no I/O.
+
+A chat response carries ``message.content`` and, when asked, ``logprobs.content`` (one entry per sampled
+token: its text, the stored log-prob, its UTF-8 bytes, and the ``top_logprobs`` alternatives); a completions
+response carries ``text`` and the legacy ``logprobs`` object (``tokens``, ``token_logprobs``,
+``top_logprobs``, ``text_offset``). ``id`` is the invocation id of the first choice. A stream sends, per
+choice, the role (chat), then one chunk per sampled token whose text deltas concatenate to the choice's
+text (``text_deltas``), then, once the call is stored, one chunk per choice with its finish reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from agentmem.serve.sampler import Choice
+
+
+def text_deltas(tokenizer, c: Choice) -> list[str]:
+    """One text delta per output token, whose concatenation is the choice's text: a token that decodes
+    only together with later ones (part of a UTF-8 character) gives an empty delta until it completes."""
+    out, sent = [], ""
+    for k in range(1, len(c.output_ids) + 1):
+        cur = tokenizer.decode(c.output_ids[:k], skip_special_tokens=True)[: len(c.text)]
+        if c.text.startswith(cur) and len(cur) > len(sent):
+            out.append(cur[len(sent):])
+            sent = cur
+        else:
+            out.append("")
+    if sent != c.text and out:
+        out[-1] += c.text[len(sent):]
+    return out
+
+
+def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
+    prompt = sum(len(p) for p in prompts)
+    completion = sum(len(c.output_ids) for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass(frozen=True)
+class Formatter:
+    """Shapes one request's choices: ``chat`` or completions, with ``logprobs`` or not."""
+
+    tokenizer: Any
+    model_name: str
+    fingerprint: str | None
+    chat: bool
+    logprobs: bool
+
+    def response(self, call_id: str, created: int, prompts: list[list[int]], choices: list[Choice],
+                 token_ids: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": call_id, "object": "chat.completion" if self.chat else "text_completion", "created": created,
+            "model": self.model_name, "system_fingerprint": self.fingerprint,
+            "choices": [self._choice(i, c, token_ids) for i, c in enumerate(choices)],
+            "usage": usage(prompts, choices),
+        }
+        if token_ids:
+            out["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
+        return out
+
+    def token_chunks(self, call_id: str, created: int, choices: list[Choice]) -> Iterator[str]:
+        for i, c in enumerate(choices):
+            if self.chat:
+                yield self._chunk(call_id, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}])
+            for k, delta in enumerate(text_deltas(self.tokenizer, c)):
+                piece: dict[str, Any] = {"index": i, "finish_reason": None, "logprobs": None}
+                if self.chat:
+                    piece["delta"] = {"content": delta}
+                    if self.logprobs:
+                        piece["logprobs"] = {"content": self._chat_logprobs(c, k, k + 1)}
+                else:
+                    piece["text"] = delta
+                    if self.logprobs:
+                        piece["logprobs"] = self._completion_logprobs(c, k, k + 1)
+                yield self._chunk(call_id, created, [piece])
+
+    def final_chunks(self, call_id: str, created: int, choices: list[Choice],
+                     usage_of: dict[str, int] | None) -> Iterator[str]:
+        for i, c in enumerate(choices):
+            last: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value, "logprobs": None}
+            last.update({"delta": {}} if self.chat else {"text": ""})
+            yield self._chunk(call_id, created, [last])
+        if usage_of is not None:
+            yield self._chunk(call_id, created, [], usage=usage_of)
+        yield "data: [DONE]\n\n"
+
+    def _chunk(self, call_id: str, created: int, choices: list[dict[str, Any]], **extra: Any) -> str:
+        data = {"id": call_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": created, "model": self.model_name, "system_fingerprint": self.fingerprint,
+                "choices": choices, **extra}
+        return f"data: {json.dumps(data)}\n\n"
+
+    def _choice(self, i: int, c: Choice, token_ids: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value}
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": c.text}
+            out["logprobs"] = {"content": self._chat_logprobs(c)} if self.logprobs else None
+        else:
+            out["text"] = c.text
+            out["logprobs"] = self._completion_logprobs(c) if self.logprobs else None
+        if token_ids:
+            out["token_ids"] = c.output_ids
+        return out
+
+    def _token(self, tid: int) -> str:
+        return self.tokenizer.decode([tid])
+
+    def _entry(self, tid: int, lp: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+        text = self._token(tid)
+        alternatives = [{"token": self._token(t), "logprob": v, "bytes": list(self._token(t).encode())}
+                        for t, v in (top or [])]
+        return {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": alternatives}
+
+    def _chat_logprobs(self, c: Choice, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+        lps = c.logprobs or [0.0] * len(c.output_ids)
+        stop = len(c.output_ids) if stop is None else stop
+        return [self._entry(c.output_ids[k], lps[k], c.top[k] if c.top else None) for k in range(start, stop)]
+
+    def _completion_logprobs(self, c: Choice, start: int = 0, stop: int | None = None) -> dict[str, Any]:
+        lps = c.logprobs or [0.0] * len(c.output_ids)
+        tokens = [self._token(t) for t in c.output_ids]
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        top = [{self._token(t): v for t, v in row} for row in c.top] if c.top else None
+        part = slice(start, len(tokens) if stop is None else stop)
+        return {"tokens": tokens[part], "token_logprobs": lps[part], "top_logprobs": top[part] if top else None,
+                "text_offset": offsets[part]}

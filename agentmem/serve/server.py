@@ -1,0 +1,114 @@
+"""Assemble a server: config, model, sampler, run and app; the one place ``agentmem serve`` builds from.
+
+Order of work: the config is checked and the model reference resolved before any weights load; the
+served checkpoint is registered (it is every call's policy version); the ``serve`` run is opened (a name
+used before continues its run); then the backend loads and the app is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentmem import models as model_refs
+from agentmem.config import BackendKind, DType
+from agentmem.policy.types import Backend
+from agentmem.runtime import CPU, Runtime
+from agentmem.serve.app import ServeSettings, create_app
+from agentmem.serve.recorder import Recorder, open_run
+from agentmem.serve.sampler import Sampler
+from agentmem.serve.upstream import UpstreamSampler
+from store.engine import Store
+
+
+class ServeConfig(BaseModel):
+    """One server's configuration (stored in its run, the API key excepted)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = None
+    served_model_name: str | None = None  # the ``model`` clients send (default: the model reference)
+    backend: BackendKind = BackendKind.transformers
+    # fp32, as rollouts: on CPU it is as fast for long prompts, and the stored log-probs then match the fp32
+    # recompute of training
+    dtype: DType = DType.float32
+    run_name: str | None = None
+    max_n: int = Field(16, ge=1)
+    default_max_tokens: int = Field(256, ge=1)
+    batch_window_ms: float = Field(5.0, ge=0)
+    max_batch: int = Field(64, ge=1)
+    context_length: int | None = Field(None, ge=2)  # default: the model's
+    upstream: str | None = None  # gateway mode: a vLLM OpenAI server's /v1 URL generates instead of a local model
+
+    @field_validator("backend")
+    @classmethod
+    def _local(cls, value: BackendKind) -> BackendKind:
+        if value is BackendKind.openai:
+            raise ValueError("a server generates with transformers or vllm; to forward to another server use --upstream")
+        return value
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model or "default"
+
+
+@dataclass
+class Server:
+    app: FastAPI
+    sampler: Sampler | UpstreamSampler
+    recorder: Recorder
+
+    @property
+    def run_id(self) -> str:
+        return self.recorder.run_id
+
+    def close(self, status: str = "interrupted") -> None:
+        self.sampler.close()
+        self.recorder.finish(status)
+
+
+def context_length(backend: Backend) -> int:
+    """The longest prompt + output the backend's model takes."""
+    model = getattr(backend, "model", None)
+    if model is not None:
+        return int(model.config.max_position_embeddings)
+    llm = getattr(backend, "llm", None)
+    if llm is not None:
+        return int(llm.llm_engine.model_config.max_model_len)
+    return int(backend.tokenizer.model_max_length)
+
+
+def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, api_key: str | None = None,
+                 backend: Backend | None = None, policy_version: str | None = None) -> Server:
+    """A ready server. ``backend`` injects a loaded backend (tests; ``policy_version`` then names it)."""
+    if config.upstream is not None:
+        return _gateway(store, config, api_key)
+    if backend is None:
+        ref = model_refs.resolve(store, config.model)
+        policy_version = model_refs.register(store, ref).id
+    recorder_run = open_run(store, config.model_dump(mode="json"), config.run_name)
+    if backend is None:
+        backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
+    sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch)
+    recorder = Recorder(store, recorder_run, policy_version)
+    settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
+                             config.default_max_tokens, api_key, top_logprobs=hasattr(backend, "model"))
+    return Server(create_app(sampler, recorder, backend.tokenizer, settings), sampler, recorder)
+
+
+def _gateway(store: Store, config: ServeConfig, api_key: str | None) -> Server:
+    """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstream generates."""
+    from agentmem.serve.upstream import upstream_model
+
+    ref = model_refs.resolve(store, config.model)
+    tokenizer = model_refs.load_tokenizer(ref.path)
+    upstream_name, upstream_len = upstream_model(config.upstream)
+    policy_version = model_refs.register(store, ref).id
+    recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
+    sampler = UpstreamSampler(config.upstream, upstream_name, tokenizer)
+    length = config.context_length or upstream_len or int(tokenizer.model_max_length)
+    settings = ServeSettings(config.name, length, config.max_n, config.default_max_tokens, api_key,
+                             top_logprobs=False)
+    return Server(create_app(sampler, recorder, tokenizer, settings), sampler, recorder)

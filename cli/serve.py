@@ -1,0 +1,82 @@
+"""``agentmem serve``: an OpenAI-compatible endpoint that records every call as an exact invocation.
+
+Heavy modules (fastapi, uvicorn, torch, the model) are imported inside the command, after the flags are
+checked, so the CLI starts fast and a bad flag fails before any model loads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from agentmem.config import BackendKind, Device, DType
+from cli.options import DbOption, DeviceOption, ThreadsOption
+
+API_KEY_VAR = "AGENTMEM_API_KEY"
+
+
+def serve(
+    model: Annotated[str | None, typer.Option(help="Model to serve: a checkpoint id, a model folder or `default`.",
+                                              show_default=False)] = None,
+    backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
+    db: DbOption = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8000,
+    run_name: Annotated[str | None, typer.Option(help="Name of the serve run: restarting with the same name "
+                                                      "continues the same run (default: a new run).",
+                                                 show_default=False)] = None,
+    api_key: Annotated[str | None, typer.Option(help=f"Require `Authorization: Bearer KEY` (default "
+                                                     f"${API_KEY_VAR}; unset: no key).", show_default=False)] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="The `model` name clients send (default: the "
+                                                               "--model value, or `default`).",
+                                                          show_default=False)] = None,
+    max_n: Annotated[int, typer.Option(help="Largest `n` (samples per call) a request may ask.", min=1)] = 16,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens of a request that gives no max_tokens.",
+                                            min=1)] = 256,
+    batch_window_ms: Annotated[float, typer.Option(help="How long a request waits for others to share its "
+                                                        "backend call (transformers).", min=0)] = 5.0,
+    upstream: Annotated[str | None, typer.Option(help="Gateway mode: forward generation to this vLLM OpenAI server "
+                                                      "(e.g. http://127.0.0.1:8001/v1) instead of loading the model; "
+                                                      "--model then gives only the tokenizer and chat template.",
+                                                 show_default=False)] = None,
+    dtype: Annotated[DType, typer.Option(help="Model dtype (fp32, as rollouts: the stored log-probs then match "
+                                              "training's fp32 recompute).")] = DType.float32,
+    device: DeviceOption = Device.auto,
+    threads: ThreadsOption = None,
+) -> None:
+    """Serve a model through the OpenAI API (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) and
+    store every call as an invocation of one `serve` run: an agent written with any OpenAI client changes
+    only its base_url (`http://HOST:PORT/episodes/EPISODE/v1` groups its calls into an episode). See
+    docs/serve.md."""
+    from agentmem.serve.server import ServeConfig
+    from cli.common import runtime, setup_logging
+
+    config = ServeConfig(model=model, served_model_name=served_model_name, backend=backend, dtype=dtype,
+                         run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,
+                         batch_window_ms=batch_window_ms, upstream=upstream)
+    key = api_key or os.environ.get(API_KEY_VAR) or None
+    setup_logging()
+    rt = runtime(device, threads)
+
+    import uvicorn
+
+    from agentmem.serve.server import build_server
+    from store.engine import open_store
+
+    store = open_store(db, create=True)
+    server = build_server(store, config, rt, api_key=key)
+    auth = "bearer key required" if key else "no key"
+    typer.echo(f"agentmem serve: http://{host}:{port}/v1  model={config.name}  run_id={server.run_id}  ({auth}; "
+               "Ctrl-C stops)")
+    status = "failed"
+    try:
+        uvicorn.run(server.app, host=host, port=port, log_level="warning")
+        status = "interrupted"
+    finally:
+        server.close(status)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
