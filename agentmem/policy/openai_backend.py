@@ -10,14 +10,12 @@ temperature-scaled distribution; ``policy.types``). Only the standard library is
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 
 from transformers import PreTrainedTokenizerBase
 
 from agentmem.policy.errors import BackendError
+from agentmem.policy.http import HttpError, request_json
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
@@ -55,19 +53,9 @@ class OpenAIBackend:
         return out
 
     def _post(self, path: str, body: dict) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")
-            try:
-                detail = json.loads(detail)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                pass
-            raise BackendError(f"{self.base_url}{path} answered {err.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError) as err:
-            raise BackendError(f"cannot reach {self.base_url}{path}: {err}") from None
+            return request_json(self.base_url + path, body, self.api_key, self.timeout_s)
+        except HttpError as err:
+            if err.status is None:
+                raise BackendError(f"cannot reach {self.base_url}{path}: {err.detail}") from None
+            raise BackendError(f"{self.base_url}{path} answered {err.status}: {err.detail}") from None

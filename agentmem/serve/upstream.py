@@ -13,36 +13,23 @@ its log-probs are the temperature-scaled ones every agentmem backend stores (``p
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from agentmem.policy.http import HttpError, request_json
 from agentmem.records import FinishReason
 from agentmem.serve.protocol import ApiError
 from agentmem.serve.sampler import Choice, Job, cut_at_stop
 
 
 def _call(url: str, body: dict | None, api_key: str | None, timeout_s: float) -> dict:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")
-        try:
-            detail = json.loads(detail)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            pass
-        raise ApiError(err.code if 400 <= err.code < 500 else 502, f"upstream {url}: {detail}",
+        return request_json(url, body, api_key, timeout_s)
+    except HttpError as err:
+        if err.status is None:
+            raise ApiError(502, f"cannot reach upstream {url}: {err.detail}", type="upstream_error") from None
+        raise ApiError(err.status if 400 <= err.status < 500 else 502, f"upstream {url}: {err.detail}",
                        type="upstream_error") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-        raise ApiError(502, f"cannot reach upstream {url}: {err}", type="upstream_error") from None
 
 
 def upstream_model(base_url: str, api_key: str | None = None) -> tuple[str, int | None]:
