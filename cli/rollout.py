@@ -75,8 +75,10 @@ def rollout(
     """
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
+    from agentmem.records import RunKind
     from cli.agent_progress import episode_progress
-    from cli.common import env_knobs, parse_knobs, runtime, setup_logging
+    from cli.common import env_knobs, parse_knobs, preflight, runtime, setup_logging
+    from cli.job_session import job_session
     from store.engine import open_store
 
     if replay_from is not None or kappa != 0.6 or (resume and _is_replay(resume, db)):
@@ -103,13 +105,15 @@ def rollout(
                               memory_options=parse_knobs(memory_option)),
             context=context,
         )
+    preflight(db, resume=resume, kind=RunKind.rollout, models=(config.model,) if config else (),
+              data=config.data if config else None, create=True)
     if workers > 1:
         _with_workers(workers, config, resume, db=db, device=device, threads=threads)
         return
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
-    with episode_progress("rollout") as bar:
+    with job_session(db), episode_progress("rollout") as bar:
         result = run_rollout(store, config, rt, resume=resume, on_start=bar.on_start, on_round=bar.on_round)
     _summary(result)
 
@@ -150,6 +154,7 @@ def _with_workers(n: int, config, resume: str | None, *, db: str | None, device:
     setup_logging()
     store = open_store(db, create=True)
     run_id = create_rollout(store, config, resume=resume)
+    typer.echo(f"run_id={run_id}")
     terms = LeaseTerms()
     codes = start_workers(n, run_id, db=db, device=device.value, threads=threads, lease_seconds=terms.seconds,
                           max_attempts=terms.max_attempts)
@@ -170,7 +175,9 @@ def _replay(replay_from: str | None, resume: str | None, *, kappa: float, model:
     from agentmem.config import ReplayConfig
     from agentmem.errors import ConfigError
     from agentmem.jobs.replay import run_replay
-    from cli.common import runtime, setup_logging
+    from agentmem.records import RunKind
+    from cli.common import preflight, runtime, setup_logging
+    from cli.job_session import job_session
     from store.engine import open_store
 
     config = None
@@ -184,10 +191,13 @@ def _replay(replay_from: str | None, resume: str | None, *, kappa: float, model:
         config = ReplayConfig(teacher_run=replay_from, model=model, backend=backend, dtype=dtype,
                               group_size=group_size, kappa=kappa, seed=seed, temperature=temperature, top_p=top_p,
                               max_batch=batch)
+    preflight(db, resume=resume or replay_from, kind=RunKind.replay if resume else RunKind.rollout,
+              models=(model,) if config else ())
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
-    result = run_replay(store, config, rt, resume=resume)
+    with job_session(db):
+        result = run_replay(store, config, rt, resume=resume)
     failed = sum(1 for e in result.episodes if e.status.value == "failed")
     typer.echo(f"replay_run_id={result.run_id} episodes={len(result.episodes)} calls={result.calls}"
                + (f" failed={failed}" if failed else "")

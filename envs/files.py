@@ -16,10 +16,16 @@ from envs.errors import EnvError
 _TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer"}
 
 
-def read_json(path: str | Path) -> Any:
+def require_file(path: str | Path) -> Path:
+    """``path`` as a Path; raises EnvError when no file is there."""
     path = Path(path)
     if not path.is_file():
         raise EnvError(f"{path}: no such file")
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    path = require_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -77,9 +83,7 @@ def answer_text(value: Any, key: str, place: str) -> str:
 
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
     """``(line number, record)`` of each non-blank line of a JSON-lines file, numbered from 1."""
-    path = Path(path)
-    if not path.is_file():
-        raise EnvError(f"{path}: no such file")
+    path = require_file(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:

@@ -483,6 +483,15 @@ def count_invocations(session: Session, run_ids: Sequence[str]) -> int:
     ) or 0
 
 
+def count_teacher_scores(session: Session, run_id: str) -> int:
+    """Rows score run ``run_id`` wrote."""
+    return session.scalar(sa.select(sa.func.count()).where(TeacherScoreRow.run_id == run_id)) or 0
+
+
+def count_train_steps(session: Session, run_id: str) -> int:
+    return session.scalar(sa.select(sa.func.count()).where(TrainStepRow.run_id == run_id)) or 0
+
+
 def episode_invocations(session: Session, episode_id: str) -> list[Invocation]:
     return list(stream_invocations(session, episode_ids=[episode_id]))
 
