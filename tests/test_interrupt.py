@@ -27,7 +27,10 @@ def model(tmp_path_factory) -> str:
 
 
 def _count(db: Path, sql: str, *params) -> int:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    except sqlite3.OperationalError:  # no file yet
+        return 0
     try:
         return con.execute(sql, params).fetchone()[0]
     except sqlite3.OperationalError:  # no tables yet
