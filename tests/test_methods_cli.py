@@ -33,6 +33,7 @@ def captured(monkeypatch):
     monkeypatch.setattr("agentmem.jobs.score.run_score", job("score"))
     monkeypatch.setattr("agentmem.jobs.sft.run_sft", job("sft"))
     monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
+    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
     return seen
 
 

@@ -324,6 +324,7 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     monkeypatch.setattr("agentmem.jobs.distill.run_distill", fake("distill"))
     monkeypatch.setattr("agentmem.jobs.rollout.run_rollout", fake("rollout"))
     monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
+    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
     runner = CliRunner()
     result = runner.invoke(app, ["distill", "--run", "a", "--run", "b", "--context", "privileged", "--psd", "mixed",
                                  "--psd-mix", "0.25", "--rl", "none", "--device", "cpu"])
