@@ -61,15 +61,15 @@ def _options(
 
 
 def error_message(exc: BaseException) -> str:
-    """One line for a user error: a pydantic validation error names the field (as its flag) at fault."""
+    """One line for a user error: a pydantic validation error names the flag at fault (``--episodes``), not
+    the config field behind it."""
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
         parts = []
         for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or exc.title
-            flag = "--" + loc.rsplit(".", 1)[-1].replace("_", "-")
-            parts.append(f"{flag} ({exc.title}.{loc}): {err['msg']}")
+            names = [str(x) for x in err["loc"] if not isinstance(x, int)]
+            parts.append(f"--{names[-1].replace('_', '-')}: {err['msg']}" if names else err["msg"])
         return "; ".join(parts)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

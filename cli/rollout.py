@@ -116,6 +116,20 @@ def rollout(
     with job_session(db), episode_progress("rollout") as bar:
         result = run_rollout(store, config, rt, resume=resume, on_start=bar.on_start, on_round=bar.on_round)
     _summary(result)
+    if config is not None and config.model == "default" and config.policy is PolicySource.model:
+        typer.echo(UNTRAINED_NOTE)
+
+
+# The quick start's last line: an untrained 135M model scoring 0 is the expected first result, not a failure.
+UNTRAINED_NOTE = ("note: the untrained SmolLM2-135M scores near 0 here; that is expected. To see learning: "
+                  "agentmem rollout --policy oracle, then agentmem sft --run ORACLE_RUN, then agentmem eval --model "
+                  "CHECKPOINT (docs/learning.md)")
+
+
+def summary_query(run_id: str) -> str:
+    """The narrow query a rollout suggests: what was asked, the gold and predicted answers, F1, calls."""
+    return ("select question, gold, prediction, f1, n_calls, status from episode_summary "
+            f"where run_id = '{run_id}'")
 
 
 def _summary(result) -> None:
@@ -137,8 +151,7 @@ def _summary(result) -> None:
                   f"{mean([e.f1 for e in done]):.3f}", f"{mean([e.em for e in done]):.3f}",
                   f"{mean([e.sub_em for e in done]):.3f}")
     console().print(table)
-    typer.echo(f"run_id={result.run_id}  (inspect: agentmem sql \"select * from episode_summary where run_id = "
-               f"'{result.run_id}'\")")
+    typer.echo(f"inspect: agentmem sql \"{summary_query(result.run_id)}\"")
 
 
 def _with_workers(n: int, config, resume: str | None, *, db: str | None, device: Device, threads: int | None) -> None:

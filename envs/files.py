@@ -45,10 +45,11 @@ def where(path: Path, index: int | str, record: Any, id_field: str) -> str:
     return f"{path}: record {index}" + (f" ({id_field} {rid!r})" if rid is not None else "")
 
 
-def where_line(path: Path, number: int, record: Any, id_field: str) -> str:
-    """The prefix of an error about one line of a JSON-lines file: file, line number and (when readable) id."""
+def where_line(path: Path, number: int, record: Any, id_field: str, unit: str = "line") -> str:
+    """The prefix of an error about one line of a JSON-lines file (or, with ``unit`` "record", one record of a
+    JSON array): file, line or record number and (when readable) id."""
     rid = record.get(id_field) if isinstance(record, dict) else None
-    return f"{path}: line {number}" + (f" ({id_field} {rid!r})" if rid is not None else "")
+    return f"{path}: {unit} {number}" + (f" ({id_field} {rid!r})" if rid is not None else "")
 
 
 def need_list(value: Any, place: str) -> list:
@@ -79,6 +80,19 @@ def answer_text(value: Any, key: str, place: str) -> str:
     if not text:
         raise EnvError(f"{place}: field {key!r} is empty")
     return text
+
+
+def read_records(path: str | Path) -> tuple[str, list[tuple[int, Any]]]:
+    """The records of a JSON-lines file (numbered by line, from 1) or of a file holding one JSON array
+    (numbered by index, from 0), with the unit that numbers them: ``("line" | "record", [(number, record)])``."""
+    path = require_file(path)
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    if head.startswith(b"["):
+        data = read_json(path)
+        if isinstance(data, list):
+            return "record", list(enumerate(data))
+    return "line", read_jsonl(path)
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:

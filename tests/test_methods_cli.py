@@ -93,7 +93,7 @@ def test_bad_method_options_name_their_flag_before_anything_opens(captured, args
     result = invoke("distill", "--run", "r1", *args)
     assert isinstance(result.exception, ValidationError), result.output
     line = error_message(result.exception)
-    assert line.startswith(f"{flag} (DistillConfig.") and message in line, line
+    assert line.startswith(f"{flag}: ") and message in line, line
     assert "distill" not in captured
 
 

@@ -334,4 +334,4 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     assert isinstance(result.exception, Called), result.output
     assert seen["rollout"].context is TeacherContext.privileged
     bad = runner.invoke(app, ["distill", "--run", "a", "--psd", "off_policy", "--device", "cpu"])
-    assert error_message(bad.exception).startswith("--psd (DistillConfig.psd): Value error, psd=off_policy distils")
+    assert error_message(bad.exception).startswith("--psd: Value error, psd=off_policy distils")
