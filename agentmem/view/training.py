@@ -50,19 +50,20 @@ def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
     kl = [line("divergence (kd term)", lambda s: s.kd_loss),
           line("approx KL (policy vs sampler)", lambda s: s.metrics.get("approx_kl"))]
     return [
-        svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss"),
-        svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats"),
+        svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss", integer_x=True),
+        svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats", integer_x=True),
         svg.line_chart([line("clip fraction", lambda s: s.metrics.get("clip_fraction"))], title="clip fraction",
-                       x_label="step", y_label="fraction"),
+                       x_label="step", y_label="fraction", integer_x=True),
         svg.line_chart([line("tokens/s", lambda s: s.tokens / s.seconds if s.seconds > 0 else None)],
-                       title="throughput", x_label="step", y_label="tokens/s"),
+                       title="throughput", x_label="step", y_label="tokens/s", integer_x=True),
     ]
 
 
 def eval_chart(results: list[EvalResult], title: str = "eval F1 (95% interval)") -> str:
     lines = [svg.Series(label, [(x, r.f1) for x, r in points], [r.f1_ci for _, r in points])
              for label, points in eval_series(results, "step").items()]
-    return svg.line_chart(lines, title=title, x_label="step", y_label="F1", y_range=(0.0, 1.0))
+    return svg.line_chart(lines, title=title, x_label="step", y_label="F1", y_range=(0.0, 1.0),
+                          integer_x=True)
 
 
 def training_context(session: Session, run_id: str) -> dict:
