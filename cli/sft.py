@@ -105,7 +105,8 @@ def _train(rt, db: str | None, config, resume: str | None, steps: int | None, tr
     store = training_store(db, rt)
     if not rt.is_main:
         return run_sft(store, config, rt, resume=resume, steps=steps)
-    with job_session(db), train_progress(label="sft") as progress:
+    # sft trains cross-entropy (and the anchor when on): the bar shows those, no kd and no rl
+    with job_session(db), train_progress(label="sft", terms=()) as progress:
         return run_sft(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
                        on_step=progress.on_step, report_to=trackers)
 

@@ -71,13 +71,20 @@ def export_invocations(store: Store, run_ids: Sequence[str], out: Path) -> datas
     if not rows:
         raise RunError(f"no stored invocations in run(s) {', '.join(run_ids)}")
     import datasets  # here, after the run ids are checked: a bad id answers at once
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    ds = datasets.Dataset.from_list(rows, features=features())
-    out = Path(out)
-    if out.suffix == ".parquet":
-        ds.to_parquet(str(out))
-    else:
-        ds.save_to_disk(str(out))
+    quiet = are_progress_bars_disabled()
+    disable_progress_bars()  # library code prints nothing: no tqdm bar from datasets' writers
+    try:
+        ds = datasets.Dataset.from_list(rows, features=features())
+        out = Path(out)
+        if out.suffix == ".parquet":
+            ds.to_parquet(str(out))
+        else:
+            ds.save_to_disk(str(out))
+    finally:
+        if not quiet:
+            enable_progress_bars()
     return ds
 
 
