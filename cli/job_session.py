@@ -31,6 +31,9 @@ _UNITS = {RunKind.score: "calls scored", RunKind.distill: "steps stored", RunKin
           RunKind.train: "steps stored"}
 
 
+_RESUMABLE = (RunKind.rollout, RunKind.replay, RunKind.distill, RunKind.sft, RunKind.train, RunKind.score)
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the job is, like Ctrl-C's KeyboardInterrupt."""
 
@@ -56,7 +59,9 @@ def interrupted_line(run: Run | None, stored: int | None, db: str | None) -> str
         return "interrupted: before any run was stored; nothing to resume"
     unit = _UNITS.get(run.kind, "calls stored")
     count = f"{stored} {unit}" if stored is not None else f"run {run.id}"
-    return f"interrupted: {count}; resume with: {resume_command(run, db)}"
+    # eval and memories runs do not resume: the same command starts a new run
+    again = "resume with" if run.kind in _RESUMABLE else "start again with"
+    return f"interrupted: {count}; {again}: {resume_command(run, db)}"
 
 
 def _stored(run: Run, db: str | None) -> int | None:

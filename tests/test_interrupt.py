@@ -128,3 +128,17 @@ def test_run_id_is_printed_before_the_model_loads(model, tmp_path, monkeypatch, 
     assert len(lines) == 1 and lines[0].startswith("run_id="), out
     assert err.strip().splitlines()[-1] == "error: weights refused by the test"
     assert _status(db, lines[0].removeprefix("run_id=")) == "failed"
+
+
+def test_interrupted_line_names_the_resume_command_per_kind(monkeypatch):
+    from agentmem.records import Run, RunKind
+    from cli.job_session import interrupted_line
+
+    monkeypatch.setattr(sys, "argv", ["agentmem", "eval", "--model", "m", "--episodes", "4"])
+    run = Run(id="a" * 32, kind=RunKind.rollout, config={})
+    assert interrupted_line(run, 7, None) == f"interrupted: 7 calls stored; resume with: agentmem rollout --resume {run.id}"
+    sft = run.model_copy(update={"kind": RunKind.sft})
+    assert interrupted_line(sft, 3, "pg.db") == f"interrupted: 3 steps stored; resume with: agentmem sft --resume {run.id} --db pg.db"
+    ev = run.model_copy(update={"kind": RunKind.eval})
+    assert interrupted_line(ev, 2, None) == "interrupted: 2 calls stored; start again with: agentmem eval --model m --episodes 4"
+    assert interrupted_line(None, None, None) == "interrupted: before any run was stored; nothing to resume"
