@@ -4,6 +4,9 @@ Errors: an ``AgentmemError`` (any area: store, env, replay, policy, config, run,
 validation error of a job's config is the user's to fix: it prints as one ``error:`` line and exits 1.
 Anything else is a bug and keeps its traceback. ``--debug`` (or ``AGENTMEM_DEBUG=1``) prints the whole
 traceback for every error. Hub downloads are off unless ``HF_HUB_OFFLINE`` says otherwise.
+
+Ctrl-C and SIGTERM: typer turns a ``KeyboardInterrupt`` that leaves a command into a silent exit 130, so the
+jobs print their one ``interrupted:`` line themselves, inside the command (``cli.job_session``).
 """
 
 from __future__ import annotations
@@ -83,9 +86,6 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         app()
-    except KeyboardInterrupt:
-        typer.echo("interrupted: finished work is stored; re-run with --resume to continue", err=True)
-        sys.exit(130)
     except (AgentmemError, ValidationError) as exc:
         if _DEBUG["on"]:
             raise
