@@ -14,12 +14,14 @@ Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shar
 (above 1: bf16 is faster).
 
   .venv/bin/python bench/dtype.py --threads 1
+  .venv/bin/python bench/dtype.py --smoke     # every phase on a tiny random model, in seconds; numbers mean nothing
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +36,14 @@ from agentmem.records import Invocation  # noqa: E402
 from agentmem.replay import pack, rebuild_aligned  # noqa: E402
 from agentmem.training.collate import collate_rows  # noqa: E402
 from agentmem.training.packed_attention import action_logits  # noqa: E402
+
+
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
 
 
 def row(vocab: int, tokens: int):
@@ -61,9 +71,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens of the scored / trained row (x512)")
     ap.add_argument("--steps", type=int, default=32, help="decode steps")
+    ap.add_argument("--model", default=None, help="model folder (default: the prepared default model)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, one short round: checks every phase")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    folder = prepare_default_model()
+    if args.smoke:
+        args.tokens, args.steps, args.repeats = 512, 2, 1
+        args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="dtype-smoke-")))
+    folder = args.model or prepare_default_model()
     models = {d: load_model(folder, dtype=d)[0] for d in ("float32", "bfloat16")}
     vocab = models["float32"].config.vocab_size
     batch = row(vocab, args.tokens)
@@ -109,7 +124,7 @@ def main() -> None:
         for name, (fn, _tokens) in work.items():
             for d, m in models.items():
                 results[name][d] = min(results[name].get(d, float("inf")), timed(lambda fn=fn, m=m: fn(m), 1))
-    print(f"default model, {args.threads} thread(s), best of {args.repeats}")
+    print(f"{'tiny model (smoke)' if args.smoke else folder}, {args.threads} thread(s), best of {args.repeats}")
     print(f"{'work':<9}{'tokens':>8}{'fp32 s':>9}{'bf16 s':>9}{'fp32 tok/s':>12}{'bf16 tok/s':>12}{'bf16/fp32':>11}")
     ratios = {}
     for name, (_fn, tokens) in work.items():

@@ -2,6 +2,7 @@
 SQLite store whose file hits its size limit mid-rollout.
 
     python bench/faults.py [--kills 21] [--seed 0] [--work DIR]
+    python bench/faults.py --smoke     # one kill of score, and the full disk: every phase runs, in seconds
 
 Every job runs as a real ``agentmem`` process (``python -m cli.app``) with tiny random models (a policy and a
 teacher of one tokenizer) on a SQLite store that holds one sampled rollout run. Per job, one uninterrupted
@@ -268,18 +269,23 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=21, help="kills in all, spread over score, distill and sft")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
+    parser.add_argument("--smoke", action="store_true", help="one kill of score (the shortest job), then the full "
+                        "disk: checks that every phase runs")
     args = parser.parse_args()
+    jobs = JOBS
+    if args.smoke:
+        args.kills, jobs = 1, ("score",)
     work = args.work or Path(tempfile.mkdtemp(prefix="agentmem-faults-"))
     rng = random.Random(args.seed)
     world = make_world(work)
     tally = Tally()
     refs = {}
-    for job in JOBS:
+    for job in jobs:
         refs[job] = reference(world, job)
         print(f"reference {job}: {len(refs[job][0].rows)} rows in {refs[job][1]:.1f} s", flush=True)
     n = 0
     while tally.kills < args.kills and n < 3 * args.kills:  # a job that finished before its kill is not counted
-        job = JOBS[n % len(JOBS)]
+        job = jobs[n % len(jobs)]
         kill_and_resume(world, job, *refs[job], rng, n, tally)
         print(tally.notes[-1], flush=True)
         n += 1

@@ -16,7 +16,7 @@ benchmark runs again on the same folder. Outputs: ``WORK/memory.md`` (the table)
 ``best_memory=<arm> f1=<x> tokens_vs_overwrite=<r>`` (tokens read per episode, relative to overwrite).
 
     .venv/bin/python bench/memory.py --quick --work /tmp/memory-quick
-    .venv/bin/python bench/memory.py --smoke --arms overwrite,log   # every phase runs; numbers mean nothing
+    .venv/bin/python bench/memory.py --smoke       # every arm and phase on a tiny random model; numbers mean nothing
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,11 +69,20 @@ class Plan:
     memory_tokens: int = 32
     answer_tokens: int = 8
     seed: int = 0
+    model: str = "default"  # the base model every arm starts from
 
     def agent(self, policy: str, options: dict, temperature: float, seed: int) -> AgentConfig:
         return AgentConfig(memory_tokens=self.memory_tokens, answer_max_new_tokens=self.answer_tokens,
                            temperature=temperature, seed=seed, max_batch=32, memory_policy=policy,
                            memory_options=options)
+
+
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
 
 
 def say(msg: str) -> None:
@@ -116,7 +126,7 @@ def oracle_run(store, arm: str, plan: Plan, state: State, runtime: Runtime) -> s
         policy, _ = ARMS[arm]
         options = options_for(arm, store, plan, state, runtime)
         config = RolloutConfig(env="synthetic", env_knobs={"level": plan.level}, policy=PolicySource.oracle,
-                               episodes=plan.train_tasks, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
+                               model=plan.model, episodes=plan.train_tasks, seed=plan.seed, chunk_tokens=plan.chunk_tokens,
                                agent=plan.agent(policy, options, 1.0, plan.seed))
         result = run_rollout(store, config, runtime)
         say(f"{arm}: oracle rollout {result.run_id[:8]}, F1 {np.mean([e.f1 or 0 for e in result.episodes]):.3f}")
@@ -128,7 +138,7 @@ def train(store, arm: str, plan: Plan, state: State, runtime: Runtime, work: Pat
     key = f"sft/{arm}"
     if state.get(key) is None:
         oracle = oracle_run(store, arm, plan, state, runtime)
-        result = run_sft(store, SftConfig(run_ids=[oracle], steps=plan.steps, invocations_per_step=plan.calls_per_step,
+        result = run_sft(store, SftConfig(run_ids=[oracle], student=plan.model, steps=plan.steps, invocations_per_step=plan.calls_per_step,
                                           lr=plan.lr, seed=plan.seed, out=str(work / "ckpt" / arm)), runtime)
         with store.session() as s:
             last = repo.list_checkpoints(s, result.run_id)[-1]
@@ -179,18 +189,24 @@ def table(results: dict[tuple[str, str], dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 SFT steps, 24 held-out tasks")
-    ap.add_argument("--smoke", action="store_true", help="2 steps, 2 held-out tasks: checks that every phase runs")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model, 2 steps, 2 held-out tasks, in a temporary folder: every phase runs")
     ap.add_argument("--untrained", action="store_true", help="also evaluate the base model with each memory")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of: " + ", ".join(ARMS))
-    ap.add_argument("--work", type=Path, default=Path("memory-bench"))
+    ap.add_argument("--work", type=Path, default=None, help="work folder (default: memory-bench)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     arms = [a for a in args.arms.split(",") if a]
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or "overwrite" not in arms:
         raise SystemExit(f"--arms: unknown {unknown}" if unknown else "--arms must include overwrite (the yardstick)")
+    work = (args.work or (Path(tempfile.mkdtemp(prefix="memory-smoke-")) if args.smoke else Path("memory-bench")))
+    work = work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        plan = Plan(steps=2, calls_per_step=4, train_tasks=4, heldout=2)
+        args.threads = 1
+        plan = Plan(steps=2, calls_per_step=4, train_tasks=4, heldout=2, level=0, memory_tokens=8, answer_tokens=4,
+                    model=tiny_model(work))
     elif args.quick:
         plan = Plan(steps=8, calls_per_step=8, train_tasks=24, heldout=24)
     else:
@@ -199,12 +215,10 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
     state = State(work / "state.json", plan)
     runtime = Runtime.create("cpu", args.threads)
     store = open_store(f"sqlite:///{work / 'memory.db'}", create=True)
-    base = models.register(store, models.resolve(store, "default"))
+    base = models.register(store, models.resolve(store, plan.model))
     t0 = time.perf_counter()
     results: dict[tuple[str, str], dict] = {}
     for arm in arms:

@@ -19,6 +19,7 @@ undisturbed, well below means other processes took the cores and the figure is p
   .venv/bin/python bench/packing.py --quick            # 10 layers: 3-5 minutes on 2 shared cores
   .venv/bin/python bench/packing.py                    # 30 layers: 8-12 minutes
   .venv/bin/python bench/packing.py --lengths rollout_lengths.json   # [[prompt, output], ...]
+  .venv/bin/python bench/packing.py --smoke            # every method on a 1-layer, small-vocabulary model: seconds
 
 The last line is ``packed_vs_padded=<tokens/s ratio> fill=<packing fill>``.
 """
@@ -60,18 +61,18 @@ def load_lengths(path: Path) -> list[tuple[int, int]]:
     return [(d["prompt_tokens"], d["output_tokens"]) if isinstance(d, dict) else (d[0], d[1]) for d in data]
 
 
-def invocations(lengths: list[tuple[int, int]], seed: int) -> list[Invocation]:
+def invocations(lengths: list[tuple[int, int]], seed: int, vocab: int = VOCAB) -> list[Invocation]:
     rng = np.random.default_rng(seed)
     return [
         Invocation(id=f"inv{i:05d}", episode_id=f"ep{i // 8}", step=i % 8, kind=InvocationKind.memory_update,
-                   prompt_ids=rng.integers(0, VOCAB, p), output_ids=rng.integers(0, VOCAB, o),
+                   prompt_ids=rng.integers(0, vocab, p), output_ids=rng.integers(0, vocab, o),
                    output_logprobs=np.zeros(o))
         for i, (p, o) in enumerate(lengths)
     ]
 
 
-def smollm2_135m_shape(layers: int, dtype: torch.dtype) -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+def smollm2_135m_shape(layers: int, dtype: torch.dtype, vocab: int = VOCAB) -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
                       num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
                       max_position_embeddings=8192, rope_theta=100000.0)
     cfg._attn_implementation = "sdpa"
@@ -133,14 +134,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="10 layers instead of 30 (per-token ratios barely depend on depth): 3-5 minutes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 layer, a 1024-token vocabulary, 12 calls, one round: checks that every method runs")
     args = ap.parse_args()
+    vocab = VOCAB
     if args.quick:
         args.layers = 10
+    if args.smoke:
+        args.layers, args.invocations, args.row_tokens, args.rounds, args.timed_rows = 1, 12, 2048, 1, 1
+        args.threads, vocab = 1, 1024
     torch.set_num_threads(args.threads)
 
     lengths = load_lengths(args.lengths) if args.lengths else synth_lengths(args.invocations, args.seed)
-    seqs = [rebuild_aligned(inv) for inv in invocations(lengths, args.seed)]
-    rows, stats = pack(seqs, args.row_tokens, truncate="left")
+    seqs = [rebuild_aligned(inv) for inv in invocations(lengths, args.seed, vocab)]
+    rows, stats = pack(seqs, args.row_tokens, over_budget="left")
     rng = np.random.default_rng(args.seed)
     full = max(len(rows) - 1, 1)
     chosen = sorted(rng.choice(full, size=min(args.timed_rows, full), replace=False).tolist())
@@ -162,7 +169,7 @@ def main() -> None:
           f"({tokens['arrival']} tokens); model: "
           f"SmolLM2-135M shape, {args.layers} layers, {args.dtype}, sdpa, {args.threads} threads, forward only")
 
-    model = smollm2_135m_shape(args.layers, getattr(torch, args.dtype))
+    model = smollm2_135m_shape(args.layers, getattr(torch, args.dtype), vocab)
     timed(lambda: score_single(model, arrival[:1]))  # warm-up
     first = arrival[: args.batch_size]  # one-by-one is slow and only a reference point: one batch's worth
     row_fill = tokens["packed"] / (len(timed_rows) * args.row_tokens)

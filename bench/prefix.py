@@ -25,6 +25,7 @@ work. Each figure is the best of ``--repeats`` interleaved rounds (the CPU may b
   .venv/bin/python bench/prefix.py --env hotpotqa --chunk-tokens 1024          # the issue's HotpotQA case
   .venv/bin/python bench/prefix.py --env synthetic                              # the default synthetic calls
   .venv/bin/python bench/prefix.py --quick                                      # 1 group per G, G = 1, 8
+  .venv/bin/python bench/prefix.py --smoke      # a tiny random model, synthetic, G = 1 and 2: every phase, seconds
 
 The last line is ``score_shared_vs_packed=<r> train_shared_vs_packed=<r> rollout_shared_vs_unshared=<r>
 ceiling=<r>`` for the largest G.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +58,14 @@ from agentmem.training.forward import PackedModel, plan  # noqa: E402
 from envs import load_env  # noqa: E402
 
 HOTPOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
+
+
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
 
 
 def env_groups(args, tok, g: int, n_groups: int, seed: int) -> list[list[list[int]]]:
@@ -199,13 +209,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="one group per G, G = 1 and 8, one round")
+    ap.add_argument("--model", default=None, help="model folder (default: the prepared default model)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, synthetic, one group of G = 1 and 2")
     args = ap.parse_args()
     if args.quick:
         args.groups, args.sizes, args.repeats = 1, "1,8", 1
+    if args.smoke:
+        args.env, args.groups, args.sizes, args.repeats, args.chunk_tokens, args.memory, args.output = \
+            "synthetic", 1, "1,2", 1, 128, 16, 8
+        args.row_tokens = 2048
+        args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="prefix-smoke-")))
     torch.set_num_threads(args.threads)
-    model, tok = load_model(prepare_default_model(), dtype=args.dtype)
+    model, tok = load_model(args.model or prepare_default_model(), dtype=args.dtype)
     rows = [measure(args, model, tok, int(g)) for g in args.sizes.split(",")]
-    print(f"default model, {args.dtype}, {args.threads} thread(s), env {args.env}, chunks {args.chunk_tokens}, "
+    print(f"{args.model or 'default model'}, {args.dtype}, {args.threads} thread(s), env {args.env}, chunks {args.chunk_tokens}, "
           f"memory {args.memory}, output ~{args.output}, {args.groups} group(s) per G, best of {args.repeats}")
     print(f"{'G':>3}{'calls':>6}{'call tok':>9}{'ceiling':>8} | {'score tok/s':>20}{'x':>6} | {'train tok/s':>18}"
           f"{'x':>6} | {'prefill s':>14}{'x':>6} | {'prompt computed':>16}")

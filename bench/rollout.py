@@ -4,6 +4,7 @@ store. vLLM is measured too when it is importable (``--vllm``).
 
     python bench/rollout.py --quick            # < 5 minutes on 2 cores
     python bench/rollout.py --episodes 16
+    python bench/rollout.py --smoke            # a tiny random model, 2 episodes: every phase runs, in seconds
 
 Tokens/s counts generated tokens over the wall time of the whole rollout (prefill included). The last
 line is exactly ``batch8_vs_batch1=<ratio> store_share=<fraction>`` (store share of the batch-8 run).
@@ -48,6 +49,14 @@ class TimedSink(StoreSink):
         self.seconds += time.perf_counter() - t0
 
 
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
+
+
 def measure(backend_kind: str, model: str, batch: int, args, tmp: str) -> dict:
     store = open_store(f"sqlite:///{tmp}/bench-{backend_kind}-{batch}.db", create=True)
     config = RolloutConfig(
@@ -84,11 +93,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm", action="store_true", help="also measure the vLLM backend (if importable)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 2 short episodes: every phase runs")
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.context_tokens = 8, 384
+    if args.smoke:
+        args.episodes, args.context_tokens, args.chunk_tokens, args.memory_tokens = 2, 160, 64, 8
     torch.set_num_threads(args.threads)
-    model = str(prepare_default_model())
+    model = tiny_model(Path(tempfile.mkdtemp(prefix="rollout-smoke-"))) if args.smoke else str(prepare_default_model())
     kinds = ["transformers"] + (["vllm"] if args.vllm and importlib.util.find_spec("vllm") else [])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +109,7 @@ def main() -> None:
                 rows.append(measure(kind, model, batch, args, tmp))
                 r = rows[-1]
                 print(f"  done {kind} batch {batch}: {r['wall']:.1f}s", flush=True)
-    print(f"default model, {args.dtype}, {args.threads} thread(s), {args.episodes} synthetic episodes, "
+    print(f"{'tiny model (smoke)' if args.smoke else 'default model'}, {args.dtype}, {args.threads} thread(s), {args.episodes} synthetic episodes, "
           f"context {args.context_tokens} tokens, chunks {args.chunk_tokens}, memory {args.memory_tokens}")
     print(f"{'backend':<13}{'batch':>6}{'calls':>7}{'prompt tok':>11}{'output tok':>11}{'wall s':>8}"
           f"{'out tok/s':>10}{'store %':>9}")

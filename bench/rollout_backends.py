@@ -7,12 +7,16 @@ process CPU seconds per generated token (robust to other processes sharing the c
 CPU time is what wall time would be on an idle core).
 
     OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_backends.py
+    .venv/bin/python bench/rollout_backends.py --smoke    # a tiny random model: every phase runs, in seconds
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -22,6 +26,14 @@ CHUNK = (
     "Alice was born in Lyon in 1984 and moved to Berlin in 2010, where she worked as a nurse at the "
     "Charite hospital. Her brother Bob lives in Oslo and teaches mathematics. "
 )
+
+
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
 
 
 def make_prompt(tokenizer, target: int, salt: int) -> list[int]:
@@ -42,7 +54,11 @@ def main() -> None:
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--smoke", action="store_true", help="a tiny random model, 4 new tokens, batches 1 and 2")
     args = parser.parse_args()
+    if args.smoke:
+        args.prompt_tokens, args.new_tokens, args.dtypes, args.threads, args.batches = 40, 4, "float32", "1", "1,2"
+        args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="backends-smoke-")))
     model = resolve_model(args.model)
     print(f"model {model}, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens per row")
     print(

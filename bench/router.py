@@ -3,6 +3,7 @@ as a curve over router thresholds (accuracy against time saved), on held-out syn
 
     python bench/router.py                          # the default model, 16 tasks of level 2 (minutes on 2 cores)
     python bench/router.py --model PATH --episodes 4   # any local model folder
+    python bench/router.py --smoke                  # a tiny random model, 2 tasks: every phase runs, in seconds
 
 Two arms run through the real agent loop, greedy (temperature 0), one call at a time (``max_batch`` 1, so each
 call's ``latency_s`` is its own model time):
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,6 +87,14 @@ def curve(tasks, full, router, thresholds):
     return rows
 
 
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
+
+
 def best(rows, full_f1: float, full_secs: float, tolerance: float):
     ok = [r for r in rows if r[1] >= full_f1 - tolerance] or rows
     return max(ok, key=lambda r: (round(1 - r[2] / full_secs, 6), r[1], -r[0]))
@@ -101,7 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--f1-tolerance", type=float, default=0.02)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 2 tasks of level 1: every phase runs")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.episodes, args.level, args.memory_tokens = 2, 1, 8
+        if args.model == "default":
+            args.model = tiny_model(Path(tempfile.mkdtemp(prefix="router-smoke-")))
 
     runtime = Runtime.create("cpu", threads=args.threads)
     ref = models.resolve(None, args.model)

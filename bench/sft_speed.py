@@ -13,6 +13,7 @@ for a short run (the per-10k figure is then extrapolated from the steps run). Th
 
   .venv/bin/python bench/sft_speed.py --threads 2                 # the full 10k tokens per dtype
   .venv/bin/python bench/sft_speed.py --threads 2 --max-steps 4   # a short run
+  .venv/bin/python bench/sft_speed.py --smoke                     # a tiny random model, 2 steps: every phase runs
 """
 
 from __future__ import annotations
@@ -40,13 +41,21 @@ from store.engine import make_engine, open_store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 
 
-def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int | None):
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
+
+
+def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int | None, model: str = "default"):
     """A store holding one oracle rollout; returns (store, run id, its stored calls)."""
     url = f"sqlite:///{work / 'sft_speed.db'}"
     upgrade(make_engine(url))
     store = open_store(url)
     knobs = {} if level is None else {"level": level}
-    config = RolloutConfig(env="synthetic", env_knobs=knobs, policy=PolicySource.oracle,
+    config = RolloutConfig(env="synthetic", env_knobs=knobs, policy=PolicySource.oracle, model=model,
                            episodes=episodes, chunk_tokens=chunk_tokens, agent=AgentConfig(temperature=0.0))
     result = run_rollout(store, config)
     with store.session() as s:
@@ -88,16 +97,22 @@ def main() -> None:
     ap.add_argument("--lora-rank", type=int, default=None)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--work", type=Path, default=None, help="folder for the store and checkpoints (default: temp)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 2 steps per dtype: every phase runs")
     args = ap.parse_args()
-    runtime = Runtime.create(device="cpu", threads=args.threads)
+    runtime = Runtime.create(device="cpu", threads=1 if args.smoke else args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="sft_speed-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        args.tokens, args.max_steps, args.calls_per_step, args.row_tokens, args.chunk_tokens, args.level = \
+            100, 2, 2, 1024, 64, 0
+        if args.model == "default":
+            args.model = tiny_model(work)
 
     episodes = 8
     while True:  # enough stored calls that the steps draw ~--tokens action tokens without repeating an epoch
         folder = work / f"episodes-{episodes}"
         folder.mkdir(exist_ok=True)
-        store, run_id, calls = oracle_store(folder, episodes, args.chunk_tokens, args.level)
+        store, run_id, calls = oracle_store(folder, episodes, args.chunk_tokens, args.level, args.model)
         actions = sum(c.output_tokens for c in calls)
         if actions >= args.tokens or episodes >= 512:
             break

@@ -2,6 +2,7 @@
 output tokens each), on SQLite and (when a server URL is given) Postgres, printed as one table.
 
     python bench/store.py [--n 4000] [--batch 64] [--pg-url postgresql://postgres@127.0.0.1:55432/postgres]
+    python bench/store.py --smoke     # 100 invocations, one repeat: every phase runs, in seconds
 
 Inserts are committed every ``--batch`` invocations (a rollout step commits one batch of calls). The
 last line is exactly ``insert_per_s=<n> read_per_s=<n>`` for SQLite. Goal: >= 2,000 inserts/s and
@@ -64,7 +65,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="invocations per insert transaction")
     ap.add_argument("--repeats", type=int, default=3, help="SQLite repetitions; the best is reported")
     ap.add_argument("--pg-url", default=os.environ.get("AGENTMEM_TEST_PG_URL"), help="Postgres server URL")
+    ap.add_argument("--smoke", action="store_true", help="100 invocations, one repeat: every phase runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.n, args.batch, args.repeats = 100, 16, 1
 
     results: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

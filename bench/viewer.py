@@ -2,6 +2,7 @@
 tokenizer pieces) and of the runs page and a run page over a store of 10k episodes.
 
     python bench/viewer.py [--repeat 5] [--tokenizer MODEL_FOLDER]
+    python bench/viewer.py --smoke    # small stores, one repeat, no tokenizer: every page renders, in seconds
 
 Pages are requested in-process through FastAPI's TestClient (the whole app: routing, store reads, template
 rendering; no network), on a read-only SQLite store. The first request of each page is reported apart
@@ -107,12 +108,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER) if DEFAULT_TOKENIZER.is_dir() else None)
+    parser.add_argument("--smoke", action="store_true", help="5 calls, 2 runs of 20 episodes, one repeat")
     args = parser.parse_args()
+    sizes = {"long": {}, "many": {}}
+    if args.smoke:
+        args.repeat, args.tokenizer = 1, None
+        sizes = {"long": {"calls": 5, "output_tokens": 40}, "many": {"runs": 2, "per_run": 20}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         t0 = time.perf_counter()
-        ep_url, ep_id = seed_long_episode(folder)
-        many_url, run_id = seed_many_episodes(folder)
+        ep_url, ep_id = seed_long_episode(folder, **sizes["long"])
+        many_url, run_id = seed_many_episodes(folder, **sizes["many"])
         print(f"seeded in {time.perf_counter() - t0:.1f}s; tokenizer: {args.tokenizer or 'none (ids)'}")
         rows = []
         ep_store, many_store = open_read_only(ep_url), open_read_only(many_url)

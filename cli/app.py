@@ -4,6 +4,9 @@ Errors: an ``AgentmemError`` (any area: store, env, replay, policy, config, run,
 validation error of a job's config is the user's to fix: it prints as one ``error:`` line and exits 1.
 Anything else is a bug and keeps its traceback. ``--debug`` (or ``AGENTMEM_DEBUG=1``) prints the whole
 traceback for every error. Hub downloads are off unless ``HF_HUB_OFFLINE`` says otherwise.
+
+Ctrl-C and SIGTERM: typer turns a ``KeyboardInterrupt`` that leaves a command into a silent exit 130, so the
+jobs print their one ``interrupted:`` line themselves, inside the command (``cli.job_session``).
 """
 
 from __future__ import annotations
@@ -63,15 +66,15 @@ def _options(
 
 
 def error_message(exc: BaseException) -> str:
-    """One line for a user error: a pydantic validation error names the field (as its flag) at fault."""
+    """One line for a user error: a pydantic validation error names the flag at fault (``--episodes``), not
+    the config field behind it."""
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
         parts = []
         for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or exc.title
-            flag = "--" + loc.rsplit(".", 1)[-1].replace("_", "-")
-            parts.append(f"{flag} ({exc.title}.{loc}): {err['msg']}")
+            names = [str(x) for x in err["loc"] if not isinstance(x, int)]
+            parts.append(f"--{names[-1].replace('_', '-')}: {err['msg']}" if names else err["msg"])
         return "; ".join(parts)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -85,9 +88,6 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         app()
-    except KeyboardInterrupt:
-        typer.echo("interrupted: finished work is stored; re-run with --resume to continue", err=True)
-        sys.exit(130)
     except (AgentmemError, ValidationError) as exc:
         if _DEBUG["on"]:
             raise

@@ -62,3 +62,31 @@ def training_store(db: str | None, rt):
     from store.engine import open_read_only, open_store
 
     return open_store(db) if rt.is_main else open_read_only(db)
+
+
+def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | None = None, kind=None,
+              models: tuple[str | None, ...] = (), data: str | None = None, create: bool = False) -> None:
+    """The cheap checks of a job's ids, model references and data file, run before torch is imported
+    (``runtime``, ``setup_logging``), so a bad one answers within a second. The job checks them again;
+    these are the same functions, so the messages are the same."""
+    if data is not None:
+        from envs.files import require_file
+
+        require_file(data)
+    if not (runs or resume or any(m not in (None, "default") for m in models)):
+        return
+    from agentmem import models as model_refs
+    from agentmem.jobs.runs import check_runs, load_run
+    from store.engine import open_store
+
+    store = open_store(db, create=create)
+    try:
+        if resume is not None:
+            load_run(store, resume, kind)
+        if runs:
+            check_runs(store, runs)
+        for ref in models:
+            if ref not in (None, "default"):
+                model_refs.resolve(store, ref)
+    finally:
+        store.engine.dispose()

@@ -117,8 +117,9 @@ def distill(
     student saw (or another context), plus a clipped group-relative policy gradient on the final F1."""
     from agentmem.config import DistillConfig
     from agentmem.errors import ConfigError
+    from agentmem.records import RunKind
     from agentmem.tracking import check_installed, parse_report_to
-    from cli.common import runtime, setup_logging
+    from cli.common import preflight, runtime, setup_logging
 
     trackers = parse_report_to(report_to)
     check_installed(trackers)
@@ -139,6 +140,8 @@ def distill(
             alpha_min=alpha_min, alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor, jsd_clip=jsd_clip,
             psd=psd, psd_mix=psd_mix,
         )
+    preflight(db, runs=None if resume else run, resume=resume, kind=RunKind.distill,
+              models=() if resume else (student, None if teacher == "none" else teacher))
     rt = runtime(device, threads, fsdp)
     setup_logging()
     try:
@@ -165,12 +168,13 @@ def _train(rt, db: str | None, config, resume: str | None, steps: int | None, tr
     """Run the job; progress and trackers on rank 0 only (the only process under plain ``agentmem``)."""
     from agentmem.jobs.distill import run_distill
     from cli.common import training_store
+    from cli.job_session import job_session
     from cli.training_progress import train_progress
 
     store = training_store(db, rt)
     if not rt.is_main:
         return run_distill(store, config, rt, resume=resume, steps=steps)
-    with train_progress() as progress:
+    with job_session(db), train_progress() as progress:
         return run_distill(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
                            on_step=progress.on_step, report_to=trackers)
 

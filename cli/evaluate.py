@@ -65,7 +65,8 @@ def evaluate(
     from agentmem.config import AgentConfig, EvalConfig
     from agentmem.jobs.eval import run_eval, run_sweep, sweep_configs
     from cli.agent_progress import episode_progress
-    from cli.common import parse_knobs, runtime, setup_logging
+    from cli.common import parse_knobs, preflight, runtime, setup_logging
+    from cli.job_session import job_session
     from store.engine import open_store
 
     config = EvalConfig(env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, backend=backend,
@@ -77,15 +78,16 @@ def evaluate(
     swept = _sweep(docs, sweep)
     if swept is not None:
         sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads
+    preflight(db, models=(model,), data=data, create=True)
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
     if swept is None:
-        with episode_progress("eval") as bar:
+        with job_session(db), episode_progress("eval") as bar:
             results = [run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)]
     else:
         knob, values = swept
-        with episode_progress("eval") as bar:
+        with job_session(db), episode_progress("eval") as bar:
             def on_length(i: int, value: int) -> None:
                 bar.next_part(f"eval {knob}={value} ({i + 1}/{len(values)})")
             results = run_sweep(store, config, knob, values, rt, on_length=on_length, on_start=bar.on_start,

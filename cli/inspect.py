@@ -30,6 +30,12 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def is_numeric(values: list[Any]) -> bool:
+    """Whether a result column holds numbers only (nulls aside; at least one number): right-aligned."""
+    present = [v for v in values if v is not None]
+    return bool(present) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
+
+
 def sql(
     query: Annotated[str, typer.Argument(help="One SQL statement, e.g. \"select * from episode_summary\".")],
     db: DbOption = None,
@@ -43,14 +49,19 @@ def sql(
 
     from store.engine import check_reachable, open_store
     from store.errors import ReadOnlyDatabase, StoreError
+    from store.read_only import is_denied, sqlite_authorizer
 
+    read_only = "the database is opened read-only; pass --write to change it"
     engine = open_store(db, check=False).engine
     check_reachable(engine)
+    sqlite = engine.dialect.name == "sqlite"
     with engine.connect() as conn:
         if not write:
-            if engine.dialect.name == "sqlite":
+            if sqlite:
                 conn.exec_driver_sql("PRAGMA query_only=ON")
+                conn.connection.driver_connection.set_authorizer(sqlite_authorizer)
             else:
+                conn = conn.execution_options(postgresql_readonly=True)
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
         try:
             result = conn.execute(sa.text(query))
@@ -61,15 +72,16 @@ def sql(
                 conn.commit()
         except DBAPIError as exc:
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            if not write and ("readonly" in reason.replace(" ", "").lower() or "read-only" in reason):
-                reason += " (the query is read-only; pass --write to change the database)"
+            if not write and is_denied(reason):
+                reason = read_only
             raise StoreError(f"SQL failed: {reason}") from None
         except ReadOnlyDatabase:
             if write:
                 raise
-            raise StoreError("SQL failed: the query is read-only; pass --write to change the database") from None
+            raise StoreError(f"SQL failed: {read_only}") from None
         finally:
-            if engine.dialect.name == "sqlite" and not write:
+            if sqlite and not write:
+                conn.connection.driver_connection.set_authorizer(None)
                 conn.exec_driver_sql("PRAGMA query_only=OFF")
     if not columns:
         typer.echo(f"ok ({result.rowcount} rows affected)")
@@ -85,10 +97,13 @@ def sql(
 
         from cli.console import console
 
-        table = Table(*columns, show_lines=False)
+        table = Table(show_lines=False)
+        for i, name in enumerate(columns):
+            table.add_column(name, justify="right" if is_numeric([r[i] for r in rows]) else "left")
         for r in rows:
             table.add_row(*["" if v is None else str(v) for v in r])
         console().print(table)
+        typer.echo(f"{len(rows)} row{'' if len(rows) == 1 else 's'}")
 
 
 def run_status(summary: RunSummary) -> str:

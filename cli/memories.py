@@ -31,16 +31,19 @@ def build(
     """Write one workflow memory per successful episode of --run into the memories table, in a new run of
     kind memories; use it with `agentmem rollout --memory teacher --memory-option memories=BUILD_RUN`."""
     from agentmem.jobs.memories import MemoriesConfig, build_memories
-    from cli.common import runtime, setup_logging
+    from cli.common import preflight, runtime, setup_logging
+    from cli.job_session import job_session
     from store.engine import open_store
 
     config = MemoriesConfig(run=run, min_f1=min_f1, writer=writer, backend=backend, dtype=dtype,
                             max_new_tokens=max_new_tokens)
     store = open_store(db)
+    preflight(db, runs=[run], models=() if writer == "oracle" else (writer,))
     rt = None if writer == "oracle" else runtime(device, threads)
     setup_logging()
     try:
-        result = build_memories(store, config, rt) if rt else build_memories(store, config)
+        with job_session(db):
+            result = build_memories(store, config, rt) if rt else build_memories(store, config)
     finally:
         if rt:
             rt.close()

@@ -72,14 +72,18 @@ def rollout(
 ) -> None:
     """Run the memory agent over an environment and stream every call to the store.
 
-    With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (a few minutes on a
-    laptop CPU). Kill it at any time; `--resume RUN_ID` finishes the run without duplicating rows.
+    With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (measured on a 2-core
+    CPU: about 10 minutes of CPU time, 29 minutes of wall time while other jobs shared the cores). Kill it at
+    any time (Ctrl-C prints the command that resumes); `--resume RUN_ID` finishes the run without duplicating
+    rows.
     `--replay-from RUN_ID` samples ReOPD's single calls branched from a stored teacher run instead.
     """
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
+    from agentmem.records import RunKind
     from cli.agent_progress import episode_progress
-    from cli.common import env_knobs, parse_knobs, runtime, setup_logging
+    from cli.common import env_knobs, parse_knobs, preflight, runtime, setup_logging
+    from cli.job_session import job_session
     from store.engine import open_store
 
     if replay_from is not None or kappa != 0.6 or (resume and _is_replay(resume, db)):
@@ -106,15 +110,31 @@ def rollout(
                               memory_options=parse_knobs(memory_option)),
             context=context,
         )
+    preflight(db, resume=resume, kind=RunKind.rollout, models=(config.model,) if config else (),
+              data=config.data if config else None, create=True)
     if workers > 1:
         _with_workers(workers, config, resume, db=db, device=device, threads=threads)
         return
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
-    with episode_progress("rollout") as bar:
+    with job_session(db), episode_progress("rollout") as bar:
         result = run_rollout(store, config, rt, resume=resume, on_start=bar.on_start, on_round=bar.on_round)
     _summary(result)
+    if config is not None and config.model == "default" and config.policy is PolicySource.model:
+        typer.echo(UNTRAINED_NOTE)
+
+
+# The quick start's last line: an untrained 135M model scoring 0 is the expected first result, not a failure.
+UNTRAINED_NOTE = ("note: the untrained SmolLM2-135M scores near 0 here; that is expected. To see learning: "
+                  "agentmem rollout --policy oracle, then agentmem sft --run ORACLE_RUN, then agentmem eval --model "
+                  "CHECKPOINT (docs/learning.md)")
+
+
+def summary_query(run_id: str) -> str:
+    """The narrow query a rollout suggests: what was asked, the gold and predicted answers, F1, calls."""
+    return ("select question, gold, prediction, f1, n_calls, status from episode_summary "
+            f"where run_id = '{run_id}'")
 
 
 def _summary(result) -> None:
@@ -136,8 +156,7 @@ def _summary(result) -> None:
                   f"{mean([e.f1 for e in done]):.3f}", f"{mean([e.em for e in done]):.3f}",
                   f"{mean([e.sub_em for e in done]):.3f}")
     console().print(table)
-    typer.echo(f"run_id={result.run_id}  (inspect: agentmem sql \"select * from episode_summary where run_id = "
-               f"'{result.run_id}'\")")
+    typer.echo(f"inspect: agentmem sql \"{summary_query(result.run_id)}\"")
 
 
 def _with_workers(n: int, config, resume: str | None, *, db: str | None, device: Device, threads: int | None) -> None:
@@ -153,6 +172,7 @@ def _with_workers(n: int, config, resume: str | None, *, db: str | None, device:
     setup_logging()
     store = open_store(db, create=True)
     run_id = create_rollout(store, config, resume=resume)
+    typer.echo(f"run_id={run_id}")
     terms = LeaseTerms()
     codes = start_workers(n, run_id, db=db, device=device.value, threads=threads, lease_seconds=terms.seconds,
                           max_attempts=terms.max_attempts)
@@ -173,7 +193,9 @@ def _replay(replay_from: str | None, resume: str | None, *, kappa: float, model:
     from agentmem.config import ReplayConfig
     from agentmem.errors import ConfigError
     from agentmem.jobs.replay import run_replay
-    from cli.common import runtime, setup_logging
+    from agentmem.records import RunKind
+    from cli.common import preflight, runtime, setup_logging
+    from cli.job_session import job_session
     from store.engine import open_store
 
     config = None
@@ -187,10 +209,13 @@ def _replay(replay_from: str | None, resume: str | None, *, kappa: float, model:
         config = ReplayConfig(teacher_run=replay_from, model=model, backend=backend, dtype=dtype,
                               group_size=group_size, kappa=kappa, seed=seed, temperature=temperature, top_p=top_p,
                               max_batch=batch)
+    preflight(db, resume=resume or replay_from, kind=RunKind.replay if resume else RunKind.rollout,
+              models=(model,) if config else ())
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
-    result = run_replay(store, config, rt, resume=resume)
+    with job_session(db):
+        result = run_replay(store, config, rt, resume=resume)
     failed = sum(1 for e in result.episodes if e.status.value == "failed")
     typer.echo(f"replay_run_id={result.run_id} episodes={len(result.episodes)} calls={result.calls}"
                + (f" failed={failed}" if failed else "")

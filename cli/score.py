@@ -52,14 +52,16 @@ def score(
 
     from agentmem.config import ScoreConfig
     from agentmem.jobs.score import run_score
-    from cli.common import runtime, setup_logging
+    from cli.common import preflight, runtime, setup_logging
     from cli.console import console
+    from cli.job_session import job_session
     from store.engine import open_store
 
     config = ScoreConfig(run_ids=run, teacher=teacher, student=student, context=context, kinds=kind or None,
                          row_tokens=row_tokens, rows_per_batch=rows_per_batch, topk=topk, topk_dir=topk_dir,
                          path=attention, packing=packing, teacher_truncation=teacher_truncation, temperature=temperature,
                          dtype=dtype, privileged_file=privileged_file)
+    preflight(db, runs=run, models=(teacher, student))
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db)
@@ -77,7 +79,7 @@ def score(
         progress.update(state["task"], advance=p.invocations, tps=state["tokens"] / max(state["seconds"], 1e-9))
 
     t0 = time.perf_counter()
-    with progress:
+    with job_session(db), progress:
         result = run_score(store, config, rt, on_start=on_start, on_batch=on_batch)
     typer.echo(f"scored={result.scored} skipped_already_scored={result.skipped} fill={result.fill:.3f} "
                f"teacher_truncated_calls={result.teacher_truncated_calls} seconds={time.perf_counter() - t0:.1f} "

@@ -63,8 +63,9 @@ def sft(
     prompt (the prompt carries no loss), on the same packed path as distill; full or LoRA."""
     from agentmem.config import SftConfig
     from agentmem.errors import ConfigError
+    from agentmem.records import RunKind
     from agentmem.tracking import check_installed, parse_report_to
-    from cli.common import runtime, setup_logging
+    from cli.common import preflight, runtime, setup_logging
 
     trackers = parse_report_to(report_to)
     check_installed(trackers)
@@ -81,6 +82,8 @@ def sft(
             seed=seed, out=out, save_every=save_every, path=attention, packing=packing, dtype=dtype,
             anchor_weight=anchor_weight, **extra,
         )
+    preflight(db, runs=None if resume else run, resume=resume, kind=RunKind.sft,
+              models=() if resume else (student,))
     rt = runtime(device, threads, fsdp)
     setup_logging()
     try:
@@ -99,12 +102,14 @@ def _train(rt, db: str | None, config, resume: str | None, steps: int | None, tr
     """Run the job; progress and trackers on rank 0 only (the only process under plain ``agentmem``)."""
     from agentmem.jobs.sft import run_sft
     from cli.common import training_store
+    from cli.job_session import job_session
     from cli.training_progress import train_progress
 
     store = training_store(db, rt)
     if not rt.is_main:
         return run_sft(store, config, rt, resume=resume, steps=steps)
-    with train_progress(label="sft") as progress:
+    # sft trains cross-entropy (and the anchor when on): the bar shows those, no kd and no rl
+    with job_session(db), train_progress(label="sft", terms=()) as progress:
         return run_sft(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
                        on_step=progress.on_step, report_to=trackers)
 

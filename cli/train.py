@@ -116,9 +116,11 @@ def train(
         TrainConfig,
     )
     from agentmem.jobs.train import load_train_state, run_train
+    from agentmem.records import RunKind
     from agentmem.tracking import check_installed, parse_report_to
-    from cli.common import env_knobs, runtime, setup_logging
+    from cli.common import env_knobs, preflight, runtime, setup_logging
     from cli.console import console
+    from cli.job_session import job_session
     from cli.training_progress import train_progress
     from store.engine import open_store
 
@@ -148,6 +150,7 @@ def train(
                                   alpha_max=alpha_max, alpha_ema=alpha_ema, prob_floor=prob_floor,
                                   jsd_clip=jsd_clip),
         )
+    preflight(db, resume=resume, kind=RunKind.train, data=data if not resume else None)
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=not resume)
@@ -160,7 +163,7 @@ def train(
         warm = state.config.warm_start.steps if state.config.warm_start else 0
         start = len(state.finished) * steps_per_round + (warm if state.finished else 0)
     total = warm + rounds * steps_per_round
-    with train_progress(total, done=start, label="train") as bar:
+    with job_session(db), train_progress(total, done=start, label="train") as bar:
         done = {"n": start}
 
         def step(record) -> None:

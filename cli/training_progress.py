@@ -1,4 +1,5 @@
-"""A progress bar for training steps: loss parts, tokens/s, and calls left out or cut."""
+"""A progress bar for training steps: the loss and each of its terms that is on, tokens/s, and calls left out
+or cut."""
 
 from __future__ import annotations
 
@@ -12,16 +13,27 @@ from agentmem.training.dynamics import note
 from cli.console import console
 
 
+def loss_parts(step, terms: tuple[str, ...]) -> str:
+    """The terms of a step's loss that are on: ``terms`` among kd and rl (a distill run's; sft has neither),
+    then every other term the step reports (``ce_loss``, ``anchor_loss``, ...)."""
+    parts = [f"kd {step.kd_loss:.4f}"] if "kd" in terms else []
+    parts += [f"rl {step.rl_loss:+.4f}"] if "rl" in terms else []
+    parts += [f"{key.removesuffix('_loss')} {value:.4f}" for key, value in step.metrics.items()
+              if key.endswith("_loss")]
+    return ", ".join(parts)
+
+
 @dataclass
 class TrainProgress:
     progress: Progress
     label: str
+    terms: tuple[str, ...] = ("kd", "rl")
     task: int | None = None
     counts: dict[str, float] = field(default_factory=dict)
 
     def on_start(self, total: int, done: int = 0) -> None:
         if self.task is None:
-            self.task = self.progress.add_task(self.label, total=total, completed=done, loss=0.0, kd=0.0, rl=0.0,
+            self.task = self.progress.add_task(self.label, total=total, completed=done, loss=0.0, parts="",
                                                tps=0.0, notes="")
 
     def on_step(self, step) -> None:
@@ -30,19 +42,21 @@ class TrainProgress:
         for key in ("skipped_calls", "teacher_truncated_calls"):
             self.counts[key] = self.counts.get(key, 0.0) + float(step.metrics.get(key, 0.0))
         notes = " ".join([f"{k}={int(v)}" for k, v in self.counts.items() if v] + [note(step)])
-        self.progress.update(self.task, completed=step.step, loss=step.loss, kd=step.kd_loss,
-                             rl=step.rl_loss, tps=step.tokens / max(step.seconds, 1e-9), notes=notes)
+        parts = loss_parts(step, self.terms)
+        self.progress.update(self.task, completed=step.step, loss=step.loss, parts=f" ({parts})" if parts else "",
+                             tps=step.tokens / max(step.seconds, 1e-9), notes=notes)
 
 
 @contextlib.contextmanager
-def train_progress(total: int | None = None, done: int = 0, label: str = "distill") -> Iterator[TrainProgress]:
+def train_progress(total: int | None = None, done: int = 0, label: str = "distill",
+                   terms: tuple[str, ...] = ("kd", "rl")) -> Iterator[TrainProgress]:
     progress = Progress(
         TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-        TextColumn("loss {task.fields[loss]:.4f} (kd {task.fields[kd]:.4f}, rl {task.fields[rl]:+.4f}) "
-                   "{task.fields[tps]:.0f} tok/s {task.fields[notes]}"),
+        TextColumn("loss {task.fields[loss]:.4f}{task.fields[parts]} {task.fields[tps]:.0f} tok/s "
+                   "{task.fields[notes]}"),
         TimeElapsedColumn(), console=console(stderr=True),
     )
-    state = TrainProgress(progress, label)
+    state = TrainProgress(progress, label, terms)
     if total is not None:
         state.on_start(total, done)
     with progress:

@@ -48,10 +48,12 @@ def worker(
     """
     from agentmem.jobs.rollout import LeaseTerms
     from agentmem.jobs.worker import run_worker
-    from cli.common import runtime, setup_logging
+    from agentmem.records import RunKind
+    from cli.common import preflight, runtime, setup_logging
     from store.engine import open_store
 
     lease = LeaseTerms(seconds=lease_seconds, max_attempts=max_attempts)
+    preflight(db, resume=run, kind=RunKind.rollout)
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db)

@@ -16,10 +16,16 @@ from envs.errors import EnvError
 _TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer"}
 
 
-def read_json(path: str | Path) -> Any:
+def require_file(path: str | Path) -> Path:
+    """``path`` as a Path; raises EnvError when no file is there."""
     path = Path(path)
     if not path.is_file():
         raise EnvError(f"{path}: no such file")
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    path = require_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -39,10 +45,11 @@ def where(path: Path, index: int | str, record: Any, id_field: str) -> str:
     return f"{path}: record {index}" + (f" ({id_field} {rid!r})" if rid is not None else "")
 
 
-def where_line(path: Path, number: int, record: Any, id_field: str) -> str:
-    """The prefix of an error about one line of a JSON-lines file: file, line number and (when readable) id."""
+def where_line(path: Path, number: int, record: Any, id_field: str, unit: str = "line") -> str:
+    """The prefix of an error about one line of a JSON-lines file (or, with ``unit`` "record", one record of a
+    JSON array): file, line or record number and (when readable) id."""
     rid = record.get(id_field) if isinstance(record, dict) else None
-    return f"{path}: line {number}" + (f" ({id_field} {rid!r})" if rid is not None else "")
+    return f"{path}: {unit} {number}" + (f" ({id_field} {rid!r})" if rid is not None else "")
 
 
 def need_list(value: Any, place: str) -> list:
@@ -75,11 +82,22 @@ def answer_text(value: Any, key: str, place: str) -> str:
     return text
 
 
+def read_records(path: str | Path) -> tuple[str, list[tuple[int, Any]]]:
+    """The records of a JSON-lines file (numbered by line, from 1) or of a file holding one JSON array
+    (numbered by index, from 0), with the unit that numbers them: ``("line" | "record", [(number, record)])``."""
+    path = require_file(path)
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    if head.startswith(b"["):
+        data = read_json(path)
+        if isinstance(data, list):
+            return "record", list(enumerate(data))
+    return "line", read_jsonl(path)
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
     """``(line number, record)`` of each non-blank line of a JSON-lines file, numbered from 1."""
-    path = Path(path)
-    if not path.is_file():
-        raise EnvError(f"{path}: no such file")
+    path = require_file(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:

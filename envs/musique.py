@@ -27,7 +27,7 @@ from typing import Any
 from agentmem.records import Fact, Task
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError
-from envs.files import answer_text, field, read_jsonl, where_line
+from envs.files import answer_text, field, read_records, where_line
 from envs.metrics import Scores, squad2_exact, squad2_f1, substring_match
 from envs.selection import take
 from envs.types import CountTokens
@@ -61,7 +61,8 @@ class MusiqueEnv:
         self._chunk_tokens = chunk_tokens
         self._seed = seed
         path = Path(data_path)
-        questions = [_read(path, number, record) for number, record in read_jsonl(path)]
+        unit, records = read_records(path)  # the official JSON lines, or the same records as one JSON array
+        questions = [_read(path, number, record, unit) for number, record in records]
         self._questions = [q for q in questions if q.answerable or not answerable_only]
 
     def tasks(self, n: int | None = None) -> list[Task]:
@@ -92,8 +93,8 @@ class MusiqueEnv:
         )
 
 
-def _read(path: Path, number: int, record: Any) -> _Question:
-    place = where_line(path, number, record, "id")
+def _read(path: Path, number: int, record: Any, unit: str = "line") -> _Question:
+    place = where_line(path, number, record, "id", unit)
     aliases = field(record, "answer_aliases", list, place)
     golds = [answer_text(field(record, "answer", str, place), "answer", place)]
     for j, alias in enumerate(aliases):

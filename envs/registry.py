@@ -39,6 +39,18 @@ _ENVS: dict[str, Any] = {
     "quality": QualityEnv,
 }
 ENV_NAMES: tuple[str, ...] = tuple(_ENVS)
+# What --data is, per environment that needs one (the message of a missing --data).
+DATA_HINTS: dict[str, str] = {
+    "hotpotqa": "HotpotQA's official JSON, e.g. hotpot_dev_distractor_v1.json",
+    "ruler_hotpotqa": "HotpotQA's official JSON, e.g. hotpot_dev_distractor_v1.json",
+    "squad": "SQuAD v1.1's official JSON, e.g. dev-v1.1.json",
+    "locomo": "LoCoMo's locomo10.json",
+    "longmemeval": "LongMemEval's JSON, e.g. longmemeval_oracle.json",
+    "needle": "any plain-text file: the filler the bAbI stories are hidden in",
+    "musique": "MuSiQue's JSON lines (or one JSON array), e.g. musique_ans_v1.0_dev.jsonl",
+    "2wikimultihopqa": "2WikiMultihopQA's dev.json",
+    "quality": "QuALITY's jsonl or L-Eval's quality.jsonl",
+}
 _COMMON = ("data_path", "count_tokens", "chunk_tokens", "seed")
 
 
@@ -69,10 +81,10 @@ def load_env(
     common: dict[str, Any] = {"count_tokens": count_tokens, "chunk_tokens": chunk_tokens, "seed": seed}
     if "data_path" in inspect.signature(cls).parameters:
         if data_path is None:
-            raise EnvError(f"{name}: needs a data file (data_path), e.g. the official JSON release")
+            raise EnvError(f"{name}: needs a data file: give --data FILE ({DATA_HINTS.get(name, 'the official release')})")
         common["data_path"] = Path(data_path)
     elif data_path is not None:
-        raise EnvError(f"{name}: takes no data file, got data_path={str(data_path)!r}")
+        raise EnvError(f"{name}: takes no data file (--data), got {str(data_path)!r}")
     try:
         return cls(**common, **knobs)
     except EnvError as err:

@@ -483,6 +483,15 @@ def count_invocations(session: Session, run_ids: Sequence[str]) -> int:
     ) or 0
 
 
+def count_teacher_scores(session: Session, run_id: str) -> int:
+    """Rows score run ``run_id`` wrote."""
+    return session.scalar(sa.select(sa.func.count()).where(TeacherScoreRow.run_id == run_id)) or 0
+
+
+def count_train_steps(session: Session, run_id: str) -> int:
+    return session.scalar(sa.select(sa.func.count()).where(TrainStepRow.run_id == run_id)) or 0
+
+
 def episode_invocations(session: Session, episode_id: str) -> list[Invocation]:
     return list(stream_invocations(session, episode_ids=[episode_id]))
 
@@ -552,6 +561,20 @@ def teacher_score_keys(session: Session, invocation_ids: Sequence[str]) -> list[
         .order_by(TeacherScoreRow.teacher, TeacherScoreRow.context)
     )
     return [(teacher, TeacherContext(context)) for teacher, context in rows]
+
+
+def teacher_score_summary(session: Session, run_id: str) -> list[tuple[str, TeacherContext, int]]:
+    """(teacher, context, scored calls) of run ``run_id``: the scores of its calls when it is a rollout, or
+    the scores it wrote when it is a score run; sorted by teacher and context."""
+    own = sa.select(InvocationRow.id).join(EpisodeRow, EpisodeRow.id == InvocationRow.episode_id).where(
+        EpisodeRow.run_id == run_id)
+    rows = session.execute(
+        sa.select(TeacherScoreRow.teacher, TeacherScoreRow.context, sa.func.count())
+        .where(sa.or_(TeacherScoreRow.invocation_id.in_(own), TeacherScoreRow.run_id == run_id))
+        .group_by(TeacherScoreRow.teacher, TeacherScoreRow.context)
+        .order_by(TeacherScoreRow.teacher, TeacherScoreRow.context)
+    )
+    return [(teacher, TeacherContext(context), int(n)) for teacher, context, n in rows]
 
 
 # ---- training and evaluation ------------------------------------------------------------------------

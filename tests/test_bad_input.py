@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from tiny_models import save_tiny, tiny_tokenizer
 
 from cli.app import main
@@ -114,13 +115,23 @@ CASES = [
      "(the file looks like squad data: use --env squad)"),
     ("not-a-model-folder", "rollout --model {root}/not_a_model --db {db}", "is not a model folder"),
     ("vocabulary-mismatch", "score --run {run} --teacher {model_b} --db {db}", "whose vocabulary differs"),
-    ("episodes-zero", "rollout --episodes 0 --db {db}", "--episodes (RolloutConfig.episodes)"),
-    ("episodes-negative", "rollout --episodes -2 --db {db}", "--episodes (RolloutConfig.episodes)"),
-    ("negative-temperature", "rollout --temperature -0.5 --db {db}", "--temperature (AgentConfig.temperature)"),
-    ("group-size-zero", "rollout --group-size 0 --db {db}", "--group-size (RolloutConfig.group_size)"),
+    ("episodes-zero", "rollout --episodes 0 --db {db}", "--episodes: Input should be greater than or equal to 1"),
+    ("episodes-negative", "rollout --episodes -2 --db {db}", "--episodes: Input should be greater than or equal to 1"),
+    ("negative-temperature", "rollout --temperature -0.5 --db {db}", "--temperature: Input should be greater than or equal to 0"),
+    ("group-size-zero", "rollout --group-size 0 --db {db}", "--group-size: Input should be greater than or equal to 1"),
     ("unknown-id", "score --run 0123456789abcdef --teacher {model_a} --db {db}", "no run with id"),
     ("ambiguous-id", "score --run {run6} --teacher {model_a} --db {db}", "is ambiguous"),
-    ("write-without-flag", "sql --db {db} delete from runs", "pass --write"),
+    ("write-without-flag", "sql --db {db} delete from runs", "the database is opened read-only; pass --write"),
+    ("attach-without-flag", "sql --db {db} attach database '{root}/attached.db' as a",
+     "the database is opened read-only; pass --write"),
+    ("vacuum-into-without-flag", "sql --db {db} vacuum into '{root}/vacuumed.db'",
+     "the database is opened read-only; pass --write"),
+    ("pragma-write-without-flag", "sql --db {db} pragma journal_mode=delete",
+     "the database is opened read-only; pass --write"),
+    ("query-only-off-without-flag", "sql --db {db} pragma query_only=OFF",
+     "the database is opened read-only; pass --write"),
+    ("load-extension-without-flag", "sql --db {db} select load_extension('{root}/ext')",
+     "the database is opened read-only; pass --write"),
     ("sql-syntax-error", "sql --db {db} selec * from runs", "syntax error"),
     ("unknown-memory-option", "rollout --memory-option nope=1 --policy oracle --model {model_a} --db {db}",
      "takes no --memory-option"),
@@ -134,7 +145,7 @@ def _argv(template: str, world, run: str) -> list[str]:
     if template.startswith("sql"):
         # sql FLAGS --db URL STATEMENT...: the statement is one argument
         db, _, statement = sql.partition(" ")
-        return [*head.format(**fill).split(), "--db", db.format(**fill), statement]
+        return [*head.format(**fill).split(), "--db", db.format(**fill), statement.format(**fill)]
     return [*template.format(**fill).split()]
 
 
@@ -146,4 +157,25 @@ def test_bad_input_is_one_line_and_changes_nothing(capsys, world, run_id, case, 
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
     assert snapshot(world["db"]) == before
-    assert not (world["root"] / "nothing.db").exists()
+    for made in ("nothing.db", "attached.db", "vacuumed.db"):  # a refused statement creates no file
+        assert not (world["root"] / made).exists(), made
+
+
+# Read-only SQL on both backends: each statement is refused with the same line and changes nothing.
+READ_ONLY_SQL = ["delete from runs", "insert into runs (id, kind, config, status, created_at) "
+                 "select id || 'x', kind, config, status, created_at from runs", "drop table runs",
+                 "create table extra (a integer)"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("statement", READ_ONLY_SQL, ids=["delete", "insert", "drop", "create"])
+def test_sql_without_write_is_refused_on_both_backends(capsys, store, statement):
+    url = store.url
+    with store.session() as s:
+        before = s.execute(sa.text("select id, status from runs")).all()
+    code, lines = cli(capsys, "sql", "--db", url, statement)
+    assert (code, lines) == (1, ["error: SQL failed: the database is opened read-only; pass --write to change it"])
+    code, lines = cli(capsys, "sql", "--db", url, "select count(*) as n from runs")
+    assert code == 0
+    with store.session() as s:
+        assert s.execute(sa.text("select id, status from runs")).all() == before

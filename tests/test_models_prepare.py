@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.policy import DEFAULT_MODEL, ModelError, load_model, prepare_default_model, resolve_model
@@ -91,8 +92,8 @@ def _fake_gguf_loaders(monkeypatch, fail_on_save: bool) -> None:
             raise _Interrupted  # like a KeyboardInterrupt mid-write
 
         model.save_pretrained = save_pretrained
-    monkeypatch.setattr(models_mod.AutoTokenizer, "from_pretrained", lambda *a, **k: tiny_tokenizer())
-    monkeypatch.setattr(models_mod.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tiny_tokenizer())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
 
 
 def _entries(folder: Path) -> list[str]:

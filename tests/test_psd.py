@@ -324,6 +324,7 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     monkeypatch.setattr("agentmem.jobs.distill.run_distill", fake("distill"))
     monkeypatch.setattr("agentmem.jobs.rollout.run_rollout", fake("rollout"))
     monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
+    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
     runner = CliRunner()
     result = runner.invoke(app, ["distill", "--run", "a", "--run", "b", "--context", "privileged", "--psd", "mixed",
                                  "--psd-mix", "0.25", "--rl", "none", "--device", "cpu"])
@@ -333,4 +334,4 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     assert isinstance(result.exception, Called), result.output
     assert seen["rollout"].context is TeacherContext.privileged
     bad = runner.invoke(app, ["distill", "--run", "a", "--psd", "off_policy", "--device", "cpu"])
-    assert error_message(bad.exception).startswith("--psd (DistillConfig.psd): Value error, psd=off_policy distils")
+    assert error_message(bad.exception).startswith("--psd: Value error, psd=off_policy distils")

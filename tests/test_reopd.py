@@ -213,6 +213,7 @@ def test_rollout_replay_flags_reach_the_config(monkeypatch):
 
     monkeypatch.setattr("agentmem.jobs.replay.run_replay", fake)
     monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
+    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
     runner = CliRunner()
     result = runner.invoke(app, ["rollout", "--replay-from", "abc123", "--kappa", "0.8", "--group-size", "4",
                                  "--model", "m", "--seed", "2", "--temperature", "0.7", "--device", "cpu"])

@@ -308,8 +308,9 @@ def test_cli_build_and_list_fail_in_one_line_and_list_shows_provenance(sqlite_st
     source = teacher_rollout(sqlite_store, tiny_tokenizer())
     built = am("memories", "build", "--run", source.run_id, "--db", db)
     assert built.returncode == 0, built.stderr
-    (line,) = built.stdout.strip().splitlines()
-    assert line.startswith("memories_run_id=") and line.endswith(f"memories=3 source_run={source.run_id}")
+    first, line = built.stdout.strip().splitlines()  # the run id as soon as the run is written, then the result
+    assert line.startswith(f"memories_run_id={first.removeprefix('run_id=')} ")
+    assert line.endswith(f"memories=3 source_run={source.run_id}")
     listed = am("memories", "list", "--db", db, "--full")
     assert listed.returncode == 0 and listed.stdout.count("== memory ") == 3 and "Task pattern:" in listed.stdout
     missing = am("memories", "list", "--run", "zzzzzzzz", "--db", db)

@@ -280,7 +280,7 @@ def test_report_is_one_self_contained_file(seeded, tmp_path):
     store = open_read_only(url)
     training = write_report(store, seed.distill.id, tmp_path / "t.html").read_text()
     store.dispose()
-    assert 'id="training"' in training and training.count("<svg") == 6  # histogram, 4 step charts, eval F1
+    assert 'id="training"' in training and training.count("<svg") == 5  # 4 step charts, eval F1: no histogram
 
 
 def am(*args: str) -> subprocess.CompletedProcess:

@@ -98,3 +98,22 @@ def test_browser_screenshots_of_every_page_and_no_writes(server, seeded, tmp_pat
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
     assert file_state(url) == before
+
+
+def test_report_is_drawn_in_the_viewers_font(seeded, tmp_path):  # noqa: F811
+    """The report's inlined CSS applies: Chromium computes the body's font family from it (an HTML-escaped
+    stylesheet leaves the default serif font)."""
+    from agentmem.view.report import report_html
+    from store.engine import open_read_only
+
+    url, seed, _ = seeded
+    store = open_read_only(url)
+    html = report_html(store, seed.rollout.id)
+    store.dispose()
+    probe = ("<script>document.body.setAttribute('data-font', getComputedStyle(document.body).fontFamily)"
+             "</script></body>")
+    page = tmp_path / "report.html"
+    page.write_text(html.replace("</body>", probe), encoding="utf-8")
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri())
+    font = dom.split('data-font="', 1)[1].split('"', 1)[0]
+    assert font.startswith("system-ui, -apple-system"), font

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from agentmem.agent.events import (
     NO_EVENTS,
@@ -56,6 +54,9 @@ from agentmem.agent.prompts import render
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, InvocationKind, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 RECORD = "event_record"
 VIEW = "event_view"

@@ -25,9 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from agentmem.agent.log_query import (
     Done,
@@ -43,6 +41,9 @@ from agentmem.agent.prompts import render
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, InvocationKind, LogEntry, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 NOTE = "log_note"
 SEARCH = "log_search"

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from agentmem.agent.memory import Call
 from agentmem.agent.prompts import answer_prompt, update_prompt
 from agentmem.config import AgentConfig, PromptLayout
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, InvocationKind, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 UPDATE = InvocationKind.memory_update.value
 ANSWER = InvocationKind.answer.value

@@ -4,10 +4,12 @@ consumes. The rendered ids are what is stored as ``prompt_ids``; the text is kep
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from agentmem.records import Episode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SYSTEM = "You are a careful reading agent. You read a long text in sections and keep a short memory."
 

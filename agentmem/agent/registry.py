@@ -6,7 +6,7 @@ the name stored with every invocation is the name in the run's config. ``overwri
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from agentmem.agent.events_memory import EventsPolicy
 from agentmem.agent.log_memory import LogPolicy
@@ -16,6 +16,9 @@ from agentmem.agent.routed_memory import RoutedPolicy
 from agentmem.agent.teacher_memory import TeacherMemoryPolicy
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _FACTORIES: dict[str, PolicyFactory] = {
     OverwritePolicy.name: OverwritePolicy.from_config,

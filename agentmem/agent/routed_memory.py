@@ -35,10 +35,10 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from transformers import PreTrainedTokenizerBase
 
 from agentmem.agent.memory import Call, replay
 from agentmem.agent.overwrite import ANSWER, UPDATE, OverwritePolicy, OverwriteState
@@ -47,6 +47,9 @@ from agentmem.agent.retrieval import top_k
 from agentmem.config import AgentConfig, PromptLayout
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ROUTE = "route"
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from transformers import PreTrainedTokenizerBase
 
 from agentmem.agent.memory import Call
 from agentmem.agent.overwrite import UPDATE, OverwritePolicy, OverwriteState
@@ -34,6 +34,9 @@ from agentmem.agent.routed_memory import options
 from agentmem.config import AgentConfig, PromptLayout
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, Task, WorkflowMemory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 WORKFLOW = "Workflow memories from similar solved tasks (strategies, not answers):\n\n{memories}"
 

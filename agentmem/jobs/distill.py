@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
 from agentmem.config import DistillConfig, PolicySource, PsdMode, TeacherSourceKind
@@ -26,10 +27,11 @@ from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, TeacherContext, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
-from agentmem.training.checkpoints import has_trainer_state, load_objective_state, load_trainer_state
-from agentmem.training.distill import Models, Trainer
 from store import repository as repo
 from store.engine import Store
+
+if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
+    from agentmem.training.distill import Models, Trainer
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
     """Student (trainable; from ``resume_from`` when resuming), frozen teacher (when the teacher source is a
     model) and frozen reference (when the anchor term is on), on the runtime's device. ``refs``: the
     references ``resolve_models`` gave (resolved here when absent)."""
+    from agentmem.training.distill import Models
+
     start_ref, teacher_ref = refs or resolve_models(store, config)
     start = register_start(store, start_ref, runtime)
     student, tokenizer = model_refs.load(resume_from.path if resume_from else start_ref.path, config.dtype, runtime,
@@ -162,6 +166,9 @@ def run_distill(
     check_rl_runs(store, config)
     check_psd_runs(store, config)
     check_installed(report_to)
+    from agentmem.training.checkpoints import has_trainer_state, load_objective_state, load_trainer_state
+    from agentmem.training.distill import Trainer
+
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     report_to = report_to if runtime.is_main else ()
     with job_run(store, RunKind.distill, config, runtime, resume=resumed) as run:

@@ -9,33 +9,39 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from agentmem.errors import RunError
 from store import repository as repo
 from store.engine import Store
 
-FEATURES = datasets.Features({
-    "invocation_id": datasets.Value("string"), "run_id": datasets.Value("string"),
-    "episode_id": datasets.Value("string"), "task_id": datasets.Value("string"),
-    "sample_index": datasets.Value("int32"), "step": datasets.Value("int32"), "kind": datasets.Value("string"),
-    "memory_policy": datasets.Value("string"), "role": datasets.Value("string"),
-    "policy_version": datasets.Value("string"),
-    "prompt_ids": datasets.Sequence(datasets.Value("int32")),
-    "output_ids": datasets.Sequence(datasets.Value("int32")),
-    "output_logprobs": datasets.Sequence(datasets.Value("float32")),
-    "prompt_text": datasets.Value("string"), "output_text": datasets.Value("string"),
-    "memory_before": datasets.Value("string"), "memory_after": datasets.Value("string"),
-    "finish_reason": datasets.Value("string"), "temperature": datasets.Value("float32"),
-    "question": datasets.Value("string"), "gold_answers": datasets.Sequence(datasets.Value("string")),
-    "prediction": datasets.Value("string"), "reward": datasets.Value("float32"),
-    "episode_status": datasets.Value("string"),
-    "sampled_context": datasets.Value("string"),
-    "privileged_ids": datasets.Sequence(datasets.Value("int32")),
-    "parent_invocation_id": datasets.Value("string"),
-})
+if TYPE_CHECKING:
+    import datasets
+
+
+def features() -> datasets.Features:
+    """The exported table's columns (``datasets`` loads here, not at import: a fast CLI start)."""
+    import datasets
+
+    return datasets.Features({
+        "invocation_id": datasets.Value("string"), "run_id": datasets.Value("string"),
+        "episode_id": datasets.Value("string"), "task_id": datasets.Value("string"),
+        "sample_index": datasets.Value("int32"), "step": datasets.Value("int32"), "kind": datasets.Value("string"),
+        "memory_policy": datasets.Value("string"), "role": datasets.Value("string"),
+        "policy_version": datasets.Value("string"),
+        "prompt_ids": datasets.Sequence(datasets.Value("int32")),
+        "output_ids": datasets.Sequence(datasets.Value("int32")),
+        "output_logprobs": datasets.Sequence(datasets.Value("float32")),
+        "prompt_text": datasets.Value("string"), "output_text": datasets.Value("string"),
+        "memory_before": datasets.Value("string"), "memory_after": datasets.Value("string"),
+        "finish_reason": datasets.Value("string"), "temperature": datasets.Value("float32"),
+        "question": datasets.Value("string"), "gold_answers": datasets.Sequence(datasets.Value("string")),
+        "prediction": datasets.Value("string"), "reward": datasets.Value("float32"),
+        "episode_status": datasets.Value("string"),
+        "sampled_context": datasets.Value("string"),
+        "privileged_ids": datasets.Sequence(datasets.Value("int32")),
+        "parent_invocation_id": datasets.Value("string"),
+    })
 
 
 def _rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
@@ -64,12 +70,21 @@ def export_invocations(store: Store, run_ids: Sequence[str], out: Path) -> datas
     rows = list(_rows(store, run_ids))
     if not rows:
         raise RunError(f"no stored invocations in run(s) {', '.join(run_ids)}")
-    ds = datasets.Dataset.from_list(rows, features=FEATURES)
-    out = Path(out)
-    if out.suffix == ".parquet":
-        ds.to_parquet(str(out))
-    else:
-        ds.save_to_disk(str(out))
+    import datasets  # here, after the run ids are checked: a bad id answers at once
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    quiet = are_progress_bars_disabled()
+    disable_progress_bars()  # library code prints nothing: no tqdm bar from datasets' writers
+    try:
+        ds = datasets.Dataset.from_list(rows, features=features())
+        out = Path(out)
+        if out.suffix == ".parquet":
+            ds.to_parquet(str(out))
+        else:
+            ds.save_to_disk(str(out))
+    finally:
+        if not quiet:
+            enable_progress_bars()
     return ds
 
 

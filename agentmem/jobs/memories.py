@@ -164,13 +164,13 @@ def build_memories(
         raise ConfigError("the oracle writer runs no model: give no backend")
     source_id, episodes = successful_episodes(store, config.run, config.min_f1)
     writer_name = ORACLE
-    if not oracle:
-        if backend is None:
-            ref = models.resolve(store, config.writer)
-            policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
-        writer_name = f"model:{policy.id}"
+    ref = models.resolve(store, config.writer) if not oracle and backend is None else None
     written: list[WorkflowMemory] = []
     with tracked_run(store, RunKind.memories, config.model_copy(update={"run": source_id})) as run:
+        if not oracle:
+            if backend is None:  # after the run row: its id is known while weights load
+                policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
+            writer_name = f"model:{policy.id}"
         for lo in range(0, len(episodes), config.batch):
             batch = episodes[lo : lo + config.batch]
             with store.session() as s:

@@ -122,11 +122,11 @@ def run_replay(
     else:
         tokenizer = backend.tokenizer
     _check_vocab(branches, len(tokenizer))
-    if backend is None:
-        policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
-    assert policy is not None
     memory = OverwritePolicy(tokenizer, agent.memory_tokens, agent.answer_max_new_tokens)
     with tracked_run(store, RunKind.replay, config, resume=resumed) as run:
+        if backend is None:  # after the run row: its id is known while weights load
+            policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
+        assert policy is not None
         rows = [_episode(run.id, b, config.group_size) for b in branches]
         with store.session() as s:
             repo.insert_episodes(s, rows)

@@ -44,6 +44,7 @@ from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, Task, TeacherContext
 from agentmem.runtime import CPU, Runtime
 from envs import load_env
+from envs.files import require_file
 from envs.types import Env
 from store import leases, memory_log
 from store import repository as repo
@@ -188,6 +189,8 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
     fails here, before any row is written), its environment and tasks."""
     if config.policy is PolicySource.oracle:
         _check_oracle(config, kind, backend)
+    if config.data is not None:
+        require_file(config.data)  # a missing --data file fails before the tokenizer (and transformers) loads
     ref = None
     if backend is None:
         ref = models.resolve(store, config.model)
@@ -350,12 +353,12 @@ def run_rollout(
     if (backend is None) != (policy is None):
         raise ConfigError("give both backend and policy, or neither")
     setup = rollout_setup(store, config, kind, backend)
-    if backend is None and not setup.oracle:
-        policy, backend = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
-                                         base_url=config.base_url)
     lease = lease or LeaseTerms()
     with tracked_run(store, kind, config, resume=resumed, shared=True) as run:
         rid = run.id
+        if backend is None and not setup.oracle:  # after the run row: its id is known while weights load
+            policy, backend = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
+                                             base_url=config.base_url)
         with store.session() as s:
             repo.insert_episodes(s, setup.episodes(rid))
             if resumed is not None:  # the user resumes: killed attempts are not the episodes' fault

@@ -10,13 +10,18 @@ it stays running.
 
 Several processes (torchrun): ``job_run`` opens the run on rank 0 only and hands its id to the others,
 whose handle never writes (their store may be read-only).
+
+``announcing(callback)``: the caller (the CLI) learns each top-level run's id the moment its row is written,
+before the job loads any model, so a user can ``--resume`` even a job killed while it loads. Runs a job
+opens inside another run (the train loop's rounds) are not announced.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
@@ -29,6 +34,19 @@ from store import repository as repo
 from store.engine import Store
 
 HEARTBEAT_EVERY_S = 30.0
+
+# Who hears of the next top-level run (``announcing``); None inside a run, so nested runs stay quiet.
+_ANNOUNCE: ContextVar[Callable[[Run], None] | None] = ContextVar("agentmem_run_announce", default=None)
+
+
+@contextlib.contextmanager
+def announcing(callback: Callable[[Run], None]) -> Iterator[None]:
+    """Call ``callback(run)`` as each top-level run this block opens is written (``tracked_run``)."""
+    token = _ANNOUNCE.set(callback)
+    try:
+        yield
+    finally:
+        _ANNOUNCE.reset(token)
 
 
 @dataclass
@@ -92,10 +110,15 @@ def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str |
             repo.start_run(s, run)
             rid = run.id
         else:
-            rid = repo.claim_run(s, resume).id
+            run = repo.claim_run(s, resume)
+            rid = run.id
         s.commit()
     handle = RunHandle(store, rid)
+    announce = _ANNOUNCE.get()
+    token = _ANNOUNCE.set(None)  # runs opened inside this one are not announced
     try:
+        if announce is not None:
+            announce(run)
         yield handle
     except KeyboardInterrupt:
         with contextlib.suppress(Exception):  # the store itself may be what failed: keep the first error
@@ -105,6 +128,8 @@ def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str |
         with contextlib.suppress(Exception):
             _end(store, rid, "failed", error_line(exc))
         raise
+    finally:
+        _ANNOUNCE.reset(token)
     if shared:
         with store.session() as s:
             leases.finish_run_if_done(s, rid)

@@ -9,6 +9,7 @@ by running it again. Teacher contexts over the row budget are refused or cut fro
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
 from agentmem.config import ScoreConfig
@@ -16,15 +17,16 @@ from agentmem.errors import AgentmemError, ConfigError, TrainingError
 from agentmem.jobs.runs import check_runs, tracked_run
 from agentmem.records import RunKind
 from agentmem.runtime import CPU, Runtime
-from agentmem.training.privileged_file import read_privileged, with_privileged
-from agentmem.training.scoring import LoadedModel, ScoreProgress, Scorer, ScoreResult
-from agentmem.training.selection import select, student_sequences, teacher_sequences
-from agentmem.training.vocab import check_same_vocab
 from store import repository as repo
 from store.engine import Store
 
+if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
+    from agentmem.training.scoring import LoadedModel, ScoreProgress, ScoreResult
+
 
 def load(store: Store, ref: str, config: ScoreConfig, runtime: Runtime) -> LoadedModel:
+    from agentmem.training.scoring import LoadedModel
+
     resolved = model_refs.resolve(store, ref)
     model, tokenizer = model_refs.load(resolved.path, config.dtype, runtime)
     return LoadedModel(model, tokenizer, resolved.path)
@@ -34,6 +36,8 @@ def check_run_vocab(store: Store, run_ids: list[str], tokenizer, who: str) -> No
     """Refuse (before any weights load) a ``who`` model whose vocabulary is not that of the model named in
     each run's config: its scores of the stored token ids would be meaningless. A run whose model cannot be
     resolved any more (a deleted folder) is not checked."""
+    from agentmem.training.vocab import check_same_vocab
+
     with store.session() as s:
         runs = [repo.get_run(s, rid) for rid in run_ids]
     for run in runs:
@@ -65,6 +69,10 @@ def run_score(
     """Score every selected invocation not yet scored by this teacher under this context. ``teacher`` and
     ``student`` inject loaded models (tests); otherwise ``config.teacher`` / ``config.student`` load."""
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    from agentmem.training.privileged_file import read_privileged, with_privileged
+    from agentmem.training.scoring import ScoreProgress, Scorer, ScoreResult
+    from agentmem.training.selection import select, student_sequences, teacher_sequences
+
     privileged = read_privileged(config.privileged_file) if config.privileged_file else None
     if teacher is None:
         teacher_path = model_refs.resolve(store, config.teacher).path

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
 from agentmem.config import SftConfig
@@ -34,12 +35,11 @@ from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
-from agentmem.training import lora
-from agentmem.training.checkpoints import load_adapters, load_trainer_state
-from agentmem.training.distill import Models, Trainer
-from agentmem.training.selection import select
 from store import repository as repo
 from store.engine import Store
+
+if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
+    from agentmem.training.distill import Models
 
 
 def load_sft_run(store: Store, run_id: str) -> tuple[str, SftConfig, Checkpoint | None]:
@@ -55,6 +55,10 @@ def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRe
     """The trainable student on the runtime's device: with LoRA, the starting weights wrapped with
     adapters (restored from ``resume_from``); without, the starting or the resumed weights. With
     ``anchor_weight``, also a frozen copy of the starting weights (the anchor's reference)."""
+    from agentmem.training import lora
+    from agentmem.training.checkpoints import load_adapters
+    from agentmem.training.distill import Models
+
     start = register_start(store, ref, runtime)
     reference = model_refs.load(ref.path, config.dtype, runtime)[0] if config.anchor_weight else None
     if config.lora_rank is None:
@@ -90,6 +94,10 @@ def run_sft(
     if config is None:
         raise ConfigError("run_sft needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    from agentmem.training.checkpoints import load_trainer_state
+    from agentmem.training.distill import Trainer
+    from agentmem.training.selection import select
+
     # before any weights load: an empty filter or a bad student reference fails here
     selection = select(store, config.run_ids, kinds=config.kinds, min_f1=config.min_f1)
     ref = model_refs.resolve(store, config.student)

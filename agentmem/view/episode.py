@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from agentmem.records import Episode, Invocation, TeacherContext
 from agentmem.view import heat, tokens
 from agentmem.view.diff import DiffPart, word_diff
-from agentmem.view.render import Links, render
+from agentmem.view.render import Links, model_label, render
 from store import repository as repo
 from store.errors import NotFound
 
@@ -29,7 +29,7 @@ class ScoreKey:
 
     @property
     def label(self) -> str:
-        return f"{self.context.value} · {self.teacher}"
+        return f"{self.context.value} · {model_label(self.teacher)}"
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,16 @@ def short(ident: str | None) -> str:
     return (ident or "")[:10]
 
 
+DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # the prepared default model: .../models/SmolLM2-135M-Instruct
+
+
 def model_label(path: str | None) -> str:
-    """The last part of a model path (a folder's name), or the reference itself; at most 24 characters."""
+    """How a model is named to a person: ``default`` for the prepared default model (not its cache path), else
+    the last part of its path (a checkpoint's or folder's name) or the reference itself; at most 24 characters."""
     if not path:
         return ""
+    if path == "default" or (Path(path).name == DEFAULT_MODEL_FOLDER and Path(path).parent.name == "models"):
+        return "default"
     name = Path(path).name or path
     return name if len(name) <= 24 else name[:10] + "…" + name[-8:]
 

@@ -1,5 +1,7 @@
 """The run page (``/runs/{id}``): one run's episodes as a table, sorted and filtered on the server (query
-parameters, so every view has a URL), paged, with a histogram of the run's F1."""
+parameters, so every view has a URL), paged, with a histogram of the run's F1; and what the run holds
+besides episodes: its teacher scores (under which teacher and context), training steps and checkpoints. A run
+without episodes (score, distill, sft) shows only the latter, not an empty table."""
 
 from __future__ import annotations
 
@@ -32,10 +34,13 @@ def run_context(session: Session, run_id: str, *, sort: str = "task", desc: bool
     episodes = repo.list_episode_stats(session, run.id, status=status, search=q, sort=sort, descending=desc,
                                        limit=per_page, offset=offset)
     f1s = repo.episode_f1s(session, [run.id])[run.id]
+    has_episodes = bool(total or status or q)
     return {"run": run, "model": run_model(run), "episodes": episodes, "total": total, "page": page,
+            "has_episodes": has_episodes, "scores": repo.teacher_score_summary(session, run.id),
+            "steps": repo.count_train_steps(session, run.id), "checkpoints": repo.list_checkpoints(session, run.id),
             "pages": max(1, -(-total // per_page)) if per_page else 1, "sort": sort, "desc": desc,
             "status": status or "", "q": q or "", "statuses": [s.value for s in EpisodeStatus], "columns": COLUMNS,
-            "histogram": f1_histogram(f1s), "has_training": run.kind in TRAINING_KINDS}
+            "histogram": f1_histogram(f1s) if has_episodes else "", "has_training": run.kind in TRAINING_KINDS}
 
 
 def table_links(links: Links, context: dict) -> dict:

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from html import escape
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+# One dash pattern per line (the first solid), so a line drawn over an identical one (``loss`` under
+# ``kd_loss`` when the loss is the KD term alone) still shows through its gaps.
+DASHES = ("", "6 3", "2 3", "8 3 2 3", "1 3", "10 4", "4 2 1 2", "3 6")
+LEGEND_ROW = 14
 _PAD = {"left": 56, "right": 16, "top": 28, "bottom": 40}
 
 
@@ -43,6 +47,25 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return ticks
 
 
+def integer_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About ``n`` whole-number ticks covering [lo, hi] (training steps), at least 1 apart; a single value
+    gets one neighbour on each side."""
+    first, last = math.floor(lo), math.ceil(hi)
+    if last <= first:
+        first, last = first - 1, last + 1
+    raw = (last - first) / max(1, n)
+    if raw <= 1:
+        step = 1
+    else:
+        mag = 10 ** math.floor(math.log10(raw))
+        step = int(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
+    start = math.floor(first / step) * step
+    ticks = [float(t) for t in range(start, last + 1, step)]
+    if ticks[-1] < last:
+        ticks.append(ticks[-1] + step)
+    return ticks
+
+
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
@@ -53,9 +76,10 @@ def _fmt(v: float) -> str:
 
 class _Frame:
     def __init__(self, width: int, height: int, xs: list[float], ys: list[float],
-                 y_range: tuple[float, float] | None):
+                 y_range: tuple[float, float] | None, integer_x: bool = False):
         self.w, self.h = width, height
-        self.xt = nice_ticks(min(xs), max(xs)) if xs else [0.0, 1.0]
+        ticks = integer_ticks if integer_x else nice_ticks
+        self.xt = ticks(min(xs), max(xs)) if xs else [0.0, 1.0]
         self.yt = nice_ticks(*(y_range or (min(ys), max(ys)))) if ys or y_range else [0.0, 1.0]
         self.x0, self.x1 = self.xt[0], self.xt[-1] if self.xt[-1] > self.xt[0] else self.xt[0] + 1
         self.y0, self.y1 = self.yt[0], self.yt[-1] if self.yt[-1] > self.yt[0] else self.yt[0] + 1
@@ -84,17 +108,31 @@ class _Frame:
         return out
 
 
+def _legend(series: Sequence[Series], top: float) -> list[str]:
+    """One row per line under the plot, with the line's colour and dash and its full label."""
+    out = []
+    for i, s in enumerate(series):
+        y = top + LEGEND_ROW * i
+        dash = f' stroke-dasharray="{DASHES[i % len(DASHES)]}"' if DASHES[i % len(DASHES)] else ""
+        out.append(f'<line x1="{_PAD["left"]}" y1="{y:.1f}" x2="{_PAD["left"] + 24}" y2="{y:.1f}" '
+                   f'stroke="{PALETTE[i % len(PALETTE)]}" stroke-width="2"{dash}/>'
+                   f'<text x="{_PAD["left"] + 30}" y="{y + 4:.1f}" class="legend">{escape(s.label)}</text>')
+    return out
+
+
 def _svg(width: int, height: int, body: list[str], label: str) -> str:
     return (f'<svg class="chart" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}">' + "".join(body) + "</svg>")
 
 
 def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, width: int = 560,
-               height: int = 240, y_range: tuple[float, float] | None = None) -> str:
-    """Lines with markers (and error bars where given), a legend when there is more than one line."""
+               height: int = 240, y_range: tuple[float, float] | None = None, integer_x: bool = False) -> str:
+    """Lines with markers (and error bars where given), each line with its own dash pattern, and a legend of
+    full labels under the plot when there is more than one line. ``integer_x``: whole-number x ticks
+    (training steps)."""
     pts = [(x, y) for s in series for x, y in s.points if math.isfinite(y)]
     ys = [y for _, y in pts] + [v for s in series for e in (s.errors or []) for v in e if math.isfinite(v)]
-    frame = _Frame(width, height, [x for x, _ in pts], ys, y_range)
+    frame = _Frame(width, height, [x for x, _ in pts], ys, y_range, integer_x)
     body = frame.axes(title, x_label, y_label)
     if not pts:
         body.append(f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" class="empty" text-anchor="middle">no data</text>')
@@ -103,7 +141,8 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
         finite = [(x, y) for x, y in s.points if math.isfinite(y)]
         if len(finite) > 1:
             path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in finite)
-            body.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+            dash = f' stroke-dasharray="{DASHES[i % len(DASHES)]}"' if DASHES[i % len(DASHES)] else ""
+            body.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}/>')
         for j, (x, y) in enumerate(s.points):
             if not math.isfinite(y):
                 continue
@@ -117,10 +156,8 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
             body.append(f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="{r}" fill="{colour}">'
                         f'<title>{escape(tip)}</title></circle>')
     if len(series) > 1:
-        for i, s in enumerate(series):
-            y = _PAD["top"] + 4 + 13 * i
-            body.append(f'<rect x="{width - 170}" y="{y}" width="10" height="3" fill="{PALETTE[i % len(PALETTE)]}"/>'
-                        f'<text x="{width - 156}" y="{y + 5}" class="legend">{escape(s.label[:28])}</text>')
+        body += _legend(series, height + LEGEND_ROW / 2)
+        height += LEGEND_ROW * len(series)
     return _svg(width, height, body, title)
 
 

@@ -57,29 +57,31 @@ def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
            line("KL to start", lambda s: s.metrics.get("kl_start"))]
     dynamics = [
         svg.line_chart([line("groups with non-zero advantage", lambda s: s.metrics.get("rl_live_fraction"))],
-                       title="RL signal (share of live groups)", x_label="step", y_label="fraction"),
+                       title="RL signal (share of live groups)", x_label="step", y_label="fraction",
+                       integer_x=True),
         svg.line_chart([x for x in eos if x.points], title="stopping: first-token EOS mass and EOS-only outputs",
-                       x_label="step", y_label="probability / share"),
+                       x_label="step", y_label="probability / share", integer_x=True),
         svg.line_chart([x for x in lengths if x.points], title="mean output length per call kind",
-                       x_label="step", y_label="tokens"),
+                       x_label="step", y_label="tokens", integer_x=True),
     ]
     dynamics = [c for c, has in zip(dynamics, (any(s.metrics.get("rl_groups") for _, s in steps), bool(kinds),
                                                 bool(kinds)), strict=True) if has]
     return [
         *dynamics,
-        svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss"),
-        svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats"),
+        svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss", integer_x=True),
+        svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats", integer_x=True),
         svg.line_chart([line("clip fraction", lambda s: s.metrics.get("clip_fraction"))], title="clip fraction",
-                       x_label="step", y_label="fraction"),
+                       x_label="step", y_label="fraction", integer_x=True),
         svg.line_chart([line("tokens/s", lambda s: s.tokens / s.seconds if s.seconds > 0 else None)],
-                       title="throughput", x_label="step", y_label="tokens/s"),
+                       title="throughput", x_label="step", y_label="tokens/s", integer_x=True),
     ]
 
 
 def eval_chart(results: list[EvalResult], title: str = "eval F1 (95% interval)") -> str:
     lines = [svg.Series(label, [(x, r.f1) for x, r in points], [r.f1_ci for _, r in points])
              for label, points in eval_series(results, "step").items()]
-    return svg.line_chart(lines, title=title, x_label="step", y_label="F1", y_range=(0.0, 1.0))
+    return svg.line_chart(lines, title=title, x_label="step", y_label="F1", y_range=(0.0, 1.0),
+                          integer_x=True)
 
 
 def training_context(session: Session, run_id: str) -> dict:

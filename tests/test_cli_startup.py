@@ -1,0 +1,124 @@
+"""A bad id, a missing data file or a wrong model answers before torch, transformers or datasets load
+(issue 23, item 3): each case runs the real CLI entry point in one fresh interpreter, in order, and records
+which heavy modules each case imported and how long it took. ``agentmem --help`` and every command's
+``--help`` load none of them either.
+
+The seconds are printed (``pytest -s``) for the record; the assertion is on the imports, which is what makes
+an error slow (torch and transformers take 2-10 s to import, the rest of the CLI path well under 1 s).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from store.engine import open_store
+
+HEAVY = ("torch", "transformers", "datasets")
+REPO = Path(__file__).resolve().parents[1]
+
+COMMANDS = ["rollout", "replay-audit", "worker", "score", "distill", "sft", "eval", "train", "export", "sql",
+            "runs", "show", "report", "view", "memories", "models", "db"]
+
+# (case, argv after `agentmem`, part of the one error line)
+ERRORS = [
+    ("score-unknown-run", "score --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("score-unknown-teacher", "score --run {run} --teacher ./no_such_model --db {db}", "does not exist"),
+    ("rollout-missing-data", "rollout --env hotpotqa --data {root}/nope.json --db {db}", "nope.json: no such file"),
+    ("rollout-bad-resume", "rollout --resume 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("rollout-bad-model", "rollout --model ./no_such_model --db {db}", "does not exist"),
+    ("distill-unknown-run", "distill --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("distill-bad-resume", "distill --resume 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("sft-unknown-run", "sft --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("sft-bad-resume", "sft --resume {run} --db {db}", "is a rollout run, not a sft run"),
+    ("eval-bad-model", "eval --model ./no_such_model --db {db}", "does not exist"),
+    ("eval-missing-data", "eval --env hotpotqa --data {root}/nope.json --db {db}", "nope.json: no such file"),
+    ("train-bad-resume", "train --resume 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("worker-unknown-run", "worker --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("export-unknown-run", "export --run 0123456789ab --out {root}/x.parquet --db {db}", "no run with id"),
+    ("memories-unknown-run", "memories build --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("replay-unknown-run", "rollout --replay-from 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+]
+
+# Runs in the fresh interpreter: each case calls ``cli.app.main`` and reports exit code, stderr, seconds and
+# the heavy modules that appeared during it.
+PROBE = r"""
+import contextlib, io, json, sys, time
+HEAVY = {heavy!r}
+out = []
+t0 = time.perf_counter()
+from cli.app import main
+base = time.perf_counter() - t0
+for case, argv in json.loads(sys.argv[1]):
+    before = {{m for m in HEAVY if m in sys.modules}}
+    err, std = io.StringIO(), io.StringIO()
+    sys.argv = ["agentmem", *argv]
+    t = time.perf_counter()
+    code = 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    seconds = time.perf_counter() - t
+    new = sorted({{m for m in HEAVY if m in sys.modules}} - before)
+    out.append({{"case": case, "code": code, "err": err.getvalue(), "seconds": seconds, "heavy": new}})
+print(json.dumps({{"import_seconds": base, "cases": out}}))
+"""
+
+
+def probe(cases: list[tuple[str, list[str]]], cwd: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), json.dumps(cases)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("startup")
+    db = root / "store.db"
+    store = open_store(str(db), create=True)
+    from agentmem.records import Episode, Invocation, Run, RunKind
+    from store import repository as repo
+
+    run = Run(kind=RunKind.rollout, config={})
+    with store.session() as s:
+        repo.start_run(s, run)
+        ep = Episode(run_id=run.id, env="synthetic", task_id="t", question="q?", gold_answers=["a"])
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, [Invocation(episode_id=ep.id, step=0, kind="answer", prompt_ids=[1, 2],
+                                               output_ids=[3], output_logprobs=[-0.5], prompt_text="p",
+                                               output_text="a")])
+        s.commit()
+    store.dispose()
+    return {"root": root, "db": db, "run": run.id}
+
+
+def test_help_loads_no_heavy_module(world):
+    cases = [("--help", ["--help"])] + [(c, [*c.split(), "--help"]) for c in COMMANDS]
+    result = probe(cases, world["root"])
+    print(f"\nimport cli.app: {result['import_seconds']:.2f} s")
+    for r in result["cases"]:
+        print(f"agentmem {r['case'].removeprefix('--help')} --help: {r['seconds']:.2f} s")
+        assert r["code"] == 0, r
+        assert r["heavy"] == [], r
+    assert result["import_seconds"] < 5.0  # under 1 s on an idle machine; a loaded CI box gets slack
+
+
+def test_bad_input_answers_before_heavy_imports(world):
+    fill = {"db": str(world["db"]), "root": str(world["root"]), "run": world["run"]}
+    cases = [(case, template.format(**fill).split()) for case, template, _ in ERRORS]
+    result = probe(cases, world["root"])
+    needles = {case: needle for case, _, needle in ERRORS}
+    for r in result["cases"]:
+        print(f"{r['case']}: {r['seconds']:.2f} s")
+        lines = r["err"].strip().splitlines()
+        assert r["code"] == 1, r
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needles[r["case"]] in lines[0], r
+        assert r["heavy"] == [], r
