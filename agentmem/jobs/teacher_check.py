@@ -15,7 +15,6 @@ from agentmem.errors import ConfigError
 from agentmem.jobs.eval import run_eval
 from agentmem.records import Checkpoint
 from agentmem.runtime import CPU, Runtime
-from agentmem.training.validation import first_token_eos
 from store import repository as repo
 from store.engine import Store
 
@@ -44,6 +43,8 @@ def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime
     """Evaluate ``teacher`` greedily with ``config`` (its model is set to the teacher) and measure its
     first-token EOS mass on the calls it made. Raises ConfigError when ``max_empty`` is given and some call
     kind's end-of-sequence-only share is above it."""
+    from agentmem.training.validation import first_token_eos  # torch: after the job's flags are checked
+
     backend = models.backend(config.backend, teacher.path, config.dtype, runtime)
     row = run_eval(store, config.model_copy(update={"model": teacher.path}), runtime, backend=backend,
                    policy=teacher)
