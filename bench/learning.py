@@ -609,7 +609,7 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     state = State(work / "state.json", plan)
-    runtime = Runtime.create("cpu", args.threads)
+    runtime = Runtime.create("cpu", 1 if args.smoke else args.threads)
     store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
     bench = Bench(store, runtime, plan, work, state)
     t0 = time.perf_counter()
