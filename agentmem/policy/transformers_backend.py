@@ -54,6 +54,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
+from agentmem.policy.static_decode import StaticDecoder, unsupported_reason
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
@@ -93,24 +94,41 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(
-        self, model_path: str, *, dtype: DType = "bfloat16", device: str = "cpu", share_prefix: bool = True
+        self,
+        model_path: str,
+        *,
+        dtype: DType = "bfloat16",
+        device: str = "cpu",
+        share_prefix: bool = True,
+        static_decode: bool = True,
     ) -> None:
         model, tokenizer = load_model(model_path, dtype=dtype, device=device)
-        self._setup(model, tokenizer, share_prefix)
+        self._setup(model, tokenizer, share_prefix, static_decode)
 
     @classmethod
     def from_model(
-        cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, share_prefix: bool = True
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        share_prefix: bool = True,
+        static_decode: bool = True,
     ) -> TransformersBackend:
         """Wrap an already loaded model (tests, or a trainer sampling from its live weights)."""
         backend = cls.__new__(cls)
-        backend._setup(model.eval(), tokenizer, share_prefix)
+        backend._setup(model.eval(), tokenizer, share_prefix, static_decode)
         return backend
 
-    def _setup(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool) -> None:
+    def _setup(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool, static_decode: bool
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefix = share_prefix
+        # The static decode step when asked for and the model supports it; else the generic one.
+        reason = unsupported_reason(model) if static_decode else "turned off"
+        self.decoder = StaticDecoder(model) if reason is None else None
+        self.decode_path = "static" if reason is None else f"generic ({reason})"
         self.stats = PrefillStats()  # all calls so far
         self.last_stats = PrefillStats()  # the latest call
         self.stop_ids = eos_ids(model, tokenizer)
@@ -141,6 +159,10 @@ class TransformersBackend:
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
         rows = torch.arange(len(prompts), device=device)  # original index of each live row
+        decoder = self.decoder if params.max_new_tokens > 1 else None
+        if decoder is not None:
+            decoder.start(cache, mask, params.max_new_tokens - 1)
+            del cache, out  # the static buffers hold the prompt's keys and values now
 
         ids: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
@@ -162,18 +184,24 @@ class TransformersBackend:
                 break
             if not live.all():
                 keep = live.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
+                if decoder is not None:
+                    decoder.keep(keep)
+                else:
+                    cache.batch_select_indices(keep)
                 rows, mask, tokens, next_pos = rows[keep], mask[keep], tokens[keep], next_pos[keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
+            if decoder is not None:
+                logits = decoder.step(tokens, next_pos).float()
+            else:
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
+                out = self.model(
+                    input_ids=tokens[:, None],
+                    attention_mask=mask,
+                    position_ids=next_pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
 
