@@ -80,6 +80,18 @@ class PrefillStats:
 
 
 @dataclass(frozen=True)
+class CallTiming:
+    """Where the latest ``generate`` call spent its time: ``prefill_s`` (wall) until the first token was
+    sampled; ``decode_s`` (wall) and ``decode_cpu_s`` (this process's CPU time) after it, over which
+    ``decode_tokens`` tokens were produced (every token after each row's first)."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_cpu_s: float = 0.0
+    decode_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class PrefixPlan:
     """How a batch is prefilled with shared prefixes: ``prefixes`` are prefilled once each; row ``i``
     reads ``prefixes[source[i]]`` (``-1``: none) and its prompt from ``split[i]`` on is its suffix."""
@@ -131,6 +143,7 @@ class TransformersBackend:
         self.decode_path = "static" if reason is None else f"generic ({reason})"
         self.stats = PrefillStats()  # all calls so far
         self.last_stats = PrefillStats()  # the latest call
+        self.last_timing = CallTiming()
         self.stop_ids = eos_ids(model, tokenizer)
         if not self.stop_ids:
             raise ModelError("neither the tokenizer nor the model's generation config names an eos token")
@@ -169,6 +182,8 @@ class TransformersBackend:
         results: list[Generation | None] = [None] * len(prompts)
         for step in range(params.max_new_tokens):
             tokens, logprobs = sample(logits, params, generator)
+            if step == 0:
+                first_token, first_cpu = time.perf_counter(), time.process_time()
             stopped = torch.isin(tokens, stop)
             now = time.perf_counter() - start
             for row, tok, lp, st in zip(
@@ -203,6 +218,10 @@ class TransformersBackend:
                 cache = out.past_key_values
                 logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
+        decoded = sum(len(i) - 1 for i in ids)
+        self.last_timing = CallTiming(
+            first_token - start, time.perf_counter() - first_token, time.process_time() - first_cpu, decoded
+        )
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
 
     def _prefill(
