@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmem.config import BackendKind, DType
+from agentmem.policy.dtype_choice import DTypeChoice
 from agentmem.policy.models import DEFAULT_MODEL, load_model, resolve_model
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint
@@ -68,6 +69,14 @@ def register_trained(store: Store, *, run_id: str, parent: Checkpoint, step: int
         repo.insert_checkpoint(s, ckpt)
         s.commit()
     return ckpt
+
+
+def auto_dtype(store: Store | None, ref: str | None) -> DTypeChoice:
+    """``--dtype auto``: the faster generating dtype for the model ``ref`` on this CPU (loaded in fp32 to measure)."""
+    from agentmem.policy.dtype_choice import choose_dtype
+
+    model, _ = load_model(resolve(store, ref).path, dtype="float32")
+    return choose_dtype(model)
 
 
 def load_tokenizer(path: str):

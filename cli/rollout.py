@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import BackendKind, Device, DType, PolicySource, PromptLayout
 from agentmem.records import TeacherContext
-from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
+from cli.options import DbOption, DeviceOption, EnvName, GenDType, GenDTypeOption, LevelOption, ThreadsOption
 
 
 def rollout(
@@ -24,7 +24,7 @@ def rollout(
              "task's evidence and gold answer: no model, no log-probs; --model gives only the tokenizer and "
              "chat template).")] = PolicySource.model,
     backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
-    dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
+    dtype: GenDTypeOption = GenDType("float32"),
     episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
     group_size: Annotated[int, typer.Option(help="Episodes sampled per task (for group-normalised RL).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for task order and sampling.")] = 0,
@@ -76,10 +76,13 @@ def rollout(
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
     from cli.agent_progress import episode_progress
-    from cli.common import env_knobs, parse_knobs, runtime, setup_logging
+    from cli.common import env_knobs, parse_knobs, runtime, setup_logging, weights_dtype
     from store.engine import open_store
 
+    auto = str(dtype) == "auto" and not resume  # measured once the flags are validated
+    dtype = DType.float32 if str(dtype) == "auto" else DType(str(dtype))
     if replay_from is not None or kappa != 0.6 or (resume and _is_replay(resume, db)):
+        dtype = weights_dtype("auto", model, db, threads) if auto else dtype
         _replay(replay_from, resume, kappa=kappa, model=model, backend=backend, dtype=dtype, group_size=group_size,
                 seed=seed, temperature=temperature, top_p=top_p, batch=batch, device=device, threads=threads, db=db,
                 rest={"--env": env.value != "synthetic", "--data": data is not None, "--knob": bool(knob),
@@ -103,6 +106,8 @@ def rollout(
                               memory_options=parse_knobs(memory_option)),
             context=context,
         )
+        if auto:
+            config = config.model_copy(update={"dtype": weights_dtype("auto", model, db, threads)})
     if workers > 1:
         _with_workers(workers, config, resume, db=db, device=device, threads=threads)
         return

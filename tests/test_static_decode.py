@@ -90,6 +90,8 @@ def test_finished_rows_leave_the_cache(tok, prompts, monkeypatch):
     # step s decodes exactly the rows that produce an (s+1)-th token
     assert [n for n, _ in widths] == [sum(len(g.output_ids) > s for g in got) for s in range(1, 10)]
     assert widths[-1][0] < len(prompts)
+    timing = static.last_timing
+    assert timing.decode_tokens == sum(len(g.output_ids) - 1 for g in got) and timing.decode_s > 0
 
 
 def test_in_place_weight_updates_reach_the_fused_weights(tok, prompts):
