@@ -99,11 +99,14 @@ def load(path: str | Path, dtype: DType | str, runtime: Runtime, *, trainable: b
     return model, tokenizer
 
 
-def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime) -> Backend:
-    """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for)."""
+def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime, *,
+            static_decode: bool = True) -> Backend:
+    """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for);
+    ``static_decode=False``: the transformers backend's generic decode step (for comparisons)."""
     from agentmem.policy.backends import make_backend
 
-    return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device)
+    return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device,
+                        static_decode=static_decode)
 
 
 def sampler(store: Store, model: ModelRef, kind: BackendKind | str, dtype: DType | str,
