@@ -26,6 +26,17 @@ without sharing (a token can still differ where two candidates' probabilities di
 round-off). Models with sliding-window attention would count the middle pads against the window:
 leave ``share_prefix`` off for them.
 
+Decode step (``static_decode=True``, the default): after the prefill, models of the llama family (llama,
+qwen2, mistral without sliding windows) decode through ``StaticDecoder``: the prompt's keys and values
+are copied once into preallocated buffers with room for every new token, each step writes in place, the
+projections run as fused, prepacked matmuls, and finished rows are dropped from the buffers
+(``static_decode``). Logits equal the generic step's to float round-off, so greedy ids are the same and
+the stored log-probs match a fresh full forward to 1e-5 in fp32 (tested). Other models, or
+``static_decode=False``, take the generic step: the model's forward with its ``DynamicCache``. The fused
+weights are built on the first call (``decoder.pack_seconds``, a fraction of a second for the default
+model) and rebuilt only when the weights change in place. ``last_timing`` splits the latest call's time
+into prefill and decode.
+
 Log-probs: for each sampled token the backend stores ``log_softmax(logits / T)`` at that token,
 over the FULL vocabulary, computed in float32 from the model's logits. Top-p only restricts which
 tokens may be sampled (the smallest set of most likely tokens whose tempered probability reaches
