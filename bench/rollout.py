@@ -1,7 +1,7 @@
 """Rollout and eval throughput through the real agent loop and store, side by side in one run: the
 transformers backend's generic decode step ("old", float32: the jobs' default before the static step) and
-its static-cache decode step ("new", in ``--dtype``; auto: the faster one measured on this CPU), rollout at
-batch 1 and batch 8 and a greedy eval at batch 8 on the same tasks; plus the share of wall time spent
+its static-cache decode step ("new", in ``--dtype``; auto: the faster one measured on this CPU): a rollout
+and a greedy eval at batch 8 on the same tasks by both, and a batch-1 rollout by the new one; plus the share of wall time spent
 writing to the store. vLLM is measured too when it is importable (``--vllm``).
 
     python bench/rollout.py --quick            # 8 episodes, short contexts
@@ -69,7 +69,7 @@ def measure(label: str, backend_kind: str, dtype: str, model: str, batch: int, j
         result = run_rollout(store, config, runtime, backend=backend, policy=policy, sink=sink)
         run_id = result.run_id
     else:
-        run_id = run_eval(store, config, runtime, backend=backend).run_id
+        run_id = run_eval(store, config, runtime, backend=backend, policy=policy).run_id
     wall = time.perf_counter() - t0
     with store.session() as s:
         from store import repository as repo
@@ -108,7 +108,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, kind, dtype in plan:
-            for batch, job in ((1, "rollout"), (8, "rollout"), (8, "eval")):
+            # batch 1 only on the new path: the batch ratio is the new path's, and the old batch-1 rollout
+            # alone takes minutes on a shared CPU
+            for batch, job in ((1, "rollout"), (8, "rollout"), (8, "eval"))[label == "old":]:
                 rows.append(measure(label, kind, dtype, model, batch, job, args, tmp))
                 r = rows[-1]
                 print(f"  done {label} {job} batch {batch}: {r['wall']:.1f}s", flush=True)
