@@ -8,13 +8,14 @@ distinct per row, batches of 1, 8 and 32; every row decodes exactly ``--new-toke
 eos ignored, so every path does the same work.
 
 Reported per path, dtype, threads and batch: output tokens/s over the whole call (prefill included),
-decode tokens/s and CPU ms per decoded token (after each row's first token: the decode steps alone; CPU
-time is robust to other processes sharing the cores). A copy test in the same run measures the memory
-bandwidth (bytes read + written per second, STREAM's convention, with the same threads); the batch-1
-fraction is (weight + KV-cache bytes read per decode step) / step time / that bandwidth.
+decode tokens/s (wall), CPU ms per decoded token and decoded tokens per second of CPU time per thread
+(after each row's first token: the decode steps alone). CPU time is what the ratios use: on a CPU shared
+with other processes, wall time counts their turns too. A copy test in the same run measures the memory
+bandwidth (bytes read + written per second of CPU time, STREAM's convention, with the same threads); the
+batch-1 fraction is (weight + KV-cache bytes read per decode step) / CPU time per step / that bandwidth.
 
-Last line (1 thread, batch 8, decode tokens/s; "new" in ``--dtype`` (auto: the faster one measured here),
-the others in float32, the jobs' default dtype before this change):
+Last line (the first --threads value, batch 8, decoded tokens per CPU second; "new" in ``--dtype`` (auto:
+the faster one measured here), the others in float32, the jobs' default dtype before this change):
 ``new_vs_old_b8= new_vs_vllm_cpu_b8= new_vs_generate_b8= bandwidth_fraction_b1=``
 
     python bench/generation.py --smoke               # tiny random model, seconds
@@ -63,15 +64,16 @@ def prompts(tokenizer, batch: int, chunk_tokens: int, memory_tokens: int) -> lis
 
 
 def copy_bandwidth(threads: int) -> float:
-    """Bytes read + written per second by a 256 MiB tensor copy, best of 5."""
+    """Bytes read + written per second by a 256 MiB tensor copy, best of 5; the time is this process's CPU
+    time divided by the threads (a shared core's wall time would count other processes' turns)."""
     torch.set_num_threads(threads)
     src = torch.ones(64 * 2**20)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, (time.process_time() - t0) / threads)
     return 2 * src.numel() * 4 / best
 
 
@@ -125,27 +127,34 @@ def run_generate(model, pad_id: int, batch_prompts, new_tokens: int) -> dict:
 
 
 VLLM_SCRIPT = r"""
-import json, sys, time, os
-cfg = json.load(open(sys.argv[1]))
-import torch
-torch.set_num_threads(cfg["threads"])
-from vllm import LLM, SamplingParams, TokensPrompt
-llm = LLM(model=cfg["model"], dtype=cfg["dtype"], seed=0, enable_prefix_caching=False,
-          max_model_len=cfg["max_len"])
-out = {}
-for batch, prompts in cfg["prompts"].items():
-    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    times = {}
-    for n in (1, cfg["new_tokens"]):
-        sp = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False)
-        llm.generate(inputs[:1], sp, use_tqdm=False)
-        t0, c0 = time.perf_counter(), time.process_time()
-        llm.generate(inputs, sp, use_tqdm=False)
-        times[n] = (time.perf_counter() - t0, time.process_time() - c0)
-    n = cfg["new_tokens"]
-    out[batch] = {"wall": times[n][0], "tokens": len(prompts) * n, "decode_s": times[n][0] - times[1][0],
-                  "decode_cpu": times[n][1] - times[1][1], "decode_tokens": len(prompts) * (n - 1)}
-print("RESULT " + json.dumps(out))
+import json, sys, time
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))
+    import torch
+    torch.set_num_threads(cfg["threads"])
+    from vllm import LLM, SamplingParams, TokensPrompt
+    llm = LLM(model=cfg["model"], dtype=cfg["dtype"], seed=0, enable_prefix_caching=False,
+              max_model_len=cfg["max_len"])
+    out = {}
+    for batch, prompts in cfg["prompts"].items():
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        times = {}
+        for n in (1, cfg["new_tokens"]):
+            sp = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False)
+            llm.generate(inputs[:1], sp, use_tqdm=False)
+            t0, c0 = time.perf_counter(), time.process_time()
+            llm.generate(inputs, sp, use_tqdm=False)
+            times[n] = (time.perf_counter() - t0, time.process_time() - c0)
+        n = cfg["new_tokens"]
+        out[batch] = {"wall": times[n][0], "tokens": len(prompts) * n, "decode_s": times[n][0] - times[1][0],
+                      "decode_cpu": times[n][1] - times[1][1], "decode_tokens": len(prompts) * (n - 1)}
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
 """
 
 
@@ -160,7 +169,8 @@ def run_vllm(model_path: str, dtype: str, threads: int, by_batch: dict, new_toke
                                    "new_tokens": new_tokens, "prompts": {str(b): p for b, p in by_batch.items()}}))
         script = Path(tmp) / "vllm_gen.py"
         script.write_text(VLLM_SCRIPT)
-        env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+        # one process (the engine in this one), so that its CPU time is counted
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
                "VLLM_CPU_KVCACHE_SPACE": "2", "PATH": "/usr/bin:/bin"}
         proc = subprocess.run([str(VLLM_PYTHON), str(script), str(cfg)], capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -249,12 +259,14 @@ def main() -> None:
                                                          for n, bw in bandwidth.items()))
     print("warm-up paid once per process (fused, prepacked weights): "
           + ", ".join(f"{d} {s:.2f}s" for d, s in warmup.items()))
-    print(f"{'path':<9}{'dtype':>9}{'thr':>4}{'batch':>6}{'out tok/s':>10}{'decode tok/s':>13}{'cpu ms/tok':>11}")
+    print(f"{'path':<9}{'dtype':>9}{'thr':>4}{'batch':>6}{'out tok/s':>10}{'decode tok/s':>13}{'cpu ms/tok':>11}"
+          f"{'decode tok/cpu-s':>17}")
     for r in rows:
         r["tps"], r["dtps"] = r["tokens"] / r["wall"], r["decode_tokens"] / r["decode_s"]
         r["cpu_ms"] = 1000 * r["decode_cpu"] / r["decode_tokens"]
+        r["ctps"] = r["threads"] * 1000 / r["cpu_ms"]  # tokens per second of the threads' CPU time
         print(f"{r['path']:<9}{r['dtype']:>9}{r['threads']:>4}{r['batch']:>6}{r['tps']:>10.1f}{r['dtps']:>13.1f}"
-              f"{r['cpu_ms']:>11.1f}")
+              f"{r['cpu_ms']:>11.1f}{r['ctps']:>17.1f}")
 
     def pick(path, dtype, batch, n=threads[0]):
         found = [r for r in rows if (r["path"], r["dtype"], r["batch"], r["threads"]) == (path, dtype, batch, n)]
@@ -263,7 +275,7 @@ def main() -> None:
     b8 = 8 if 8 in batches else batches[-1]
     new8 = pick("new", new_dtype, b8)
     for n in threads:
-        same = {d: pick("new", d, b8, n)["dtps"] / pick("old", d, b8, n)["dtps"] for d in models}
+        same = {d: pick("new", d, b8, n)["ctps"] / pick("old", d, b8, n)["ctps"] for d in models}
         print(f"{n} thread(s), batch {b8}, new over old in the same dtype: "
               + ", ".join(f"{d} {v:.2f}" for d, v in same.items()))
     vllm8 = pick("vllm", new_dtype, b8)
@@ -271,11 +283,11 @@ def main() -> None:
     model = models[new_dtype]
     length = max(map(len, by_batch[1])) + args.new_tokens // 2
     step_bytes = weight_bytes(model) + kv_bytes(model, length, 1, next(model.parameters()).element_size())
-    fraction = step_bytes / (b1["decode_s"] / b1["decode_tokens"]) / bandwidth[threads[0]]
-    vs_vllm = "" if vllm8 is None else f"{new8['dtps'] / vllm8['dtps']:.2f}"
-    print(f"new_vs_old_b8={new8['dtps'] / pick('old', 'float32', b8)['dtps']:.2f} "
+    fraction = step_bytes / (b1["decode_cpu"] / b1["decode_tokens"] / threads[0]) / bandwidth[threads[0]]
+    vs_vllm = "" if vllm8 is None else f"{new8['ctps'] / vllm8['ctps']:.2f}"
+    print(f"new_vs_old_b8={new8['ctps'] / pick('old', 'float32', b8)['ctps']:.2f} "
           f"new_vs_vllm_cpu_b8={vs_vllm} "
-          f"new_vs_generate_b8={new8['dtps'] / pick('generate', 'float32', b8)['dtps']:.2f} "
+          f"new_vs_generate_b8={new8['ctps'] / pick('generate', 'float32', b8)['ctps']:.2f} "
           f"bandwidth_fraction_b1={fraction:.2f}")
 
 
