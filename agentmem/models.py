@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmem.config import BackendKind, DType
+from agentmem.policy.dtype_choice import DTypeChoice
 from agentmem.policy.models import DEFAULT_MODEL, load_model, resolve_model
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint
@@ -70,6 +71,14 @@ def register_trained(store: Store, *, run_id: str, parent: Checkpoint, step: int
     return ckpt
 
 
+def auto_dtype(store: Store | None, ref: str | None) -> DTypeChoice:
+    """``--dtype auto``: the faster generating dtype for the model ``ref`` on this CPU (loaded in fp32 to measure)."""
+    from agentmem.policy.dtype_choice import choose_dtype
+
+    model, _ = load_model(resolve(store, ref).path, dtype="float32")
+    return choose_dtype(model)
+
+
 def load_tokenizer(path: str):
     """The tokenizer alone (cheap: jobs build environments from it before any weights load)."""
     from transformers import AutoTokenizer
@@ -91,10 +100,11 @@ def load(path: str | Path, dtype: DType | str, runtime: Runtime, *, trainable: b
 
 
 def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime, *,
-            base_url: str | None = None, served_name: str | None = None) -> Backend:
+            base_url: str | None = None, served_name: str | None = None, static_decode: bool = True) -> Backend:
     """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for);
     ``openai``: a client of the server at ``base_url`` serving the model under ``served_name``, with the
-    tokenizer of ``path`` (no weights load)."""
+    tokenizer of ``path`` (no weights load); ``static_decode=False``: the transformers backend's generic
+    decode step (for comparisons)."""
     from agentmem.policy.backends import make_backend
 
     if str(kind) == BackendKind.openai.value:
@@ -105,7 +115,8 @@ def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Run
             raise BackendError("backend openai needs a base URL (--base-url)")
         return OpenAIBackend(base_url, served_name or path, load_tokenizer(path))
 
-    return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device)
+    return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device,
+                        static_decode=static_decode)
 
 
 def sampler(store: Store, model: ModelRef, kind: BackendKind | str, dtype: DType | str,

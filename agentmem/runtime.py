@@ -23,7 +23,7 @@ from agentmem.errors import ConfigError
 @dataclass(frozen=True)
 class Runtime:
     device: str = "cpu"  # a torch device string, resolved: "cpu", "cuda", "cuda:1"
-    threads: int | None = None  # torch intra-op threads (None: torch's choice)
+    threads: int | None = None  # torch intra-op threads (None: torch's choice, e.g. OMP_NUM_THREADS)
     dtype: DType | None = None  # overrides each job's configured dtype when set
     rank: int = 0
     world_size: int = 1
@@ -34,16 +34,18 @@ class Runtime:
     @classmethod
     def create(cls, device: Device | str = Device.auto, threads: int | None = None,
                dtype: DType | str | None = None, fsdp: bool = False) -> Runtime:
-        """Resolve ``device`` (``auto``: CUDA when available, else CPU), apply ``threads`` to torch, read the
+        """Resolve ``device`` (``auto``: CUDA when available, else CPU), apply ``threads`` (default:
+        ``default_threads()``) to torch, read the
         rank and world size from the environment and, with several processes, start the process group.
         Raises ConfigError for an unusable choice (``fsdp`` in one process), before any model loads."""
         import torch
 
         choice = Device(device) if str(device) in Device._value2member_map_ else None
         rank, world, local = (_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
+        if threads is not None and threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {threads}")
+        threads = threads or default_threads()
         if threads is not None:
-            if threads < 1:
-                raise ConfigError(f"--threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
         if choice is Device.auto:
             resolved = f"cuda:{local}" if torch.cuda.is_available() and world > 1 else \
@@ -151,6 +153,15 @@ def _start_process_group(device: str) -> None:
         dist.init_process_group("nccl", device_id=torch.device(device))
     else:
         dist.init_process_group("gloo")
+
+
+def default_threads() -> int | None:
+    """Intra-op threads when none are given: the cores this process may run on (its CPU affinity, which a
+    container or ``taskset`` narrows while ``os.cpu_count`` does not), shared among the local processes of
+    a torchrun job. None (torch's own choice) when ``OMP_NUM_THREADS`` is set or affinity is unknown."""
+    if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "sched_getaffinity"):
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // max(1, _env_int("LOCAL_WORLD_SIZE", 1)))
 
 
 def _env_int(name: str, default: int) -> int:

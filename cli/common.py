@@ -48,6 +48,27 @@ def setup_logging(verbose: bool = False) -> None:
     hf_logging.disable_progress_bar()
 
 
+def weights_dtype(dtype, model: str, db: str | None, threads: int | None):
+    """The ``DType`` a generating job runs in: ``dtype`` itself, or for ``auto`` the faster one measured with
+    ``model`` on this CPU (printed, so the run config stores a concrete choice)."""
+    import typer
+
+    from agentmem.config import DType
+
+    if str(dtype) != "auto":
+        return DType(str(dtype))
+    import torch
+
+    from agentmem.models import auto_dtype
+    from store.engine import open_store
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    choice = auto_dtype(open_store(db, create=True), model)
+    typer.echo(f"--dtype auto: {choice.dtype} ({choice.reason})")
+    return DType(choice.dtype)
+
+
 def runtime(device, threads: int | None, fsdp: bool = False):
     """The process's Runtime (validated: an unusable device or --fsdp off CUDA fails before any model loads;
     under torchrun, in the process group)."""

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import HELD_OUT_SEED, BackendKind, Device, DType, PlotBy, PromptLayout
+from agentmem.config import HELD_OUT_SEED, BackendKind, Device, PlotBy, PromptLayout
 from agentmem.errors import ConfigError
 from cli.common import env_knobs
-from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
+from cli.options import DbOption, DeviceOption, EnvName, GenDType, GenDTypeOption, LevelOption, ThreadsOption
 
 
 def evaluate(
@@ -26,7 +26,7 @@ def evaluate(
                                            "that synthetic tasks are ones training never saw; data files are "
                                            "only reordered by it.")] = HELD_OUT_SEED,
     backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
-    dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
+    dtype: GenDTypeOption = GenDType("float32"),
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk the agent reads per call.")] = 512,
     memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens (max new tokens of an update).")]
     = 128,
@@ -65,12 +65,14 @@ def evaluate(
     from agentmem.config import AgentConfig, EvalConfig
     from agentmem.jobs.eval import run_eval, run_sweep, sweep_configs
     from cli.agent_progress import episode_progress
-    from cli.common import parse_knobs, preflight, runtime, setup_logging
+    from cli.common import parse_knobs, preflight, runtime, setup_logging, weights_dtype
     from cli.job_session import job_session
     from store.engine import open_store
 
+    auto = str(dtype) == "auto"  # measured once the flags are validated
     config = EvalConfig(env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, backend=backend,
-                        dtype=dtype, episodes=episodes, seed=seed, chunk_tokens=chunk_tokens,
+                        dtype="float32" if auto else str(dtype), episodes=episodes, seed=seed,
+                        chunk_tokens=chunk_tokens,
                         agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
                                           max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,
                                           memory_policy=memory_policy, prompt_layout=prompt_layout,
@@ -79,6 +81,8 @@ def evaluate(
     if swept is not None:
         sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads
     preflight(db, models=(model,), data=data, create=True)
+    if auto:
+        config = config.model_copy(update={"dtype": weights_dtype("auto", model, db, threads)})
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)

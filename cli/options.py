@@ -10,6 +10,11 @@ from agentmem.config import Choice, Device
 from envs import ENV_NAMES
 
 EnvName = Choice("EnvName", [(n, n) for n in ENV_NAMES])  # --env: a fixed list, checked at parse time
+# --dtype of the generating jobs: a weights dtype, or auto (the faster one measured on this CPU)
+GenDType = Choice("GenDType", [(n, n) for n in ("auto", "float32", "bfloat16", "float16")])
+GenDTypeOption = Annotated[GenDType, typer.Option(
+    "--dtype", help="Weights dtype for the transformers backend; auto: the faster of float32 and bfloat16 "
+    "measured on this CPU (bfloat16 only where it has avx512_bf16/amx_bf16), printed and stored in the run config.")]
 
 DbOption = Annotated[
     str | None,

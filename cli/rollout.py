@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import BackendKind, Device, DType, PolicySource, PromptLayout
 from agentmem.records import TeacherContext
-from cli.options import DbOption, DeviceOption, EnvName, LevelOption, ThreadsOption
+from cli.options import DbOption, DeviceOption, EnvName, GenDType, GenDTypeOption, LevelOption, ThreadsOption
 
 
 def rollout(
@@ -27,7 +27,7 @@ def rollout(
                                                       "server at --base-url serving --model).")] = BackendKind.transformers,
     base_url: Annotated[str | None, typer.Option(help="With --backend openai: the server's URL, e.g. "
                                                       "http://127.0.0.1:8000/v1.", show_default=False)] = None,
-    dtype: Annotated[DType, typer.Option(help="Weights dtype for the transformers backend.")] = DType.float32,
+    dtype: GenDTypeOption = GenDType("float32"),
     episodes: Annotated[int, typer.Option(help="Number of tasks.")] = 8,
     group_size: Annotated[int, typer.Option(help="Episodes sampled per task (for group-normalised RL).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for task order and sampling.")] = 0,
@@ -82,11 +82,14 @@ def rollout(
     from agentmem.jobs.rollout import run_rollout
     from agentmem.records import RunKind
     from cli.agent_progress import episode_progress
-    from cli.common import env_knobs, parse_knobs, preflight, runtime, setup_logging
+    from cli.common import env_knobs, parse_knobs, preflight, runtime, setup_logging, weights_dtype
     from cli.job_session import job_session
     from store.engine import open_store
 
+    auto = str(dtype) == "auto" and not resume  # measured once the flags are validated
+    dtype = DType.float32 if str(dtype) == "auto" else DType(str(dtype))
     if replay_from is not None or kappa != 0.6 or (resume and _is_replay(resume, db)):
+        dtype = weights_dtype("auto", model, db, threads) if auto else dtype
         _replay(replay_from, resume, kappa=kappa, model=model, backend=backend, dtype=dtype, group_size=group_size,
                 seed=seed, temperature=temperature, top_p=top_p, batch=batch, device=device, threads=threads, db=db,
                 rest={"--env": env.value != "synthetic", "--data": data is not None, "--knob": bool(knob),
@@ -112,6 +115,8 @@ def rollout(
         )
     preflight(db, resume=resume, kind=RunKind.rollout, models=(config.model,) if config else (),
               data=config.data if config else None, create=True)
+    if config is not None and auto:
+        config = config.model_copy(update={"dtype": weights_dtype("auto", model, db, threads)})
     if workers > 1:
         _with_workers(workers, config, resume, db=db, device=device, threads=threads)
         return

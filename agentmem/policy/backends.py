@@ -8,9 +8,12 @@ from agentmem.policy.types import Backend
 BACKENDS = ("transformers", "vllm")
 
 
-def make_backend(kind: str, path: str, dtype: str = "bfloat16", *, device: str = "cpu") -> Backend:
+def make_backend(
+    kind: str, path: str, dtype: str = "bfloat16", *, device: str = "cpu", static_decode: bool = True
+) -> Backend:
     """The backend ``kind`` serving the model at ``path``; BackendError for an unknown name or a missing
-    engine (vllm not installed). ``device`` is for transformers (vLLM places the model itself)."""
+    engine (vllm not installed). ``device`` and ``static_decode`` (False: the generic transformers decode
+    step) are for transformers (vLLM places the model itself)."""
     if kind == "vllm":
         from agentmem.policy.vllm_backend import VLLMBackend
 
@@ -19,4 +22,4 @@ def make_backend(kind: str, path: str, dtype: str = "bfloat16", *, device: str =
         raise BackendError(f"unknown backend {kind!r}: choose one of {', '.join(BACKENDS)}")
     from agentmem.policy.transformers_backend import TransformersBackend
 
-    return TransformersBackend(path, dtype=dtype, device=device)
+    return TransformersBackend(path, dtype=dtype, device=device, static_decode=static_decode)

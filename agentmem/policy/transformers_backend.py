@@ -26,6 +26,17 @@ without sharing (a token can still differ where two candidates' probabilities di
 round-off). Models with sliding-window attention would count the middle pads against the window:
 leave ``share_prefix`` off for them.
 
+Decode step (``static_decode=True``, the default): after the prefill, models of the llama family (llama,
+qwen2, mistral without sliding windows) decode through ``StaticDecoder``: the prompt's keys and values
+are copied once into preallocated buffers with room for every new token, each step writes in place, the
+projections run as fused, prepacked matmuls, and finished rows are dropped from the buffers
+(``static_decode``). Logits equal the generic step's to float round-off, so greedy ids are the same and
+the stored log-probs match a fresh full forward to 1e-5 in fp32 (tested). Other models, or
+``static_decode=False``, take the generic step: the model's forward with its ``DynamicCache``. The fused
+weights are built on the first call (``decoder.pack_seconds``, a fraction of a second for the default
+model) and rebuilt only when the weights change in place. ``last_timing`` splits the latest call's time
+into prefill and decode.
+
 Log-probs: for each sampled token the backend stores ``log_softmax(logits / T)`` at that token,
 over the FULL vocabulary, computed in float32 from the model's logits. Top-p only restricts which
 tokens may be sampled (the smallest set of most likely tokens whose tempered probability reaches
@@ -54,6 +65,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
+from agentmem.policy.static_decode import StaticDecoder, unsupported_reason
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
@@ -79,6 +91,18 @@ class PrefillStats:
 
 
 @dataclass(frozen=True)
+class CallTiming:
+    """Where the latest ``generate`` call spent its time: ``prefill_s`` (wall) until the first token was
+    sampled; ``decode_s`` (wall) and ``decode_cpu_s`` (this process's CPU time) after it, over which
+    ``decode_tokens`` tokens were produced (every token after each row's first)."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_cpu_s: float = 0.0
+    decode_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class PrefixPlan:
     """How a batch is prefilled with shared prefixes: ``prefixes`` are prefilled once each; row ``i``
     reads ``prefixes[source[i]]`` (``-1``: none) and its prompt from ``split[i]`` on is its suffix."""
@@ -93,26 +117,44 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(
-        self, model_path: str, *, dtype: DType = "bfloat16", device: str = "cpu", share_prefix: bool = True
+        self,
+        model_path: str,
+        *,
+        dtype: DType = "bfloat16",
+        device: str = "cpu",
+        share_prefix: bool = True,
+        static_decode: bool = True,
     ) -> None:
         model, tokenizer = load_model(model_path, dtype=dtype, device=device)
-        self._setup(model, tokenizer, share_prefix)
+        self._setup(model, tokenizer, share_prefix, static_decode)
 
     @classmethod
     def from_model(
-        cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, share_prefix: bool = True
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        share_prefix: bool = True,
+        static_decode: bool = True,
     ) -> TransformersBackend:
         """Wrap an already loaded model (tests, or a trainer sampling from its live weights)."""
         backend = cls.__new__(cls)
-        backend._setup(model.eval(), tokenizer, share_prefix)
+        backend._setup(model.eval(), tokenizer, share_prefix, static_decode)
         return backend
 
-    def _setup(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool) -> None:
+    def _setup(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool, static_decode: bool
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefix = share_prefix
+        # The static decode step when asked for and the model supports it; else the generic one.
+        reason = unsupported_reason(model) if static_decode else "turned off"
+        self.decoder = StaticDecoder(model) if reason is None else None
+        self.decode_path = "static" if reason is None else f"generic ({reason})"
         self.stats = PrefillStats()  # all calls so far
         self.last_stats = PrefillStats()  # the latest call
+        self.last_timing = CallTiming()
         self.stop_ids = eos_ids(model, tokenizer)
         if not self.stop_ids:
             raise ModelError("neither the tokenizer nor the model's generation config names an eos token")
@@ -141,12 +183,18 @@ class TransformersBackend:
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
         rows = torch.arange(len(prompts), device=device)  # original index of each live row
+        decoder = self.decoder if params.max_new_tokens > 1 else None
+        if decoder is not None:
+            decoder.start(cache, mask, params.max_new_tokens - 1)
+            del cache, out  # the static buffers hold the prompt's keys and values now
 
         ids: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
         results: list[Generation | None] = [None] * len(prompts)
         for step in range(params.max_new_tokens):
             tokens, logprobs = sample(logits, params, generator)
+            if step == 0:
+                first_token, first_cpu = time.perf_counter(), time.process_time()
             stopped = torch.isin(tokens, stop)
             now = time.perf_counter() - start
             for row, tok, lp, st in zip(
@@ -162,19 +210,29 @@ class TransformersBackend:
                 break
             if not live.all():
                 keep = live.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
+                if decoder is not None:
+                    decoder.keep(keep)
+                else:
+                    cache.batch_select_indices(keep)
                 rows, mask, tokens, next_pos = rows[keep], mask[keep], tokens[keep], next_pos[keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
+            if decoder is not None:
+                logits = decoder.step(tokens, next_pos).float()
+            else:
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
+                out = self.model(
+                    input_ids=tokens[:, None],
+                    attention_mask=mask,
+                    position_ids=next_pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
+        decoded = sum(len(i) - 1 for i in ids)
+        self.last_timing = CallTiming(
+            first_token - start, time.perf_counter() - first_token, time.process_time() - first_cpu, decoded
+        )
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
 
     def _prefill(
