@@ -145,6 +145,9 @@ class Plan:
     answer_tokens: int = 16
     temperature: float = 1.0
     max_teacher_empty: float = 0.02
+    # greedy evaluations and teacher checks in the faster dtype (auto: measured once, kept in state.json);
+    # sampled rollouts stay float32, so their stored log-probs match the float32 training recompute
+    eval_dtype: str = "auto"
     model: str = "default"
     hotpot: str | None = None
     squad: str | None = None
@@ -167,7 +170,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         plan = Plan(seeds=1, warm_steps=1, steps=2, steps_per_round=1, calls_per_step=4, rollout_tasks=2, group=2,
                     heldout_per_level=2, heldout_real=1, teacher_steps=[1, 2], teacher_val=2, train_levels=[1, 2],
                     heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4,
-                    max_teacher_empty=1.0, **common)
+                    max_teacher_empty=1.0, eval_dtype="float32", **common)
     elif args.quick:
         plan = Plan(seeds=1, warm_steps=8, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24], teacher_val=8, **common)
@@ -176,7 +179,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                     heldout_per_level=32, heldout_real=40, teacher_steps=[16, 24, 32], teacher_val=12, **common)
     updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
                                        ("heldout_per_level", args.heldout_per_level),
-                                       ("heldout_real", args.heldout_real)) if v is not None}
+                                       ("heldout_real", args.heldout_real),
+                                       ("eval_dtype", args.eval_dtype)) if v is not None}
     if args.arms:
         arms = [a for a in args.arms.split(",") if a]
         unknown = sorted(set(arms) - set(ARMS))
@@ -255,6 +259,15 @@ class Bench:
 
     # -- phases --------------------------------------------------------------------------------------------
 
+    def eval_dtype(self) -> str:
+        def measure() -> str:
+            if self.plan.eval_dtype != "auto":
+                return self.plan.eval_dtype
+            choice = models.auto_dtype(self.store, self.plan.model)
+            say(f"evaluations in {choice.dtype} ({choice.reason})")
+            return choice.dtype
+        return self.state.once("eval_dtype", measure)
+
     def ckpt(self, ckpt_id: str) -> Checkpoint:
         with self.store.session() as s:
             return repo.get_checkpoint(s, ckpt_id)
@@ -314,6 +327,7 @@ class Bench:
                     config = EvalConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.teacher_val,
                                         seed=VALIDATION_SEED + level, chunk_tokens=p.chunk_tokens,
                                         agent=p.agent(0.0, VALIDATION_SEED))
+                config = config.model_copy(update={"dtype": self.eval_dtype()})
                 report = check_teacher(self.store, self.ckpt(c["id"]), config, self.runtime)
                 say(f"teacher candidate step {c['step']}: {report.line()}")
                 return {**asdict(report), "step": c["step"]}
@@ -423,13 +437,14 @@ class Bench:
         rate per call kind."""
         def make() -> dict:
             say(f"evaluate {arm} seed {seed}")
-            backend = models.backend("transformers", ckpt.path, "float32", self.runtime)
+            dtype = self.eval_dtype()
+            backend = models.backend("transformers", ckpt.path, dtype, self.runtime)
             out: dict = {"scores": {}, "empty": {}, "length": {}}
             for name, config in self.heldout_sets(real):
                 if not ladder and name.startswith("level"):
                     continue
-                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path}), self.runtime,
-                               backend=backend, policy=ckpt)
+                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path, "dtype": dtype}),
+                               self.runtime, backend=backend, policy=ckpt)
                 with self.store.session() as s:
                     episodes = sorted(repo.list_episodes(s, row.run_id), key=lambda e: (e.task_id, e.sample_index))
                 out["scores"][name] = [float(e.f1 or 0.0) for e in episodes]
@@ -596,6 +611,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
+    ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],
+                    help="dtype of the greedy evaluations and teacher checks (default auto: the faster one here)")
     ap.add_argument("--model", default=None, help="the base model (default: the default model)")
     ap.add_argument("--hotpot", help="HotpotQA file for the real-text sets (default: the shared one if present)")
     ap.add_argument("--squad", help="SQuAD v1.1 file for the real-text arm (default: the shared one if present)")
