@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentmem.config import BackendKind, DType
-from agentmem.policy.dtype_choice import DTypeChoice
 from agentmem.policy.models import DEFAULT_MODEL, load_model, resolve_model
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint
@@ -23,6 +23,9 @@ from agentmem.runtime import Runtime
 from store import repository as repo
 from store.engine import Store
 from store.errors import NotFound
+
+if TYPE_CHECKING:  # torch: only when --dtype auto measures
+    from agentmem.policy.dtype_choice import DTypeChoice
 
 
 @dataclass(frozen=True)

@@ -227,8 +227,9 @@ def _create_sqlite(engine: sa.Engine, path: Path) -> None:
     from store.migrations import upgrade
 
     check_writable(path)
-    if path.exists() and sa.inspect(engine).get_table_names():
-        return  # an existing store (up to date or not: check_schema tells)
+    # Always under the lock, even when tables exist: they may be another creator's migration half done
+    # (a file with some tables and no schema version yet); the lock waits for it to finish. An existing
+    # store is left as it is (up to date or not: check_schema tells).
     lock = FileLock(f"{path}.lock", timeout=CREATE_LOCK_TIMEOUT_S)
     try:
         with lock:

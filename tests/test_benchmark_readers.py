@@ -13,7 +13,7 @@ from fixtures_envs import musique_records, quality_records, twowiki_records, wor
 from agentmem.agent.memory import Call
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.overwrite import UPDATE
-from agentmem.agent.prompts import Prompt
+from agentmem.agent.prompts import EMPTY_MEMORY, Prompt
 from agentmem.jobs.eval import f1_by_category
 from agentmem.records import Episode
 from envs import EnvError, Scores, load_env
@@ -198,14 +198,16 @@ def test_quality_score_is_accuracy_in_every_field(tmp_path):
     assert env.score("(A) In spring", tree) == Scores(0.0, 0.0, 0.0)
 
 
-def test_quality_oracle_writes_an_empty_memory_and_answers_gold(tmp_path):
+def test_quality_oracle_writes_the_empty_memory_text_and_answers_gold(tmp_path):
+    """QuALITY has no evidence: every update writes what the prompt shows for an empty memory (never a bare
+    end-of-sequence), and the answer call the gold option."""
     env = env_of("quality", write_jsonl(tmp_path / "q.jsonl", quality_records()))
     task = by_id(env)["51201_X_1"]
     tokenizer = SimpleNamespace(eos_token_id=0, encode=lambda text, add_special_tokens=False: [ord(c) for c in text])
     oracle = OracleWriter(tokenizer)
     prompt = Prompt(ids=[1], text="p")
     update = Call(kind=UPDATE, prompt=prompt, max_new_tokens=64, chunk_text=task.chunks[0], chunk_index=0)
-    assert oracle.text(update, task) == ""
+    assert oracle.text(update, task) == EMPTY_MEMORY == "(empty)"
     answer = oracle.text(Call(kind="answer", prompt=prompt, max_new_tokens=64, final=True), task)
     assert answer == "(B) A metal box" and env.score(answer, task) == Scores(1.0, 1.0, 1.0)
 

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.postgres
 
 
 def config() -> RolloutConfig:
-    return RolloutConfig(model="tiny", episodes=15, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
+    return RolloutConfig(model="tiny", episodes=30, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
                          agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=8, max_batch=2, seed=1))
 
 
