@@ -68,6 +68,7 @@ from agentmem.config import (  # noqa: E402
     HELD_OUT_SEED,
     AgentConfig,
     DistillConfig,
+    DType,
     EvalConfig,
     LrSchedule,
     Oversize,
@@ -327,7 +328,7 @@ class Bench:
                     config = EvalConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.teacher_val,
                                         seed=VALIDATION_SEED + level, chunk_tokens=p.chunk_tokens,
                                         agent=p.agent(0.0, VALIDATION_SEED))
-                config = config.model_copy(update={"dtype": self.eval_dtype()})
+                config = config.model_copy(update={"dtype": DType(self.eval_dtype())})
                 report = check_teacher(self.store, self.ckpt(c["id"]), config, self.runtime)
                 say(f"teacher candidate step {c['step']}: {report.line()}")
                 return {**asdict(report), "step": c["step"]}
@@ -443,7 +444,7 @@ class Bench:
             for name, config in self.heldout_sets(real):
                 if not ladder and name.startswith("level"):
                     continue
-                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path, "dtype": dtype}),
+                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path, "dtype": DType(dtype)}),
                                self.runtime, backend=backend, policy=ckpt)
                 with self.store.session() as s:
                     episodes = sorted(repo.list_episodes(s, row.run_id), key=lambda e: (e.task_id, e.sample_index))
