@@ -181,7 +181,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
     updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
                                        ("heldout_per_level", args.heldout_per_level),
                                        ("heldout_real", args.heldout_real),
-                                       ("eval_dtype", args.eval_dtype)) if v is not None}
+                                       ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
+                                       ("warm_lr", args.warm_lr)) if v is not None}
     if args.arms:
         arms = [a for a in args.arms.split(",") if a]
         unknown = sorted(set(arms) - set(ARMS))
@@ -610,6 +611,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="method steps after the warm start")
     ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
+    ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 8)")
+    ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 2e-5)")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],
