@@ -139,7 +139,7 @@ class Plan:
     train_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     heldout_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     lr: float = 1e-5
-    warm_lr: float = 2e-5
+    warm_lr: float = 5e-5  # 8 steps at 2e-5 left the warm start writing `(empty)` and the RL term dead (probe)
     warmup: int = 1
     chunk_tokens: int = 128
     memory_tokens: int = 48
@@ -173,10 +173,10 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                     heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4,
                     max_teacher_empty=1.0, eval_dtype="float32", **common)
     elif args.quick:
-        plan = Plan(seeds=1, warm_steps=8, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
+        plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24], teacher_val=8, **common)
     else:
-        plan = Plan(seeds=3, warm_steps=8, steps=8, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
+        plan = Plan(seeds=3, warm_steps=16, steps=8, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
                     heldout_per_level=32, heldout_real=40, teacher_steps=[16, 24, 32], teacher_val=12, **common)
     updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
                                        ("heldout_per_level", args.heldout_per_level),
@@ -611,8 +611,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="method steps after the warm start")
     ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
-    ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 8)")
-    ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 2e-5)")
+    ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 16)")
+    ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],

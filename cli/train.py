@@ -38,9 +38,9 @@ def train(
     warm_start_sft: Annotated[str | None, typer.Option(
         help="Warm start: SFT the student on this run's calls (an oracle rollout: `rollout --policy oracle`) "
              "before round 1; its last checkpoint starts the loop.")] = None,
-    warm_start_steps: Annotated[int, typer.Option(help="SFT steps of the warm start.")] = 8,
+    warm_start_steps: Annotated[int, typer.Option(help="SFT steps of the warm start.")] = 16,
     warm_start_lr: Annotated[float, typer.Option(help="Peak learning rate of the warm start (cosine, 1 warmup step).")]
-    = 2e-5,
+    = 5e-5,
     teacher: Annotated[str, typer.Option(help="Teacher model (same tokenizer).")] = "default",
     context: Annotated[TeacherContext, typer.Option(help="Teacher context (default privileged: the same base "
                                                          "model sees gold answer and evidence).")]
