@@ -164,14 +164,19 @@ def run_train(
     return run.id, rounds
 
 
-def warm_start_checkpoint(store: Store, train_run_id: str, config: TrainConfig) -> Checkpoint | None:
-    """The last checkpoint of the train run's finished warm-start SFT, or None when it has not finished."""
-    out = warm_out(config.distill.out, train_run_id)
+def _warm_run(store: Store, out: str) -> Run | None:
+    """The latest sft run writing into ``out`` (a train run's warm start), or None."""
     with store.session() as s:
         runs = [r.run for r in repo.list_runs(s) if r.run.kind is RunKind.sft and r.run.config.get("out") == out]
-        if not runs:
-            return None
-        run = max(runs, key=lambda r: r.created_at)
+    return max(runs, key=lambda r: r.created_at) if runs else None
+
+
+def warm_start_checkpoint(store: Store, train_run_id: str, config: TrainConfig) -> Checkpoint | None:
+    """The last checkpoint of the train run's finished warm-start SFT, or None when it has not finished."""
+    run = _warm_run(store, warm_out(config.distill.out, train_run_id))
+    if run is None:
+        return None
+    with store.session() as s:
         ckpts = repo.list_checkpoints(s, run.id)
     if run.status != "finished" or not ckpts or config.warm_start is None or ckpts[-1].step != config.warm_start.steps:
         return None
@@ -187,12 +192,11 @@ def warm_start(store: Store, config: TrainConfig, run: RunHandle, runtime: Runti
     if done is not None:
         return done
     out = warm_out(config.distill.out, run.id)
-    with store.session() as s:
-        partial = [r.run for r in repo.list_runs(s) if r.run.kind is RunKind.sft and r.run.config.get("out") == out]
+    partial = _warm_run(store, out)
     sft: SftConfig = config.warm_start.model_copy(update={"student": config.distill.student, "out": out})
-    if partial:
-        say(f"warm start: resuming SFT run {partial[-1].id}")
-        result = run_sft(store, None, runtime, resume=partial[-1].id, on_step=on_step)
+    if partial is not None:
+        say(f"warm start: resuming SFT run {partial.id}")
+        result = run_sft(store, None, runtime, resume=partial.id, on_step=on_step)
     else:
         say(f"warm start: SFT on {', '.join(sft.run_ids)} for {sft.steps} steps")
         result = run_sft(store, sft, runtime, on_step=on_step)
