@@ -122,12 +122,23 @@ class Runtime:
 
             dist.barrier()
 
-    def close(self) -> None:
-        """End the process group ``create`` started (nothing with one process)."""
+    def close(self, *, sync: bool = True) -> None:
+        """End the process group ``create`` started (nothing with one process). With ``sync`` every process
+        first waits for the others (a barrier): gloo aborts a process that tears its group down while a peer
+        still talks to it ("terminate called without an active exception"). A job that failed passes
+        ``sync=False``, so a failing rank never waits on peers that may never arrive."""
         if self.process_group:
             import torch.distributed as dist
 
+            if sync:
+                dist.barrier()
             dist.destroy_process_group()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(sync=exc_type is None)
 
     def require_group(self) -> None:
         if not self.process_group:

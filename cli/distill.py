@@ -144,10 +144,8 @@ def distill(
               models=() if resume else (student, None if teacher == "none" else teacher))
     rt = runtime(device, threads, fsdp)
     setup_logging()
-    try:
+    with rt:
         result = _train(rt, db, config, resume, steps, trackers)
-    finally:
-        rt.close()
     if not rt.is_main:
         return
     ckpt = result.last_checkpoint

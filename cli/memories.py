@@ -41,12 +41,10 @@ def build(
     preflight(db, runs=[run], models=() if writer == "oracle" else (writer,))
     rt = None if writer == "oracle" else runtime(device, threads)
     setup_logging()
-    try:
-        with job_session(db):
-            result = build_memories(store, config, rt) if rt else build_memories(store, config)
-    finally:
-        if rt:
-            rt.close()
+    from contextlib import nullcontext
+
+    with rt or nullcontext(), job_session(db):
+        result = build_memories(store, config, rt) if rt else build_memories(store, config)
     typer.echo(f"memories_run_id={result.run_id} memories={len(result.memories)} source_run={result.source_run_id}")
 
 

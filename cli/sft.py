@@ -86,10 +86,8 @@ def sft(
               models=() if resume else (student,))
     rt = runtime(device, threads, fsdp)
     setup_logging()
-    try:
+    with rt:
         result = _train(rt, db, config, resume, steps, trackers)
-    finally:
-        rt.close()
     if not rt.is_main:
         return
     ckpt = result.last_checkpoint
