@@ -441,7 +441,7 @@ class Bench:
             say(f"evaluate {arm} seed {seed}")
             dtype = self.eval_dtype()
             backend = models.backend("transformers", ckpt.path, dtype, self.runtime)
-            out: dict = {"scores": {}, "empty": {}, "length": {}}
+            out: dict = {"scores": {}, "empty": {}, "length": {}, "forgot": {}, "runs": {}}
             for name, config in self.heldout_sets(real):
                 if not ladder and name.startswith("level"):
                     continue
@@ -452,6 +452,8 @@ class Bench:
                 out["scores"][name] = [float(e.f1 or 0.0) for e in episodes]
                 out["empty"][name] = row.metrics.get("empty_by_kind", {})
                 out["length"][name] = row.metrics.get("out_len_by_kind", {})
+                out["forgot"][name] = row.metrics.get("empty_after_evidence")
+                out["runs"][name] = row.run_id
             return out
         return self.state.once(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}", make)
 
@@ -502,8 +504,9 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
     scores = {arm: stack(r["evals"], ladder) for arm, r in results.items() if r["ladder"]}
     base = scores["base"]
     lines = ["| arm | seeds | held-out F1, levels " + ",".join(map(str, p.heldout_levels)) + " [95%] | "
-             + " | ".join(ladder) + " | vs warm (paired) | vs base (paired) | max empty rate | RL live |",
-             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|"]
+             + " | ".join(ladder) + " | vs warm (paired) | vs base (paired) | max empty rate | (empty) after "
+             "evidence | RL live |",
+             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|---:|"]
     for arm in [a for a in ARMS if a in scores]:
         s = scores[arm]
         mean = cluster_bootstrap(s, n=2000)
@@ -512,10 +515,12 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         vs_base = fmt(diff(s, base)) if arm != "base" else ""
         empty = max((v for e in results[arm]["evals"] for comp in e["empty"].values() for v in comp.values()), default=0)
         flag = " (collapsed)" if empty > 0.02 else ""
+        forgot = [v for e in results[arm]["evals"] for v in e.get("forgot", {}).values() if v is not None]
+        forgot_s = f"{max(forgot):.2f}" if forgot else ""
         live = results[arm].get("live")
         live_s = "" if live is None else (f"{live:.2f}" + (" (dead: no signal)" if live == 0 else ""))
         lines.append(f"| {arm} | {len(results[arm]['evals'])} | {mean[0]:.3f} [{mean[1]:.3f}, {mean[2]:.3f}] | {per} | "
-                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {live_s} |")
+                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {forgot_s} | {live_s} |")
     table = "\n".join(lines)
     real = {arm: r for arm, r in results.items() if r["real"]}
     real_table = ""
@@ -552,7 +557,9 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("opd_rl_minus_rl", d("opd_grpo", "grpo")), ("hotpot_trained_minus_base", hotpot_d)))
     text = (f"## Held-out ladder\n\n{table}\n\n{p.heldout_per_level} questions per level, {p.seeds} training seed(s); "
             "intervals resample questions and seeds. Max empty rate: the largest greedy end-of-sequence-only share of "
-            "any call kind over the arm's evaluations (above 0.02: collapsed). RL live: share of GRPO groups with a "
+            "any call kind over the arm's evaluations (above 0.02: collapsed). (empty) after evidence: the largest share, "
+            "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
+            "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
             f"non-zero advantage over every step.\n\n## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
             f"## Differences (paired, 95%)\n\n{intervals}\n\n{split}\n")
     (bench.work / "learning.md").write_text(text)

@@ -206,3 +206,40 @@ def test_eval_reports_the_empty_output_rate_and_length_per_kind(sqlite_store):
     assert row.metrics["empty_by_kind"] == {"answer": 0.0, "memory_update": 1.0}
     length = len(tok.encode(answer, add_special_tokens=False)) + 1
     assert row.metrics["out_len_by_kind"] == {"answer": pytest.approx(length), "memory_update": 1.0}
+
+
+def test_empty_after_evidence_counts_updates_that_drop_what_was_read():
+    """Only overwrite updates made once a fact was read count; of those, blank and ``(empty)`` memories are
+    the dropped ones: 2 of the 3 that qualify here."""
+    import numpy as np
+
+    from agentmem.jobs.eval import empty_after_evidence
+    from agentmem.records import Fact, Invocation, Task
+
+    task = Task(task_id="t", env="synthetic", question="q?", chunks=["a", "b", "c"], answers=["x"],
+                facts=[Fact(text="Ann lives in Oslo.", chunk=1)])
+
+    def call(chunk, memory, kind="memory_update", policy="overwrite", episode="e"):
+        return Invocation(episode_id=episode, step=chunk or 0, kind=kind, memory_policy=policy,
+                          prompt_ids=np.array([1]), output_ids=np.array([2]), output_logprobs=None,
+                          memory_after=memory, chunk_index=chunk)
+
+    calls = [call(0, "(empty)"),            # nothing read yet: the oracle writes (empty) too
+             call(1, "(empty)"),            # the fact was just read: dropped
+             call(2, " "),                  # blank: dropped
+             call(2, "Ann lives in Oslo."),  # kept
+             call(2, "(empty)", kind="answer"), call(2, "(empty)", policy="log"),  # other calls
+             call(2, "(empty)", episode="unknown")]
+    assert empty_after_evidence(calls, {"e": task}) == pytest.approx(2 / 3)
+    assert empty_after_evidence(calls[:1], {"e": task}) is None
+    no_facts = task.model_copy(update={"facts": []})
+    assert empty_after_evidence(calls, {"e": no_facts}) is None
+
+
+@pytest.mark.parametrize(("update", "want"), [("(empty)", 1.0), ("the note", 0.0)])
+def test_eval_row_holds_empty_after_evidence(sqlite_store, update, want):
+    tok = tiny_tokenizer()
+    backend = ScriptedBackend(tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else update)
+    row = run_eval(sqlite_store, tiny_config(), backend=backend,
+                   policy=register_policy(sqlite_store, "/m/tiny", "tiny"))
+    assert row.metrics["empty_after_evidence"] == want

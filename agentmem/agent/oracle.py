@@ -35,6 +35,12 @@ if TYPE_CHECKING:
 ROLE = "oracle"  # ``Invocation.role`` of the calls it writes
 
 
+def evidence_read(facts: Sequence[Fact], chunk: int) -> bool:
+    """Whether a perfect reader holds a fact after chunk ``chunk``: some fact with text is complete by it
+    (the oracle's update there writes that fact, not ``EMPTY_MEMORY``)."""
+    return any(f.chunk <= chunk and f.text.strip() for f in facts)
+
+
 class OracleWriter:
     """Writes the output of each (call, task) pair; ``tokenizer`` is the student's (it counts the memory
     budget and encodes the outputs)."""

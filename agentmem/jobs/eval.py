@@ -11,6 +11,9 @@ Invariants:
 - ``metrics`` holds ``empty_rate`` (the share of calls whose output is end-of-sequence only: a student or
   teacher that learned to stop at once), and per call kind ``empty_by_kind`` and ``out_len_by_kind`` (mean
   output tokens, end-of-sequence included), from the run's stored calls;
+- ``metrics`` holds ``empty_after_evidence``: of the overwrite policy's ``memory_update`` calls made once a fact
+  of the task was read (``oracle.evidence_read``), the share whose memory is empty (blank or ``(empty)``): a
+  student that learned to write ``(empty)`` whatever it read. None when no call qualifies (no annotated facts);
 - ``metrics`` holds what the plots group by: ``base_model``, ``context_tokens`` (mean tokens of the input:
   the chunks a task gives, up to ``max_chunks``), ``env_knobs``, and ``f1_by_category`` when the tasks have categories (LoCoMo,
   LongMemEval), each category's mean F1 under the environment's own scoring rules.
@@ -26,11 +29,14 @@ import numpy as np
 
 from agentmem import models
 from agentmem.agent.loop import RoundStats
+from agentmem.agent.oracle import evidence_read
+from agentmem.agent.overwrite import UPDATE
+from agentmem.agent.prompts import EMPTY_MEMORY
 from agentmem.config import HELD_OUT_SEED, EvalConfig, PolicySource
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.rollout import build_env, run_rollout
 from agentmem.policy.types import Backend
-from agentmem.records import Checkpoint, Episode, EvalResult, RunKind
+from agentmem.records import Checkpoint, Episode, EvalResult, Invocation, RunKind, Task
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.dynamics import output_stats
 from envs import knobs_of
@@ -88,11 +94,28 @@ def call_stats(store: Store, run_id: str, eos_id: int | None) -> dict[str, Any]:
             "out_len_by_kind": {k: stats[f"out_len/{k}"] for k in kinds}}
 
 
-def _context_tokens(config: EvalConfig, episodes: Sequence[Episode], tokenizer) -> float:
+def empty_after_evidence(calls: Sequence[Invocation], task_of: dict[str, Task]) -> float | None:
+    """Of ``calls``' overwrite ``memory_update`` calls made once a fact of their episode's task was read, the
+    share whose memory after the call is empty (blank or ``EMPTY_MEMORY``). ``task_of`` maps an episode id to
+    its task. None when no call qualifies."""
+    flags = [c.memory_after.strip() in ("", EMPTY_MEMORY) for c in calls
+             if c.kind == UPDATE and c.memory_policy == "overwrite" and c.chunk_index is not None
+             and c.episode_id in task_of and evidence_read(task_of[c.episode_id].facts, c.chunk_index)]
+    return float(np.mean(flags)) if flags else None
+
+
+def evidence_stats(store: Store, run_id: str, episodes: Sequence[Episode], tasks: dict[str, Task]) -> dict[str, Any]:
+    """``empty_after_evidence`` of a stored run whose ``episodes`` ran ``tasks`` (by task id)."""
+    task_of = {e.id: tasks[e.task_id] for e in episodes if e.task_id in tasks}
+    with store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[run_id], kinds=[UPDATE]))
+    return {"empty_after_evidence": empty_after_evidence(calls, task_of)}
+
+
+def _context_tokens(config: EvalConfig, episodes: Sequence[Episode], tokenizer, tasks: dict[str, Task]) -> float:
     """Mean over ``episodes`` of the tokens in the chunks each one could read (the first ``max_chunks``), as the
     environment counts them: the input length, whatever the memory policy made of it (overwrite reads every
     chunk in an update call; ``events`` with ``recorder=rules`` reads them with no call)."""
-    tasks = {t.task_id: t for t in build_env(config, tokenizer).tasks(config.episodes)}
     limit = config.agent.max_chunks
 
     def tokens(task_id: str) -> int:
@@ -122,10 +145,12 @@ def run_eval(
                          on_start=on_start, on_round=on_round)
     policy = result.policy
     tokenizer = backend.tokenizer if backend is not None else models.load_tokenizer(policy.path)
-    context_tokens = _context_tokens(config, result.episodes, tokenizer)
+    tasks = {t.task_id: t for t in build_env(config, tokenizer).tasks(config.episodes)}
+    context_tokens = _context_tokens(config, result.episodes, tokenizer, tasks)
     metrics = {"base_model": policy.base_model, "context_tokens": context_tokens, "env_knobs": config.env_knobs,
                "chunk_tokens": config.chunk_tokens, "memory_tokens": config.agent.memory_tokens,
-               "seed": config.seed, **call_stats(store, result.run_id, tokenizer.eos_token_id)}
+               "seed": config.seed, **call_stats(store, result.run_id, tokenizer.eos_token_id),
+               **evidence_stats(store, result.run_id, result.episodes, tasks)}
     row = summarize(result.episodes, run_id=result.run_id, policy=policy, env=config.env,
                     step=policy.step if step is None else step, metrics=metrics)
     with store.session() as s:
