@@ -590,6 +590,8 @@ class TrainConfig(Frozen):
     # outputs on any call kind the loop refuses it. 0 episodes: no check.
     teacher_check_episodes: int = Field(8, ge=0)
     max_teacher_empty: float = Field(0.1, ge=0, le=1)
+    # ... and above ``max_teacher_forgot`` of its memory updates made once a fact was read writing ``(empty)``
+    max_teacher_forgot: float = Field(0.5, ge=0, le=1)
 
     @model_validator(mode="after")
     def _run_ids_per_round(self) -> TrainConfig:

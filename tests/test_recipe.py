@@ -238,3 +238,28 @@ def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):  # no
     assert (step.metrics["rl_groups"], step.metrics["rl_groups_live"], step.metrics["rl_live_fraction"]) == (2, 0, 0)
     (warning,) = [w for w in round_warnings(result.history, rl_on=True) if "RL term" in w]
     assert "0 of 2 groups had a non-zero advantage" in warning
+
+
+def test_teacher_check_refuses_a_teacher_that_writes_empty_after_evidence(sqlite_store, tmp_path, monkeypatch):
+    """A teacher whose every update writes `(empty)` (whatever it read) is measured at 1.0 and refused at a
+    limit of 0.5; one that writes a note passes at 0.0."""
+    from helpers import register_policy
+    from test_eval import tiny_config
+
+    from agentmem.jobs import teacher_check
+    from agentmem.policy.scripted import ScriptedBackend
+
+    tok = tiny_tokenizer()
+    teacher = register_policy(sqlite_store, save_tiny(tmp_path / "teacher"), "tiny")
+
+    def scripted(update: str):
+        return lambda *a, **k: ScriptedBackend(
+            tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else update)
+
+    monkeypatch.setattr(teacher_check.models, "backend", scripted("(empty)"))
+    with pytest.raises(ConfigError, match="empty memory on 100% of its updates made after a fact was read"):
+        teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5)
+    report = teacher_check.check_teacher(sqlite_store, teacher, tiny_config())
+    assert report.empty_after_evidence == 1.0 and "(empty) after evidence 1.00" in report.line()
+    monkeypatch.setattr(teacher_check.models, "backend", scripted("Ann lives in Oslo."))
+    assert teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5).empty_after_evidence == 0.0

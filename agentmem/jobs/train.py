@@ -214,10 +214,12 @@ def teacher_eval_config(config: TrainConfig) -> EvalConfig:
 
 
 def validate_teacher(store: Store, config: TrainConfig, runtime: Runtime) -> TeacherReport:
-    """Refuse (ConfigError) a teacher that stops at once on more than ``max_teacher_empty`` of a call kind."""
+    """Refuse (ConfigError) a teacher that stops at once on more than ``max_teacher_empty`` of a call kind, or
+    writes ``(empty)`` after evidence on more than ``max_teacher_forgot`` of its updates."""
     assert config.distill.teacher is not None
     teacher = models.register(store, models.resolve(store, config.distill.teacher))
-    return check_teacher(store, teacher, teacher_eval_config(config), runtime, config.max_teacher_empty)
+    return check_teacher(store, teacher, teacher_eval_config(config), runtime, config.max_teacher_empty,
+                         config.max_teacher_forgot)
 
 
 def _live(steps: Sequence[TrainStep], config: DistillConfig) -> float | None:
