@@ -633,6 +633,9 @@ def main() -> None:
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],
                     help="dtype of the greedy evaluations and teacher checks (default auto: the faster one here)")
+    ap.add_argument("--report-partial", action="store_true",
+                    help="report the arms whose every seed has finished in WORK and train nothing more (the "
+                         "base model's evaluation and the teachers must be done); say which arms are missing")
     ap.add_argument("--model", default=None, help="the base model (default: the default model)")
     ap.add_argument("--hotpot", help="HotpotQA file for the real-text sets (default: the shared one if present)")
     ap.add_argument("--squad", help="SQuAD v1.1 file for the real-text arm (default: the shared one if present)")
@@ -658,9 +661,15 @@ def main() -> None:
         if any((a.startswith("squad") if domain == "squad" else not a.startswith("squad"))
                and a in ON_POLICY for a in plan.arms):
             bench.teacher(domain)  # validated before any arm distils from it
+    missing = []
     for arm in [a for a in plan.arms if a != "base"]:
         evals, runs = [], []
         ladder, real = not arm.startswith("squad"), arm in REAL_ARMS
+        if args.report_partial and not all(state.get(f"arm/{arm}/{seed}") is not None
+                                           and state.get(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}") is not None
+                                           for seed in range(plan.seeds)):
+            missing.append(arm)
+            continue
         for seed in range(plan.seeds):
             trained = bench.train(arm, seed)
             evals.append(bench.evaluate(arm, seed, bench.ckpt(trained["final"]["id"]), ladder, real))
@@ -671,6 +680,10 @@ def main() -> None:
         if empty > EMPTY_WARN:
             say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")
     text, last = report(bench, results)
+    if missing:
+        text += (f"\n**Partial report** (`--report-partial`): the arms {', '.join(missing)} have not finished every "
+                 f"seed in {work} and are left out; run the same command without the flag to finish them.\n")
+        (work / "learning.md").write_text(text)
     plot_dynamics(bench, results, work / "dynamics.png")
     print(text)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; outputs in {work}")
