@@ -282,7 +282,7 @@ class ScoreConfig(Frozen):
     teacher: str = "default"
     student: str | None = None
     context: TeacherContext = TeacherContext.aligned
-    kinds: list[InvocationKind] | None = None
+    kinds: list[CallKind] | None = None
     row_tokens: int = Field(4096, ge=16)
     rows_per_batch: int = Field(1, ge=1)
     topk: int = Field(0, ge=0)
@@ -295,6 +295,11 @@ class ScoreConfig(Frozen):
     temperature: float = Field(1.0, gt=0)
     # context privileged: a JSONL of {task_id, answers, text} for episodes stored without privileged context
     privileged_file: str | None = None
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kind_names(cls, value: Any) -> Any:
+        return kind_names(value)
 
     @model_validator(mode="after")
     def _privileged_file(self) -> ScoreConfig:
@@ -481,26 +486,21 @@ class ReplayConfig(Frozen):
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KIND_ALIASES = {"update": InvocationKind.memory_update.value}
-# call kinds ``--kinds`` accepts beside overwrite's: the memory policies' own (``route``: agent.routed_memory;
-# ``event_record``, ``event_view``: agent.events_memory; ``log_note``, ``log_search``: agent.log_memory)
-POLICY_KINDS = ("route", "event_record", "event_view", "log_note", "log_search")
 # the kinds of calls recorded by ``agentmem serve`` that name no kind of their own (``X-Agentmem-Kind``)
 SERVE_KINDS = ("chat", "completion")
 
 
 def kind_names(value: Any) -> Any:
-    """``--kinds``: a comma-separated string or a list of call kinds, checked (``update`` = ``memory_update``)."""
+    """``--kinds``: a comma-separated string or a list of call kinds (``update`` = ``memory_update``). Which
+    kinds exist is the memory policies' to say: the jobs check them against the registry
+    (``agentmem.agent.registry.check_kinds``), before any model loads."""
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         return value
-    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS) + list(SERVE_KINDS)
-    names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
-    bad = [v for v in names if isinstance(v, str) and v not in allowed]
-    if bad or not names:
-        raise ValueError(f"unknown call kind(s) {bad or value}: give comma-separated {', '.join(allowed)} "
-                         f"(update = memory_update)")
-    return names
+    if not value:
+        raise ValueError("give at least one call kind (or none of the option: every kind)")
+    return [KIND_ALIASES.get(v, v) if isinstance(v, str) else v for v in value]
 
 
 class SftConfig(Frozen):

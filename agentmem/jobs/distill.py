@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
+from agentmem.agent.registry import check_kinds
 from agentmem.config import DistillConfig, PolicySource, PsdMode, TeacherSourceKind
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
@@ -163,6 +164,8 @@ def run_distill(
     if config is None:
         raise ConfigError("run_distill needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    check_kinds(config.kinds)
+    check_kinds(config.aligned_kinds)
     check_rl_runs(store, config)
     check_psd_runs(store, config)
     check_installed(report_to)
