@@ -28,6 +28,7 @@ from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, TeacherContext, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
+from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
 from store.engine import Store
 
@@ -166,6 +167,7 @@ def run_distill(
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     check_kinds(config.kinds)
     check_kinds(config.aligned_kinds)
+    check_loss_terms(config.loss_terms)
     check_rl_runs(store, config)
     check_psd_runs(store, config)
     check_installed(report_to)
