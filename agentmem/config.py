@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from agentmem.records import CallKind, InvocationKind, TeacherContext
+from agentmem.records import CallKind, InvocationKind, SamplingContext, TeacherContext
 
 # Synthetic tasks are a pure function of (seed, index): a seed no rollout uses by default gives tasks the
 # policy was never trained on. Data files are only reordered by the seed; hold out a split file for them.
@@ -234,7 +234,7 @@ class RolloutConfig(Frozen):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
     # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
-    context: TeacherContext = TeacherContext.aligned
+    context: SamplingContext = SamplingContext.aligned
 
     @model_validator(mode="after")
     def _server(self) -> RolloutConfig:
@@ -242,14 +242,11 @@ class RolloutConfig(Frozen):
             raise ValueError("--backend openai and --base-url URL go together")
         return self
 
-    @field_validator("context")
-    @classmethod
-    def _sampling_context(cls, value: TeacherContext, info: ValidationInfo) -> TeacherContext:
-        if value not in (TeacherContext.aligned, TeacherContext.privileged):
-            raise ValueError(f"a rollout samples under context aligned or privileged, not {value.value}")
-        if value is TeacherContext.privileged and info.data.get("policy") is PolicySource.oracle:
+    @model_validator(mode="after")
+    def _oracle_reads_no_prompt(self) -> RolloutConfig:
+        if self.context is SamplingContext.privileged and self.policy is PolicySource.oracle:
             raise ValueError("the oracle reads no prompt: context privileged needs policy model")
-        return value
+        return self
 
 
 def _greedy_agent() -> AgentConfig:

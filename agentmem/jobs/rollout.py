@@ -34,13 +34,13 @@ from agentmem import models
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
 from agentmem.agent.memory import MemoryPolicy
 from agentmem.agent.oracle import OracleWriter
-from agentmem.agent.prompts import privileged_ids
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.memory_setup import memory_for
 from agentmem.jobs.runs import RunHandle, error_line, load_run, tracked_run
 from agentmem.policy.types import Backend
-from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, Task, TeacherContext
+from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, SamplingContext, Task
+from agentmem.replay.privileged import privileged_ids
 from agentmem.runtime import CPU, Runtime
 from envs import load_env
 from envs.files import require_file
@@ -214,7 +214,7 @@ def rollout_loop(store: Store, setup: RolloutSetup, backend: Backend | Mapping[s
     and the privileged splice of a privileged rollout."""
     config, tokenizer = setup.config, setup.tokenizer
     privileged = None
-    if config.context is TeacherContext.privileged:
+    if config.context is SamplingContext.privileged:
         def privileged(episode: Episode) -> list[int]:
             return privileged_ids(tokenizer, episode)
     return AgentLoop(backend, config.agent, setup.env.score, policy_version=policy.id if policy else None,
