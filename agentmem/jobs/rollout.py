@@ -200,7 +200,7 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
     memory = memory_for(store, tokenizer, config.agent)
     if config.policy is PolicySource.oracle and not memory.oracle:
         raise ConfigError(f"policy 'oracle' writes the calls of memory policies that declare ``oracle`` (their "
-                          f"oracle_text), not {memory.name!r}'s")
+                          f"oracle_text), not those of {memory.name!r}")
     env = build_env(config, tokenizer)
     tasks = env.tasks(config.episodes)
     if not tasks:
