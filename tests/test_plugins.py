@@ -53,6 +53,21 @@ def drive(seam: str, tmp_path: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def test_an_unknown_loss_term_or_kind_fails_before_the_train_loop_starts(sqlite_store):
+    from agentmem.config import DistillConfig, TrainConfig
+    from agentmem.errors import ConfigError
+    from agentmem.jobs.train import run_train
+    from store import repository as repo
+
+    with pytest.raises(ConfigError, match=r"unknown loss term\(s\) \['entropy_bonus'\] in loss_terms; installed: none "
+                                          r"\(entry-point group agentmem.loss_terms\)"):
+        run_train(sqlite_store, TrainConfig(distill=DistillConfig(loss_terms={"entropy_bonus": 1.0})))
+    with pytest.raises(ConfigError, match=r"unknown call kind\(s\) \['jot'\]"):
+        run_train(sqlite_store, TrainConfig(distill=DistillConfig(kinds="jot")))
+    with sqlite_store.session() as s:
+        assert repo.list_runs(s) == []  # no run was opened
+
+
 def test_the_registries_know_nothing_of_the_demo_without_it():
     from agentmem.agent.registry import call_kinds, memory_policy_names
     from agentmem.training.term_registry import loss_term_names
