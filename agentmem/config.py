@@ -21,7 +21,15 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from agentmem.records import CallKind, InvocationKind, SamplingContext, TeacherContext
 
@@ -339,7 +347,7 @@ class DistillConfig(Frozen):
     ce_weight: float = Field(0.0, ge=0)
     anchor_weight: float = Field(0.0, ge=0)
     # weights of loss terms that installed packages register (entry-point group agentmem.loss_terms), by name
-    loss_terms: dict[str, float] = Field(default_factory=dict)
+    loss_terms: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     normalize_std: bool = False
     clip_eps: float = Field(0.2, ge=0)
     weighting: Weighting = Weighting.token
@@ -449,8 +457,6 @@ class DistillConfig(Frozen):
     def _consistent(self) -> DistillConfig:
         if self.teacher is None and self.kd_weight and self.teacher_source is not TeacherSourceKind.model:
             raise ValueError("teacher_source needs a teacher: give teacher or set kd_weight to 0")
-        if any(w < 0 for w in self.loss_terms.values()):
-            raise ValueError(f"loss_terms weights must be >= 0, got {self.loss_terms}")
         if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight
                 or any(self.loss_terms.values())):
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"
