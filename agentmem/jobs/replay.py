@@ -1,7 +1,8 @@
 """The replay job (ReOPD, ``agentmem rollout --replay-from RUN``): the student samples single calls
 branched from a stored teacher (or oracle) run; and the state-coverage audit (``agentmem replay-audit``).
 
-Order of work: the config, the teacher run (a rollout of the overwrite memory policy, with stored calls)
+Order of work: the config, the teacher run (a rollout of a memory policy that declares ``replayable``, e.g.
+overwrite, with stored calls)
 and the student's model reference are checked and the branch steps drawn before any weights load. For
 every teacher episode, in (task, sample) order, one step ``t`` is drawn with ``P(t) ∝ kappa**t``
 (``replay.reopd.draw_branch_steps``, seeded by ``config.seed``); the student samples that call
