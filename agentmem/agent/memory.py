@@ -16,7 +16,7 @@ Contract of a policy (``MemoryPolicy[S]``):
 What a policy is, beside its methods, it declares on its class, as the class attributes of
 ``MemoryPolicyBase`` (the registry and the jobs read them without building the policy):
 - ``name``: the registered name, stored with every invocation (``AgentConfig.memory_policy``);
-- ``kinds``: the call kinds it makes (``distill --kinds``, ``score --kind`` and the viewer accept them);
+- ``kinds``: the call kinds it makes (``score``, ``distill``, ``sft`` and ``train`` accept them as ``kinds``);
 - ``Options``: the pydantic model of its ``--memory-option`` values (``extra="forbid"``: a typo fails);
 - ``wants_logprobs``: ``consume`` is called with ``logprobs=`` too: the sampled tokens' log-probs (None for
   oracle-written calls), e.g. a router thresholding P(yes);
@@ -24,7 +24,8 @@ What a policy is, beside its methods, it declares on its class, as the class att
 - ``replayable``: ReOPD replay (``rollout --replay-from``) may branch from its stored calls: every call's
   token limit is ``memory_tokens`` (the ``answer`` call's ``answer_max_new_tokens``), and its method
   ``update(memory_before, output_ids)`` gives the memory after a non-final call.
-It is built by ``build(tokenizer, config, options)``, ``options`` an ``Options`` instance.
+It is built by ``build(tokenizer, config, options)``, ``options`` an ``Options`` instance. A policy that keeps
+an episode log returns each stored call's entries from ``log_entries`` (the rollout stores them; default none).
 A policy that cannot go on from an output (say, one it cannot parse) raises ``AgentError``: the loop ends
 that episode ``failed`` and its siblings go on. Any other exception is a bug and propagates.
 """
