@@ -2,7 +2,8 @@
 ``.dist-info`` folder with ``entry_points.txt`` in a temporary folder on ``PYTHONPATH``) adds a memory policy
 (``agentmem.memory_policies``), an environment (``agentmem.envs``) and a loss term (``agentmem.loss_terms``),
 and the jobs run them: rollout, oracle rollout, score, distill and sft with the policy, an oracle rollout on
-the environment, a distillation with only the loss term. Each runs in a fresh process (``plugin_demo/drive.py``)
+the environment (through the jobs and through ``agentmem rollout --env riddles --memory jotter``), a
+distillation with only the loss term. Each runs in a fresh process (``plugin_demo/drive.py``)
 on the tiny models."""
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def test_an_installed_memory_policy_runs_through_every_job(tmp_path):
 def test_an_installed_environment_runs_a_rollout(tmp_path):
     out = drive("env", tmp_path)
     assert out["names"] == ["riddles"] and out["knobs"] == {"n_riddles": 3}
+    assert out["cli"] == [0, [["riddle-0", "Oslo"]], [["answer", "jotter"], ["jot", "jotter"]]]
     assert out["episodes"] == [["riddle-0", "Oslo", "Oslo", 1.0], ["riddle-1", "Paris", "Paris", 1.0]]
     assert out["updates"] == ["(empty)", "Bob lives in Oslo.", "Bob lives in Paris."]  # overwrite's oracle
     assert out["bad_knob"] == "riddles: unknown knob(s) riddles; known: n_riddles"

@@ -5,6 +5,7 @@ process whose ``PYTHONPATH`` holds the demo package, installed as a ``.dist-info
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,7 +84,15 @@ def env_seam(store, model, out):
     run = run_rollout(store, RolloutConfig(env="riddles", env_knobs={"n_riddles": 2}, model=model,
                                            policy=PolicySource.oracle, episodes=5, chunk_tokens=48, agent=agent))
     eps, invs = calls(store, run.run_id)
+    # the command line takes both at parse time: --env riddles (a choice) and --memory jotter
+    cli = subprocess.run([sys.executable, "-m", "cli.app", "rollout", "--env", "riddles", "--knob", "n_riddles=1",
+                          "--memory", "jotter", "--policy", "oracle", "--model", model, "--episodes", "1",
+                          "--db", store.url], capture_output=True, text=True, timeout=300)
+    cli_run = cli.stdout.split("run_id=")[1].split()[0] if "run_id=" in cli.stdout else None
+    cli_eps, cli_invs = calls(store, cli_run) if cli_run else ([], [])
     return {"names": list(env_names()[-1:]), "knobs": knobs_of("riddles"),
+            "cli": [cli.returncode, sorted((e.task_id, e.prediction) for e in cli_eps),
+                    sorted({(i.kind, i.memory_policy) for i in cli_invs})],
             "episodes": sorted((e.task_id, e.gold_answers[0], e.prediction, e.f1) for e in eps),
             "updates": sorted({i.output_text for i in invs if i.kind == "memory_update"}),
             "bad_knob": error(lambda: run_rollout(store, RolloutConfig(env="riddles", env_knobs={"riddles": 2},
