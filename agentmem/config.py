@@ -21,9 +21,17 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from agentmem.records import CallKind, InvocationKind, TeacherContext
+from agentmem.records import CallKind, InvocationKind, SamplingContext, TeacherContext
 
 # Synthetic tasks are a pure function of (seed, index): a seed no rollout uses by default gives tasks the
 # policy was never trained on. Data files are only reordered by the seed; hold out a split file for them.
@@ -234,7 +242,7 @@ class RolloutConfig(Frozen):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
     # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
-    context: TeacherContext = TeacherContext.aligned
+    context: SamplingContext = SamplingContext.aligned
 
     @model_validator(mode="after")
     def _server(self) -> RolloutConfig:
@@ -242,14 +250,11 @@ class RolloutConfig(Frozen):
             raise ValueError("--backend openai and --base-url URL go together")
         return self
 
-    @field_validator("context")
-    @classmethod
-    def _sampling_context(cls, value: TeacherContext, info: ValidationInfo) -> TeacherContext:
-        if value not in (TeacherContext.aligned, TeacherContext.privileged):
-            raise ValueError(f"a rollout samples under context aligned or privileged, not {value.value}")
-        if value is TeacherContext.privileged and info.data.get("policy") is PolicySource.oracle:
+    @model_validator(mode="after")
+    def _oracle_reads_no_prompt(self) -> RolloutConfig:
+        if self.context is SamplingContext.privileged and self.policy is PolicySource.oracle:
             raise ValueError("the oracle reads no prompt: context privileged needs policy model")
-        return value
+        return self
 
 
 def _greedy_agent() -> AgentConfig:
@@ -282,7 +287,7 @@ class ScoreConfig(Frozen):
     teacher: str = "default"
     student: str | None = None
     context: TeacherContext = TeacherContext.aligned
-    kinds: list[InvocationKind] | None = None
+    kinds: list[CallKind] | None = None
     row_tokens: int = Field(4096, ge=16)
     rows_per_batch: int = Field(1, ge=1)
     topk: int = Field(0, ge=0)
@@ -295,6 +300,11 @@ class ScoreConfig(Frozen):
     temperature: float = Field(1.0, gt=0)
     # context privileged: a JSONL of {task_id, answers, text} for episodes stored without privileged context
     privileged_file: str | None = None
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kind_names(cls, value: Any) -> Any:
+        return kind_names(value)
 
     @model_validator(mode="after")
     def _privileged_file(self) -> ScoreConfig:
@@ -336,6 +346,8 @@ class DistillConfig(Frozen):
     rl_weight: float = Field(1.0, ge=0)
     ce_weight: float = Field(0.0, ge=0)
     anchor_weight: float = Field(0.0, ge=0)
+    # weights of loss terms that installed packages register (entry-point group agentmem.loss_terms), by name
+    loss_terms: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     normalize_std: bool = False
     clip_eps: float = Field(0.2, ge=0)
     weighting: Weighting = Weighting.token
@@ -445,9 +457,10 @@ class DistillConfig(Frozen):
     def _consistent(self) -> DistillConfig:
         if self.teacher is None and self.kd_weight and self.teacher_source is not TeacherSourceKind.model:
             raise ValueError("teacher_source needs a teacher: give teacher or set kd_weight to 0")
-        if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight):
+        if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight
+                or any(self.loss_terms.values())):
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"
-                             " ce_weight or anchor_weight")
+                             " ce_weight, anchor_weight or a loss_terms weight")
         return self
 
     @property
@@ -481,26 +494,21 @@ class ReplayConfig(Frozen):
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KIND_ALIASES = {"update": InvocationKind.memory_update.value}
-# call kinds ``--kinds`` accepts beside overwrite's: the memory policies' own (``route``: agent.routed_memory;
-# ``event_record``, ``event_view``: agent.events_memory; ``log_note``, ``log_search``: agent.log_memory)
-POLICY_KINDS = ("route", "event_record", "event_view", "log_note", "log_search")
 # the kinds of calls recorded by ``agentmem serve`` that name no kind of their own (``X-Agentmem-Kind``)
 SERVE_KINDS = ("chat", "completion")
 
 
 def kind_names(value: Any) -> Any:
-    """``--kinds``: a comma-separated string or a list of call kinds, checked (``update`` = ``memory_update``)."""
+    """``--kinds``: a comma-separated string or a list of call kinds (``update`` = ``memory_update``). Which
+    kinds exist is the memory policies' to say: the jobs check them against the registry
+    (``agentmem.agent.registry.check_kinds``), before any model loads."""
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         return value
-    allowed = [k.value for k in InvocationKind] + list(POLICY_KINDS) + list(SERVE_KINDS)
-    names = [KIND_ALIASES.get(str(v), v) if isinstance(v, str) else v for v in value]
-    bad = [v for v in names if isinstance(v, str) and v not in allowed]
-    if bad or not names:
-        raise ValueError(f"unknown call kind(s) {bad or value}: give comma-separated {', '.join(allowed)} "
-                         f"(update = memory_update)")
-    return names
+    if not value:
+        raise ValueError("give at least one call kind (or none of the option: every kind)")
+    return [KIND_ALIASES.get(v, v) if isinstance(v, str) else v for v in value]
 
 
 class SftConfig(Frozen):

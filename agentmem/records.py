@@ -101,6 +101,15 @@ class TeacherContext(str, enum.Enum):
     persistent_chat = "persistent_chat"
 
 
+class SamplingContext(str, enum.Enum):
+    """The prompt a call is sampled under (``rollout --context``, ``Invocation.sampled_context``): the
+    student's own (``aligned``), or with the episode's privileged message spliced before it (``privileged``:
+    PSD's off-policy samples). A teacher reads a call under a ``TeacherContext``; the two share these values."""
+
+    aligned = "aligned"
+    privileged = "privileged"
+
+
 class RunKind(str, enum.Enum):
     rollout = "rollout"
     score = "score"
@@ -249,15 +258,13 @@ class Invocation(Record):
     temperature: float = 1.0
     latency_s: float = 0.0
     created_at: datetime = Field(default_factory=utcnow)
-    sampled_context: TeacherContext = TeacherContext.aligned  # aligned | privileged
+    sampled_context: SamplingContext = SamplingContext.aligned
     privileged_ids: IntArray | None = None  # set iff sampled_context is privileged
     parent_invocation_id: str | None = None
 
     @model_validator(mode="after")
     def _sampled_prompt(self) -> Invocation:
-        privileged = self.sampled_context is TeacherContext.privileged
-        if self.sampled_context not in (TeacherContext.aligned, TeacherContext.privileged):
-            raise ValueError(f"a call is sampled under context aligned or privileged, not {self.sampled_context.value}")
+        privileged = self.sampled_context is SamplingContext.privileged
         if privileged != (self.privileged_ids is not None):
             raise ValueError("privileged_ids are stored exactly when sampled_context is privileged")
         return self

@@ -86,10 +86,15 @@ def training_store(db: str | None, rt):
 
 
 def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | None = None, kind=None,
-              models: tuple[str | None, ...] = (), data: str | None = None, create: bool = False) -> None:
-    """The cheap checks of a job's ids, model references and data file, run before torch is imported
-    (``runtime``, ``setup_logging``), so a bad one answers within a second. The job checks them again;
-    these are the same functions, so the messages are the same."""
+              models: tuple[str | None, ...] = (), data: str | None = None, create: bool = False,
+              kinds: list[str] | None = None) -> None:
+    """The cheap checks of a job's ids, model references, call kinds (the memory policies' registry) and data
+    file, run before torch is imported (``runtime``, ``setup_logging``), so a bad one answers within a second.
+    The job checks them again; these are the same functions, so the messages are the same."""
+    if kinds is not None:
+        from agentmem.agent.registry import check_kinds
+
+        check_kinds(kinds)
     if data is not None:
         from envs.files import require_file
 

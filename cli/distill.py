@@ -141,7 +141,8 @@ def distill(
             psd=psd, psd_mix=psd_mix,
         )
     preflight(db, runs=None if resume else run, resume=resume, kind=RunKind.distill,
-              models=() if resume else (student, None if teacher == "none" else teacher))
+              models=() if resume else (student, None if teacher == "none" else teacher),
+              kinds=config.kinds if config else None)
     rt = runtime(device, threads, fsdp)
     setup_logging()
     with rt:

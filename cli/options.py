@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from agentmem.config import Choice, Device
-from envs import ENV_NAMES
+from envs import env_names
 
-EnvName = Choice("EnvName", [(n, n) for n in ENV_NAMES])  # --env: a fixed list, checked at parse time
+EnvName = Choice("EnvName", [(n, n) for n in env_names()])  # --env: a fixed list, checked at parse time
 # --dtype of the generating jobs: a weights dtype, or auto (the faster one measured on this CPU)
 GenDType = Choice("GenDType", [(n, n) for n in ("auto", "float32", "bfloat16", "float16")])
 GenDTypeOption = Annotated[GenDType, typer.Option(

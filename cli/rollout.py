@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import BackendKind, Device, DType, PolicySource, PromptLayout
-from agentmem.records import TeacherContext
+from agentmem.records import SamplingContext
 from cli.options import DbOption, DeviceOption, EnvName, GenDType, GenDTypeOption, LevelOption, ThreadsOption
 
 
@@ -52,10 +52,10 @@ def rollout(
     batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
-    context: Annotated[TeacherContext, typer.Option(
+    context: Annotated[SamplingContext, typer.Option(
         help="Prompt the model samples from: aligned (the task prompt) or privileged (the episode's gold "
              "answer and evidence as a system message before every prompt, stored apart: PSD's off-policy "
-             "samples, `distill --psd off_policy`).")] = TeacherContext.aligned,
+             "samples, `distill --psd off_policy`).")] = SamplingContext.aligned,
     replay_from: Annotated[str | None, typer.Option(
         help="ReOPD: branch from stored run RUN_ID instead of reading an environment: per episode one step t "
              "drawn with P(t) ∝ kappa^t, sampled --group-size times by --model from the stored prompt; "
@@ -99,7 +99,7 @@ def rollout(
                       "--max-chunks": max_chunks is not None, "--memory": memory_policy != "overwrite",
                       "--memory-option": bool(memory_option),
                       "--prompt-layout": prompt_layout is not PromptLayout.chunk_first,
-                      "--context": context is not TeacherContext.aligned})
+                      "--context": context is not SamplingContext.aligned})
         return
     config = None
     if not resume:

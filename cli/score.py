@@ -61,7 +61,7 @@ def score(
                          row_tokens=row_tokens, rows_per_batch=rows_per_batch, topk=topk, topk_dir=topk_dir,
                          path=attention, packing=packing, teacher_truncation=teacher_truncation, temperature=temperature,
                          dtype=dtype, privileged_file=privileged_file)
-    preflight(db, runs=run, models=(teacher, student))
+    preflight(db, runs=run, models=(teacher, student), kinds=config.kinds)
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db)

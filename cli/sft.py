@@ -83,7 +83,7 @@ def sft(
             anchor_weight=anchor_weight, **extra,
         )
     preflight(db, runs=None if resume else run, resume=resume, kind=RunKind.sft,
-              models=() if resume else (student,))
+              models=() if resume else (student,), kinds=config.kinds if config else None)
     rt = runtime(device, threads, fsdp)
     setup_logging()
     with rt:

@@ -1,5 +1,14 @@
 """Building an environment by name: the one place that knows every environment.
 
+The built-in environments are listed here; a package adds its own through the entry-point group
+``agentmem.envs`` (entry name = ``--env`` name, object = the environment class, whose keyword arguments
+beyond ``count_tokens``, ``chunk_tokens``, ``seed`` and ``data_path`` are its knobs), e.g.::
+
+    [project.entry-points."agentmem.envs"]
+    riddles = "my_package.riddles:RiddleEnv"
+
+Entry points are listed on the first look-up and each loaded only when built (nothing at import).
+
 Invariants: ``load_env`` checks the name, ``chunk_tokens``, ``seed``, ``data_path`` and knob names before
 building anything, and every failure is an ``EnvError``; knobs are each environment's keyword arguments
 (a misspelt knob is an error, never ignored); ``synthetic`` takes no data file, every other env needs one
@@ -8,7 +17,9 @@ building anything, and every failure is an ``EnvError``; knobs are each environm
 
 from __future__ import annotations
 
+import functools
 import inspect
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +49,8 @@ _ENVS: dict[str, Any] = {
     "2wikimultihopqa": TwoWikiEnv,
     "quality": QualityEnv,
 }
-ENV_NAMES: tuple[str, ...] = tuple(_ENVS)
+ENV_NAMES: tuple[str, ...] = tuple(_ENVS)  # the built-in ones; ``env_names()`` adds the entry points'
+GROUP = "agentmem.envs"
 # What --data is, per environment that needs one (the message of a missing --data).
 DATA_HINTS: dict[str, str] = {
     "hotpotqa": "HotpotQA's official JSON, e.g. hotpot_dev_distractor_v1.json",
@@ -54,11 +66,28 @@ DATA_HINTS: dict[str, str] = {
 _COMMON = ("data_path", "count_tokens", "chunk_tokens", "seed")
 
 
+@functools.cache
+def _plugins() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=GROUP) if ep.name not in _ENVS}
+
+
+def env_names() -> tuple[str, ...]:
+    """Every ``--env`` name: the built-in environments, then those of installed packages (entry points)."""
+    return ENV_NAMES + tuple(sorted(_plugins()))
+
+
+def env_class(name: str) -> Any:
+    """The class of environment ``name`` (an entry point's is imported now)."""
+    if name in _ENVS:
+        return _ENVS[name]
+    if name not in _plugins():
+        raise EnvError(f"unknown environment {name!r}; known: {', '.join(env_names())}")
+    return _plugins()[name].load()
+
+
 def knobs_of(name: str) -> dict[str, Any]:
     """The knobs ``name`` accepts, with their defaults."""
-    if name not in _ENVS:
-        raise EnvError(f"unknown environment {name!r}; known: {', '.join(ENV_NAMES)}")
-    params = inspect.signature(_ENVS[name]).parameters
+    params = inspect.signature(env_class(name)).parameters
     return {k: p.default for k, p in params.items() if k not in _COMMON}
 
 
@@ -77,7 +106,7 @@ def load_env(
         raise EnvError(f"{name}: unknown knob(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
     check_int(f"{name}: chunk_tokens", chunk_tokens, 1)
     check_int(f"{name}: seed", seed, 0)
-    cls = _ENVS[name]
+    cls = env_class(name)
     common: dict[str, Any] = {"count_tokens": count_tokens, "chunk_tokens": chunk_tokens, "seed": seed}
     if "data_path" in inspect.signature(cls).parameters:
         if data_path is None:

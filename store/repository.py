@@ -35,6 +35,7 @@ from agentmem.records import (
     InvocationKind,
     Run,
     RunKind,
+    SamplingContext,
     TeacherContext,
     TeacherScore,
     TrainStep,
@@ -418,7 +419,7 @@ def _invocation_row(inv: Invocation) -> dict[str, Any]:
         "chunk_text": _text(inv.chunk_text), "chunk_index": inv.chunk_index,
         "prompt_tokens": inv.prompt_tokens, "output_tokens": inv.output_tokens,
         "finish_reason": inv.finish_reason.value, "temperature": inv.temperature, "latency_s": inv.latency_s,
-        "created_at": inv.created_at, "sampled_context": TeacherContext(inv.sampled_context).value,
+        "created_at": inv.created_at, "sampled_context": SamplingContext(inv.sampled_context).value,
         "privileged_ids": None if inv.privileged_ids is None else arrays.encode(inv.privileged_ids, arrays.IDS),
         "parent_invocation_id": inv.parent_invocation_id,
     }
@@ -444,7 +445,7 @@ def _invocation(row: sa.Row) -> Invocation:
         role=m["role"], prompt_text=m["prompt_text"], output_text=m["output_text"], memory_before=m["memory_before"],
         memory_after=m["memory_after"], chunk_text=m["chunk_text"], chunk_index=m["chunk_index"],
         finish_reason=FinishReason(m["finish_reason"]), temperature=m["temperature"], latency_s=m["latency_s"],
-        created_at=m["created_at"], sampled_context=TeacherContext(m["sampled_context"]),
+        created_at=m["created_at"], sampled_context=SamplingContext(m["sampled_context"]),
         privileged_ids=None if m["privileged_ids"] is None else arrays.decode(m["privileged_ids"], arrays.IDS),
         parent_invocation_id=m["parent_invocation_id"], _fields_set=_INV_FIELDS,
     )

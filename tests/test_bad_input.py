@@ -134,7 +134,7 @@ CASES = [
      "the database is opened read-only; pass --write"),
     ("sql-syntax-error", "sql --db {db} selec * from runs", "syntax error"),
     ("unknown-memory-option", "rollout --memory-option nope=1 --policy oracle --model {model_a} --db {db}",
-     "takes no --memory-option"),
+     "memory policy 'overwrite': bad --memory-option (nope: Extra inputs are not permitted); known: none"),
 ]
 
 

@@ -394,13 +394,18 @@ def test_a_view_over_its_budget_is_cut_at_whole_lines():
     assert EventsPolicy(tok, view_tokens=1).cut(view) == f"{lines[0]}\n(7 more lines cut)"  # the request stays
 
 
+KNOWN = "; known: recorder, view_tokens, record_tokens"
+
+
 @pytest.mark.parametrize(("options", "message"), [
-    ({"recorder": "regex"}, "memory policy 'events': --memory-option recorder must be model or rules, got 'regex'"),
-    ({"recoder": "rules"}, "memory policy 'events': unknown --memory-option 'recoder'; options: "
-                           "recorder=model|rules, view_tokens=N, record_tokens=N"),
-    ({"view_tokens": 0}, "memory policy 'events': --memory-option view_tokens must be a whole number >= 1, got 0"),
-    ({"record_tokens": "many"}, "memory policy 'events': --memory-option record_tokens must be a whole number >= "
-                                "1, got 'many'"),
+    ({"recorder": "regex"}, "memory policy 'events': bad --memory-option (recorder: Input should be 'model' or "
+                            "'rules')" + KNOWN),
+    ({"recoder": "rules"}, "memory policy 'events': bad --memory-option (recoder: Extra inputs are not permitted)"
+                           + KNOWN),
+    ({"view_tokens": 0}, "memory policy 'events': bad --memory-option (view_tokens: Input should be greater than or "
+                         "equal to 1)" + KNOWN),
+    ({"record_tokens": "many"}, "memory policy 'events': bad --memory-option (record_tokens: Input should be a valid "
+                                "integer)" + KNOWN),
 ])
 def test_options_are_validated_by_name(options, message):
     config = AgentConfig(memory_policy="events", memory_options=options)

@@ -8,7 +8,7 @@ import pytest
 from store_records import make_episode, make_invocation, make_run
 
 from agentmem.jobs.export import export_invocations
-from agentmem.records import TeacherContext
+from agentmem.records import SamplingContext
 from store import repository as repo
 
 
@@ -19,7 +19,7 @@ def test_export_round_trip(sqlite_store, tmp_path, name):
     ep = make_episode(run)
     invs = [make_invocation(ep, s, rng, 20 + s, 5 + s) for s in range(3)]
     # a privileged call (PSD off-policy) and a call that branched from another (ReOPD) keep their links
-    invs[1] = invs[1].model_copy(update={"sampled_context": TeacherContext.privileged,
+    invs[1] = invs[1].model_copy(update={"sampled_context": SamplingContext.privileged,
                                          "privileged_ids": np.array([7, 8, 9], np.int32)})
     invs[2] = invs[2].model_copy(update={"parent_invocation_id": invs[0].id})
     with sqlite_store.session() as s:

@@ -23,7 +23,6 @@ from agentmem.agent.log_query import (
     parse_query,
     search,
 )
-from agentmem.agent.memory import LogAware, OracleAware
 from agentmem.agent.prompts import render
 from agentmem.agent.registry import memory_policy
 from agentmem.config import AgentConfig, RolloutConfig, ScoreConfig, SftConfig
@@ -119,25 +118,27 @@ def agent(**options) -> AgentConfig:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"conditon": "full-log"}, "unknown option 'conditon'; options: condition, query_tokens, read_tokens, "
-                               "searches, window"),
-    ({"condition": "window"}, "option 'condition' must be one of full-log, windowed-log, in-prompt, got 'window'"),
+    ({"conditon": "full-log"}, "conditon: Extra inputs are not permitted"),
+    ({"condition": "window"}, "condition: Input should be 'full-log', 'windowed-log' or 'in-prompt'"),
     ({"condition": "windowed-log"}, "option 'window' is required with condition=windowed-log and only there"),
     ({"window": 3}, "option 'window' is required with condition=windowed-log and only there"),
-    ({"condition": "windowed-log", "window": 0}, "option 'window' must be an integer >= 1, got 0"),
-    ({"searches": "3"}, "option 'searches' must be an integer >= 0, got '3'"),
-    ({"read_tokens": True}, "option 'read_tokens' must be an integer >= 1, got True"),
+    ({"condition": "windowed-log", "window": 0}, "window: Input should be greater than or equal to 1"),
+    ({"searches": "3"}, "searches: Input should be a valid integer"),
+    ({"read_tokens": True}, "read_tokens: Input should be a valid integer"),
     ({"condition": "in-prompt", "searches": 2}, "option 'searches' does not apply to condition=in-prompt"),
 ])
 def test_options_are_checked_and_errors_name_the_option(options, message):
-    with pytest.raises(AgentError, match=re.escape(f"memory policy 'log': {message}")):
+    with pytest.raises(AgentError, match=r"^memory policy 'log': bad --memory-option \(.*" + re.escape(message)
+                       + r".*\); known: condition, window, searches, read_tokens, query_tokens$"):
         memory_policy("log", tiny_tokenizer(), agent(**options))
 
 
-def test_the_registry_builds_it_and_it_is_log_and_oracle_aware():
+def test_the_registry_builds_it_and_it_declares_its_kinds_and_the_oracle():
     policy = memory_policy("log", tiny_tokenizer(), agent(condition="windowed-log", window=4, searches=0))
-    assert isinstance(policy, LogPolicy) and policy.options == LogOptions("windowed-log", 4, 0)
-    assert isinstance(policy, LogAware) and isinstance(policy, OracleAware)
+    assert isinstance(policy, LogPolicy)
+    assert policy.options == LogOptions(condition="windowed-log", window=4, searches=0)
+    assert (policy.kinds, policy.oracle, policy.wants_logprobs, policy.replayable) == (
+        ("log_note", "log_search", "answer"), True, False, False)
 
 
 # ---- episodes through the rollout, with exact prompts and rows ------------------------------------------

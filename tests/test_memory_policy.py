@@ -13,7 +13,7 @@ import pytest
 from tiny_models import tiny_tokenizer
 
 from agentmem.agent.loop import AgentConfig, AgentLoop, ListSink, memory_policy, register_memory_policy
-from agentmem.agent.memory import Call, replay
+from agentmem.agent.memory import Call, MemoryPolicyBase, replay
 from agentmem.agent.prompts import render
 from agentmem.config import RolloutConfig
 from agentmem.errors import AgentError
@@ -35,13 +35,18 @@ class NotesState:
     found: str | None = None
 
 
-class NotesPolicy:
+class NotesPolicy(MemoryPolicyBase[NotesState]):
     """One note per chunk, then a search over the notes, then the answer from what the search found."""
 
     name = "notes"
+    kinds = ("note", "search", "answer")
 
     def __init__(self, tokenizer, config: AgentConfig):
         self.tokenizer, self.config = tokenizer, config
+
+    @classmethod
+    def build(cls, tokenizer, config, options):
+        return cls(tokenizer, config)
 
     def initial_state(self, task):
         return NotesState()
@@ -77,7 +82,7 @@ class NotesPolicy:
 
 @pytest.fixture(autouse=True)
 def notes_registered():
-    register_memory_policy("notes", NotesPolicy)
+    register_memory_policy(NotesPolicy)
 
 
 def tiny_env(tok, seed=0):
@@ -150,7 +155,7 @@ def test_unrouted_kind_and_unknown_policy_are_agent_errors():
     with pytest.raises(AgentError, match=r"unknown memory policy 'nope'; registered: .*notes.*overwrite"):
         memory_policy("nope", tok, NOTES)
     with pytest.raises(AgentError, match="is registered already"):
-        register_memory_policy("notes", lambda tok, cfg: NotesPolicy(tok, cfg))
+        register_memory_policy(type("NotesPolicy", (NotesPolicy,), {}))
 
 
 def test_a_policy_refusing_an_output_fails_only_its_episode():

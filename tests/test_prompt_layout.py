@@ -6,6 +6,7 @@ from __future__ import annotations
 from tiny_models import tiny_tokenizer
 
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
+from agentmem.agent.registry import memory_policy
 from agentmem.config import AgentConfig, PromptLayout, RolloutConfig
 from agentmem.records import Task
 
@@ -17,7 +18,7 @@ TASK = Task(task_id="t", env="synthetic", question="Where does Bob live?",
 
 def test_chunk_first_prompt_is_pinned():
     tok = tiny_tokenizer()
-    policy = OverwritePolicy.from_config(tok, AgentConfig(memory_tokens=16))
+    policy = memory_policy("overwrite", tok, AgentConfig(memory_tokens=16))
     assert policy.layout is PromptLayout.chunk_first
     call = policy.next_call(OverwriteState("Bob lives in Oslo.", 1), TASK)
     assert call.prompt.text == (

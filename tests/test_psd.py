@@ -16,14 +16,15 @@ from tiny_models import tiny_llama, tiny_tokenizer
 from typer.testing import CliRunner
 
 from agentmem.agent.overwrite import OverwritePolicy
-from agentmem.agent.prompts import privileged_ids, update_prompt
+from agentmem.agent.prompts import update_prompt
 from agentmem.config import AgentConfig, DistillConfig, PsdMode, RolloutConfig
 from agentmem.errors import AgentError, ConfigError, TrainingError
 from agentmem.jobs import distill as distill_job
 from agentmem.jobs.rollout import StoreSink, run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.records import Episode, Invocation, TeacherContext
+from agentmem.records import Episode, Invocation, SamplingContext, TeacherContext
 from agentmem.replay import pack, rebuild_aligned
+from agentmem.replay.privileged import privileged_ids
 from agentmem.training.distill import Models, Trainer, advantages, psd_mix
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, accumulate_step
@@ -144,7 +145,7 @@ def test_privileged_rollout_stores_exactly_the_ids_the_backend_saw(store):
     for inv in invocations:
         by_episode.setdefault(inv.episode_id, []).append(inv)
         episode = episodes[inv.episode_id]
-        assert inv.sampled_context is TeacherContext.privileged
+        assert inv.sampled_context is SamplingContext.privileged
         assert inv.privileged_ids.tolist() == privileged_ids(tok, episode)
         assert "Gold answer" not in inv.prompt_text and "Gold answer" in tok.decode(inv.privileged_ids.tolist())
         if inv.kind == "memory_update":
@@ -168,8 +169,8 @@ def test_privileged_rollout_stores_exactly_the_ids_the_backend_saw(store):
 def test_the_oracle_cannot_sample_under_a_privileged_prompt():
     with pytest.raises(ValueError, match="the oracle reads no prompt"):
         RolloutConfig(policy="oracle", context="privileged")
-    with pytest.raises(ValueError, match="aligned or privileged, not persistent"):
-        RolloutConfig(context="persistent")
+    with pytest.raises(ValueError, match="context\n  Input should be 'aligned' or 'privileged'"):
+        RolloutConfig(context="persistent")  # a SamplingContext: a teacher context is no sampling context
     from agentmem.agent.loop import AgentLoop
     from agentmem.agent.oracle import OracleWriter
     with pytest.raises(AgentError, match="the oracle reads no prompt"):
@@ -332,6 +333,6 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     assert (seen["distill"].psd, seen["distill"].psd_mix) == (PsdMode.mixed, 0.25)
     result = runner.invoke(app, ["rollout", "--context", "privileged", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert seen["rollout"].context is TeacherContext.privileged
+    assert seen["rollout"].context is SamplingContext.privileged
     bad = runner.invoke(app, ["distill", "--run", "a", "--psd", "off_policy", "--device", "cpu"])
     assert error_message(bad.exception).startswith("--psd: Value error, psd=off_policy distils")

@@ -417,11 +417,15 @@ def test_bench_curve_equals_routed_rollouts_at_each_threshold():
 
 
 def test_distill_and_sft_take_the_policies_call_kinds():
-    from agentmem.config import DistillConfig, SftConfig
+    from agentmem.agent.registry import check_kinds
+    from agentmem.config import DistillConfig, ScoreConfig, SftConfig
+    from agentmem.errors import ConfigError
 
     assert DistillConfig(run_ids=["r"], kinds="route").kinds == ["route"]
     assert DistillConfig(run_ids=["r"], kinds="update,answer").kinds == ["memory_update", "answer"]
     assert SftConfig(run_ids=["r"], kinds="log_search,event_view").kinds == ["log_search", "event_view"]
-    for config in (DistillConfig, SftConfig):
-        with pytest.raises(ValueError, match=r"unknown call kind\(s\) \['routing'\]"):
-            config(run_ids=["r"], kinds="routing")
+    assert ScoreConfig(run_ids=["r"], kinds="route").kinds == ["route"]  # score --kind route
+    check_kinds(["route", "memory_update", "answer", "event_view", "log_note", "chat"])
+    with pytest.raises(ConfigError, match=r"unknown call kind\(s\) \['routing'\]: give comma-separated "
+                                          r"memory_update, answer, event_record"):
+        check_kinds(DistillConfig(run_ids=["r"], kinds="routing").kinds)

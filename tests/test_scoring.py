@@ -19,8 +19,8 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
+from agentmem.replay.privileged import privileged_ids
 from agentmem.training.scoring import LoadedModel
-from agentmem.training.selection import privileged_ids
 from store import repository as repo
 
 

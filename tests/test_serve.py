@@ -316,7 +316,7 @@ def test_teacher_contexts_of_served_calls(store, model_dir):
     text given once per episode; each score equals a direct forward pass over that context."""
     from transformers import AutoModelForCausalLM
 
-    from agentmem.agent.prompts import privileged_ids
+    from agentmem.replay.privileged import privileged_ids
 
     server = serve(store, model_dir)
     turns = [[{"role": "system", "content": "Keep a memory."}, {"role": "user", "content": f"Chunk {i}: Bob lives in Oslo."}]
@@ -465,8 +465,8 @@ def test_stop_strings_cut_the_stored_ids_after_the_completing_token(sqlite_store
 def test_privileged_context_from_a_file_at_score_time(sqlite_store, model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from agentmem.agent.prompts import privileged_ids
     from agentmem.errors import ConfigError
+    from agentmem.replay.privileged import privileged_ids
 
     server = serve(sqlite_store, model_dir)
     with running(server.app) as root:

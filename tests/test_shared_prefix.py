@@ -70,7 +70,7 @@ def alone(model, s: Sequence) -> torch.Tensor:
 def shared():
     seqs = group_sequences()
     rows, stats = pack(seqs, row_tokens=90, shared_prefix=True)
-    assert len(rows) >= 2 and any(r.context is not None for r in rows) and stats.shared_tokens > 0
+    assert len(rows) >= 2 and any(r.prefix_block is not None for r in rows) and stats.shared_tokens > 0
     return {s.invocation_id: s for s in seqs}, collate_rows(rows, pad_id=0)
 
 
@@ -96,14 +96,14 @@ def test_row_layout_exact_arrays():
     r = rows[0]
     assert r.input_ids.tolist() == [50, 51, 52, 53, 60, 61, 62, 70, 71, 72, 73, 80, 81, 82]
     assert r.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 0, 1, 2]  # suffixes continue from 4
-    assert r.cu_seqlens.tolist() == [0, 4, 7, 11, 14] and r.context.tolist() == [-1, 0, 0, -1]
+    assert r.cu_seqlens.tolist() == [0, 4, 7, 11, 14] and r.prefix_block.tolist() == [-1, 0, 0, -1]
     assert r.invocation_ids == ("a", "b", "c") and r.invocation_blocks.tolist() == [1, 2, 3]
     assert r.action_mask.tolist() == ([False] * 4 + [True, True, False] + [False, True, True, False]
                                       + [False, True, False])
     assert r.action_ids.tolist() == [61, 62, 72, 73, 82]
     assert r.sampler_logprobs.tolist() == [-1.0, -2.0, -1.0, -2.0, -1.0]
     b_ = collate_rows(rows, pad_id=0)
-    assert b_.context_blocks.tolist() == [-1, 0, 0, -1] and b_.action_counts == (2, 2, 1)
+    assert b_.prefix_blocks.tolist() == [-1, 0, 0, -1] and b_.action_counts == (2, 2, 1)
     assert b_.input_ids[:, 1:][b_.action_mask[:, :-1]].tolist() == b_.action_ids.tolist()
 
 
@@ -113,13 +113,13 @@ def test_calls_sharing_nothing_fall_back_to_segments():
     for grouped_seqs in ([s for s in group_sequences() if s.group in (None, "x")], seqs):
         got, stats = pack(grouped_seqs, row_tokens=90, shared_prefix=True)
         want, _ = pack(grouped_seqs, row_tokens=90)
-        assert stats.shared_tokens == 0 and all(r.context is None for r in got)
+        assert stats.shared_tokens == 0 and all(r.prefix_block is None for r in got)
         for g, w in zip(got, want, strict=True):
             assert g.invocation_ids == w.invocation_ids and np.array_equal(g.input_ids, w.input_ids)
     # the segments mode ignores groups entirely
     grouped, _ = pack(group_sequences(), row_tokens=90)
     assert [r.invocation_ids for r in grouped] == [r.invocation_ids for r in plain]
-    assert all(r.context is None for r in grouped)
+    assert all(r.prefix_block is None for r in grouped)
 
 
 def test_group_over_the_budget_is_split_into_subgroups_that_fit():
@@ -127,7 +127,7 @@ def test_group_over_the_budget_is_split_into_subgroups_that_fit():
     seqs = [seq(f"s{i}", head + [30 + i, 40 + i, 50 + i], 11, group="g") for i in range(5)]
     rows, stats = pack(seqs, row_tokens=19, shared_prefix=True)  # prefix 10 + 3 suffixes of 3 = 19
     assert [r.invocation_ids for r in rows] == [("s0", "s1", "s2"), ("s3", "s4")]
-    assert [r.context.tolist() for r in rows] == [[-1, 0, 0, 0], [-1, 0, 0]]
+    assert [r.prefix_block.tolist() for r in rows] == [[-1, 0, 0, 0], [-1, 0, 0]]
     assert stats.tokens == 19 + 16 and stats.shared_tokens == 20 + 10
 
 
@@ -181,7 +181,7 @@ def test_gradients_equal_per_call(shared, name, path):
 def test_changing_one_suffix_never_changes_a_sibling(shared, name):
     _, batch = shared
     model = MODELS[name](attn="sdpa")
-    assert batch.context_blocks[1] == 0 and batch.context_blocks[2] == 0  # blocks 1, 2: siblings of prefix 0
+    assert batch.prefix_blocks[1] == 0 and batch.prefix_blocks[2] == 0  # blocks 1, 2: siblings of prefix 0
     cu = batch.cu_seqlens.tolist()
     row0 = int(batch.token_mask[0].sum())
     ids = batch.input_ids.clone()
@@ -209,8 +209,8 @@ def test_fast_path_keeps_a_prefix_with_its_suffixes_when_rows_are_long(monkeypat
     seqs = group_sequences()
     rows, _ = pack(seqs, row_tokens=400, shared_prefix=True)
     batch = collate_rows(rows, pad_id=0)
-    ranges = pa.segment_groups(batch.cu_seqlens, 20, [c < 0 for c in batch.context_blocks.tolist()])
-    assert len(ranges) > 2 and all(batch.context_blocks[lo] < 0 for lo, _ in ranges)
+    ranges = pa.segment_groups(batch.cu_seqlens, 20, [c < 0 for c in batch.prefix_blocks.tolist()])
+    assert len(ranges) > 2 and all(batch.prefix_blocks[lo] < 0 for lo, _ in ranges)
     by_id = {s.invocation_id: s for s in seqs}
     model = tiny_llama(attn="sdpa")
     with torch.no_grad():

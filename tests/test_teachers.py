@@ -26,6 +26,7 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
+from agentmem.replay import ReplayError
 from agentmem.training.distill import Models
 from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import Selection, select, teacher_sequences
@@ -214,5 +215,5 @@ def test_persistent_chat_refuses_a_prompt_the_template_did_not_render(rolled):
                        selection.episodes)
     with pytest.raises(TrainingError, match=f"invocation {first.id}: its stored prompt_text is not one"):
         teacher_sequences(broken, TeacherContext.persistent_chat, tiny_tokenizer())
-    with pytest.raises(TrainingError, match="needs the teacher's tokenizer"):
+    with pytest.raises(ReplayError, match="teacher context 'persistent_chat' needs the teacher's tokenizer"):
         teacher_sequences(selection, TeacherContext.persistent_chat)

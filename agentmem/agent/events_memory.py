@@ -30,9 +30,11 @@ The state is a value; ``resume`` replays the stored calls (``memory.replay``), s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentmem.agent.events import (
     NO_EVENTS,
@@ -49,7 +51,7 @@ from agentmem.agent.events import (
     parse_view,
     quote,
 )
-from agentmem.agent.memory import Call, replay
+from agentmem.agent.memory import Call, MemoryPolicyBase, replay
 from agentmem.agent.prompts import render
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
@@ -107,39 +109,25 @@ class EventsState:
     view: str | None = None
 
 
-@dataclass(frozen=True)
-class EventsOptions:
-    """The policy's ``--memory-option`` values, validated (``from_options``)."""
+class EventsOptions(BaseModel):
+    """The policy's ``--memory-option`` values: ``recorder`` (``model``: a call per chunk writes its events;
+    ``rules``: the synthetic generator's rules extract them, no call), and the view and record calls' token
+    limits (default: ``memory_tokens``)."""
 
-    recorder: str = "model"
-    view_tokens: int | None = None
-    record_tokens: int | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> EventsOptions:
-        known = ("recorder", "view_tokens", "record_tokens")
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise AgentError(f"memory policy 'events': unknown --memory-option {unknown[0]!r}; options: "
-                             "recorder=model|rules, view_tokens=N, record_tokens=N")
-        recorder = options.get("recorder", "model")
-        if recorder not in RECORDERS:
-            raise AgentError(f"memory policy 'events': --memory-option recorder must be model or rules, got "
-                             f"{recorder!r}")
-        numbers = {}
-        for name in ("view_tokens", "record_tokens"):
-            value = options.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise AgentError(f"memory policy 'events': --memory-option {name} must be a whole number >= 1, "
-                                 f"got {value!r}")
-            numbers[name] = value
-        return cls(recorder, **numbers)
+    recorder: Literal["model", "rules"] = "model"
+    view_tokens: int | None = Field(None, ge=1, strict=True)
+    record_tokens: int | None = Field(None, ge=1, strict=True)
 
 
-class EventsPolicy:
+class EventsPolicy(MemoryPolicyBase[EventsState]):
     """Events recorded per chunk (by a model call or the synthetic rules), one view, one answer."""
 
     name = "events"
+    kinds = (RECORD, VIEW, ANSWER)
+    Options = EventsOptions
+    oracle = True
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, recorder: str = "model", view_tokens: int = 256,
                  record_tokens: int = 256, answer_max_new_tokens: int = 32):
@@ -155,8 +143,7 @@ class EventsPolicy:
         self.answer_max_new_tokens = answer_max_new_tokens
 
     @classmethod
-    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> EventsPolicy:
-        options = EventsOptions.from_options(config.memory_options)
+    def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: EventsOptions) -> EventsPolicy:
         return cls(tokenizer, recorder=options.recorder,
                    view_tokens=options.view_tokens or config.memory_tokens,
                    record_tokens=options.record_tokens or config.memory_tokens,

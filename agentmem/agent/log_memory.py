@@ -25,7 +25,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentmem.agent.log_query import (
     Done,
@@ -36,7 +38,7 @@ from agentmem.agent.log_query import (
     parse_query,
     search,
 )
-from agentmem.agent.memory import Call, replay
+from agentmem.agent.memory import Call, MemoryPolicyBase, replay
 from agentmem.agent.prompts import render
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
@@ -79,42 +81,25 @@ NONE = "(none)"
 _SEARCHES_LEFT = re.compile(r"Searches left: (\d+)\.")
 
 
-@dataclass(frozen=True)
-class LogOptions:
-    """The ``--memory-option`` values of the ``log`` policy (``parse`` checks them)."""
+class LogOptions(BaseModel):
+    """The ``--memory-option`` values of the ``log`` policy: the condition, the search window (required with
+    ``windowed-log`` and only there), how many searches (not with ``in-prompt``), and token limits."""
 
-    condition: str = "full-log"
-    window: int | None = None
-    searches: int = 3
-    read_tokens: int = 1024
-    query_tokens: int = 48
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    @classmethod
-    def parse(cls, options: dict[str, Any]) -> LogOptions:
-        """Options from ``AgentConfig.memory_options``; an ``AgentError`` names the faulty option."""
-        known = {"condition", "window", "searches", "read_tokens", "query_tokens"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise AgentError(f"memory policy 'log': unknown option {unknown[0]!r}; options: {', '.join(sorted(known))}")
-        condition = options.get("condition", cls.condition)
-        if condition not in CONDITIONS:
-            raise AgentError(f"memory policy 'log': option 'condition' must be one of {', '.join(CONDITIONS)}, "
-                             f"got {condition!r}")
-        ints = {k: _int_option(k, options[k], 0 if k == "searches" else 1)
-                for k in ("window", "searches", "read_tokens", "query_tokens") if k in options}
-        if (condition == "windowed-log") != ("window" in ints):
-            raise AgentError("memory policy 'log': option 'window' is required with condition=windowed-log and "
-                             "only there")
-        if condition == "in-prompt" and "searches" in ints:
-            raise AgentError("memory policy 'log': option 'searches' does not apply to condition=in-prompt "
-                             "(it makes no searches)")
-        return cls(condition=condition, **ints)
+    condition: Literal["full-log", "windowed-log", "in-prompt"] = "full-log"
+    window: int | None = Field(None, ge=1, strict=True)
+    searches: int = Field(3, ge=0, strict=True)
+    read_tokens: int = Field(1024, ge=1, strict=True)
+    query_tokens: int = Field(48, ge=1, strict=True)
 
-
-def _int_option(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise AgentError(f"memory policy 'log': option {name!r} must be an integer >= {low}, got {value!r}")
-    return value
+    @model_validator(mode="after")
+    def _condition(self) -> LogOptions:
+        if (self.condition == "windowed-log") != (self.window is not None):
+            raise ValueError("option 'window' is required with condition=windowed-log and only there")
+        if self.condition == "in-prompt" and "searches" in self.model_fields_set:
+            raise ValueError("option 'searches' does not apply to condition=in-prompt (it makes no searches)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -140,10 +125,13 @@ def chunk_seq(chunk_index: int) -> int:
     return 2 * chunk_index
 
 
-class LogPolicy:
+class LogPolicy(MemoryPolicyBase[LogState]):
     """PRO-LONG's programmatic memory: see the module docstring."""
 
     name = "log"
+    kinds = (NOTE, SEARCH, ANSWER)
+    Options = LogOptions
+    oracle = True
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, options: LogOptions, note_tokens: int,
                  answer_max_new_tokens: int):
@@ -153,9 +141,8 @@ class LogPolicy:
         self.answer_max_new_tokens = answer_max_new_tokens
 
     @classmethod
-    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> LogPolicy:
-        return cls(tokenizer, LogOptions.parse(config.memory_options), config.memory_tokens,
-                   config.answer_max_new_tokens)
+    def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: LogOptions) -> LogPolicy:
+        return cls(tokenizer, options, config.memory_tokens, config.answer_max_new_tokens)
 
     @property
     def searches(self) -> int:

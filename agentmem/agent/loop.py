@@ -40,7 +40,7 @@ from agentmem.agent.registry import memory_policy, register_memory_policy
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
 from agentmem.policy.types import Backend, Generation, SamplingParams
-from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, Task, TeacherContext, utcnow
+from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, SamplingContext, Task, utcnow
 from envs.metrics import Scores
 
 __all__ = [
@@ -324,7 +324,7 @@ class AgentLoop:
             memory_before=self.memory.memory_text(s.memory), memory_after=self.memory.memory_text(after),
             chunk_text=call.chunk_text, chunk_index=call.chunk_index, finish_reason=gen.finish_reason,
             temperature=self.config.temperature, latency_s=gen.latency_s,
-            sampled_context=TeacherContext.aligned if s.privileged_ids is None else TeacherContext.privileged,
+            sampled_context=SamplingContext.aligned if s.privileged_ids is None else SamplingContext.privileged,
             privileged_ids=s.privileged_ids,
         )
         s.memory, s.next_step = after, s.next_step + 1

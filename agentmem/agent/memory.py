@@ -13,17 +13,30 @@ Contract of a policy (``MemoryPolicy[S]``):
 - ``resume(task, stored)`` gives exactly the state that ``consume`` reached after those stored calls (in
   step order), so a killed rollout continues where the store says it stopped; ``replay`` does it for any
   deterministic policy.
-A policy with a true ``wants_logprobs`` attribute has ``consume`` called with ``logprobs=`` too: the sampled
-tokens' log-probs (None for oracle-written calls), e.g. a router thresholding P(yes).
+What a policy is, beside its methods, it declares on its class, as the class attributes of
+``MemoryPolicyBase`` (the registry and the jobs read them without building the policy):
+- ``name``: the registered name, stored with every invocation (``AgentConfig.memory_policy``);
+- ``kinds``: the call kinds it makes (``score``, ``distill``, ``sft`` and ``train`` accept them as ``kinds``);
+- ``Options``: the pydantic model of its ``--memory-option`` values (``extra="forbid"``: a typo fails);
+- ``wants_logprobs``: ``consume`` is called with ``logprobs=`` too: the sampled tokens' log-probs (None for
+  oracle-written calls), e.g. a router thresholding P(yes);
+- ``oracle``: ``oracle_text(call, task)`` writes every non-final call it makes, so ``--policy oracle`` runs it;
+- ``replayable``: ReOPD replay (``rollout --replay-from``) may branch from its stored calls: every call's
+  token limit is ``memory_tokens`` (the ``answer`` call's ``answer_max_new_tokens``), and its method
+  ``update(memory_before, output_ids)`` gives the memory after a non-final call.
+It is built by ``build(tokenizer, config, options)``, ``options`` an ``Options`` instance. A policy that keeps
+an episode log returns each stored call's entries from ``log_entries`` (the rollout stores them; default none).
 A policy that cannot go on from an output (say, one it cannot parse) raises ``AgentError``: the loop ends
 that episode ``failed`` and its siblings go on. Any other exception is a bug and propagates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from agentmem.agent.prompts import Prompt
 from agentmem.errors import AgentError
@@ -57,10 +70,21 @@ class Call:
             raise AgentError(f"call {self.kind!r}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+class NoOptions(BaseModel):
+    """The ``Options`` of a policy that takes no ``--memory-option``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
 class MemoryPolicy(Protocol[S]):
     """How an agent remembers: see the module docstring for the contract."""
 
-    name: str
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+    Options: ClassVar[type[BaseModel]]
+    wants_logprobs: ClassVar[bool]
+    oracle: ClassVar[bool]
+    replayable: ClassVar[bool]
 
     def initial_state(self, task: Task) -> S:
         """The state before the episode's first call."""
@@ -82,24 +106,37 @@ class MemoryPolicy(Protocol[S]):
         """The state after the episode's stored calls, in step order."""
         ...
 
+    def oracle_text(self, call: Call, task: Task) -> str:
+        """What the oracle writes for the non-final ``call`` (a pure function of the call and the task's
+        annotation: facts, evidence, gold answer); only asked of a policy with ``oracle`` true."""
+        ...
 
-@runtime_checkable
-class OracleAware(Protocol):
-    """A memory policy whose own call kinds the oracle can write (``agentmem.agent.oracle``): a rollout with
-    ``policy: oracle`` accepts it. The oracle answers the final call with the gold answer and overwrite's
-    ``memory_update`` calls itself; every other call gets ``oracle_text(call, task)``, a pure function of the
-    call and the task's annotation (facts, evidence, gold answer)."""
-
-    def oracle_text(self, call: Call, task: Task) -> str: ...
+    def log_entries(self, invocation: Invocation) -> list[LogEntry]:
+        """The episode-log entries the stored call appended (table ``memory_log``); none for most policies."""
+        ...
 
 
-@runtime_checkable
-class LogAware(Protocol):
-    """A memory policy that appends to an episode log (``agentmem.agent.log_memory``): ``log_entries(inv)``
-    are the entries the stored call ``inv`` appended, a pure function of the call. The rollout stores them
-    (table ``memory_log``) in the transaction that stores the call."""
+class MemoryPolicyBase(Generic[S]):
+    """The declarations of a policy (module docstring), with their defaults: subclass it and set what differs.
+    ``kinds`` and ``name`` have no default."""
 
-    def log_entries(self, invocation: Invocation) -> list[LogEntry]: ...
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    wants_logprobs: ClassVar[bool] = False
+    oracle: ClassVar[bool] = False
+    replayable: ClassVar[bool] = False
+
+    @classmethod
+    def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: Any) -> MemoryPolicyBase[S]:
+        """The policy for ``tokenizer`` and ``config``; ``options``: ``config.memory_options`` as ``Options``."""
+        raise NotImplementedError
+
+    def oracle_text(self, call: Call, task: Task) -> str:
+        raise AgentError(f"the oracle writes no {call.kind!r} call of memory policy {self.name!r}")
+
+    def log_entries(self, invocation: Invocation) -> list[LogEntry]:
+        return []
 
 
 def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) -> S:
@@ -119,9 +156,7 @@ def replay(policy: MemoryPolicy[S], task: Task, stored: Sequence[Invocation]) ->
 def consume(policy: MemoryPolicy[S], state: S, call: Call, output_ids: list[int], output_text: str,
             logprobs: Sequence[float] | None) -> S:
     """``policy.consume``, passed ``logprobs=`` when the policy ``wants_logprobs`` (module docstring)."""
-    if getattr(policy, "wants_logprobs", False):
+    if policy.wants_logprobs:
         return policy.consume(state, call, output_ids, output_text, logprobs=logprobs)  # type: ignore[call-arg]
     return policy.consume(state, call, output_ids, output_text)
 
-
-PolicyFactory = Callable[["PreTrainedTokenizerBase", "AgentConfig"], MemoryPolicy]

@@ -1,6 +1,8 @@
-"""The oracle policy: a scripted writer that answers the overwrite policy's calls with no model.
+"""The oracle policy: a scripted writer that answers a memory policy's calls with no model.
 
-It reads what a perfect reader would keep, from the task's annotation (``Task.facts``) and gold answer:
+It reads what a perfect reader would keep, from the task's annotation (``Task.facts``) and gold answer. The
+final (answer) call gets the gold answer; every other call gets the memory policy's ``oracle_text(call,
+task)`` (a policy that declares ``oracle``). The overwrite policy's, ``facts_memory`` here:
 - a ``memory_update`` call at chunk ``i`` gets the facts read so far (``fact.chunk <= i``), each fact's text
   on its own line in reading order and nothing else; with none yet, ``EMPTY_MEMORY`` (``(empty)``), the text
   the next prompt shows for an empty memory, never a bare end-of-sequence (a teacher trained on bare EOS
@@ -22,8 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from agentmem.agent.memory import Call
-from agentmem.agent.overwrite import UPDATE
+from agentmem.agent.memory import Call, MemoryPolicy
 from agentmem.agent.prompts import EMPTY_MEMORY
 from agentmem.errors import AgentError
 from agentmem.policy.types import Generation
@@ -47,15 +48,17 @@ class OracleWriter:
 
     name = ROLE
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, policy: object | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, policy: MemoryPolicy | None = None):
         if tokenizer.eos_token_id is None:
             raise AgentError("the oracle needs a tokenizer with an end-of-sequence token")
+        if policy is not None and not policy.oracle:
+            raise AgentError(f"the oracle writes the calls of memory policies that declare ``oracle`` (their "
+                             f"oracle_text), not {policy.name!r}'s")
         self.tokenizer = tokenizer
-        self.policy = policy  # a memory policy with ``oracle_text(call, task)`` writes its own call kinds
+        self.policy = policy  # the memory policy whose non-final calls it writes (``AgentLoop`` binds it)
 
-    def for_policy(self, policy: object) -> OracleWriter:
-        """This writer, bound to ``policy``: calls of kinds other than overwrite's ``memory_update`` and the
-        final answer are written by ``policy.oracle_text(call, task)`` (an ``OracleAware`` policy)."""
+    def for_policy(self, policy: MemoryPolicy) -> OracleWriter:
+        """This writer, bound to ``policy``: every non-final call is written by ``policy.oracle_text``."""
         return OracleWriter(self.tokenizer, policy)
 
     def generate(self, calls: Sequence[tuple[Call, Task]]) -> list[Generation]:
@@ -75,24 +78,31 @@ class OracleWriter:
         """The text the oracle writes for ``call``."""
         if call.final:
             return task.answers[0]
-        if call.kind != UPDATE and hasattr(self.policy, "oracle_text"):
-            return self.policy.oracle_text(call, task)  # type: ignore[union-attr]
-        if call.kind != UPDATE or call.chunk_index is None:
-            raise AgentError(f"the oracle writes only the overwrite policy's calls ({UPDATE!r} and the final "
-                             f"answer), not a {call.kind!r} call")
-        return self.memory(task.facts, call.chunk_index, call.max_new_tokens - 1)
+        if self.policy is None:
+            raise AgentError(f"an oracle bound to no memory policy writes only the final answer, not a "
+                             f"{call.kind!r} call (``for_policy``)")
+        return self.policy.oracle_text(call, task)
 
     def memory(self, facts: Sequence[Fact], chunk: int, budget: int) -> str:
-        """The facts complete by ``chunk``, one a line, first-fit within ``budget`` tokens; ``EMPTY_MEMORY``
-        when none is (or none fits), so an update never writes an empty output."""
-        kept: list[str] = []
-        for fact in facts:
-            text = fact.text.strip()
-            if fact.chunk > chunk or not text:
-                continue
-            if len(self._encode("\n".join([*kept, text]))) <= budget:
-                kept.append(text)
-        return "\n".join(kept) if kept else EMPTY_MEMORY
+        """``facts_memory`` with this writer's tokenizer."""
+        return facts_memory(facts, chunk, budget, self.tokenizer)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        return _encode(self.tokenizer, text)
+
+
+def facts_memory(facts: Sequence[Fact], chunk: int, budget: int, tokenizer: PreTrainedTokenizerBase) -> str:
+    """The facts complete by ``chunk``, one a line, first-fit within ``budget`` tokens; ``EMPTY_MEMORY`` when
+    none is (or none fits), so an update never writes an empty output."""
+    kept: list[str] = []
+    for fact in facts:
+        text = fact.text.strip()
+        if fact.chunk > chunk or not text:
+            continue
+        if len(_encode(tokenizer, "\n".join([*kept, text]))) <= budget:
+            kept.append(text)
+    return "\n".join(kept) if kept else EMPTY_MEMORY
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentmem.agent.memory import Call
+from agentmem.agent.memory import Call, MemoryPolicyBase, NoOptions
+from agentmem.agent.oracle import facts_memory
 from agentmem.agent.prompts import answer_prompt, update_prompt
 from agentmem.config import AgentConfig, PromptLayout
 from agentmem.errors import AgentError
@@ -33,10 +34,14 @@ class OverwriteState:
     chunks_read: int = 0
 
 
-class OverwritePolicy:
-    """New memory = the update call's output (special tokens dropped), cut to ``memory_tokens`` tokens."""
+class OverwritePolicy(MemoryPolicyBase[OverwriteState]):
+    """New memory = the update call's output (special tokens dropped), cut to ``memory_tokens`` tokens. The
+    oracle writes an update as the facts read so far (``agentmem.agent.oracle.facts_memory``)."""
 
     name = "overwrite"
+    kinds = (UPDATE, ANSWER)
+    oracle = True
+    replayable = True
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int, answer_max_new_tokens: int = 32,
                  layout: PromptLayout | str = PromptLayout.memory_first):
@@ -51,10 +56,7 @@ class OverwritePolicy:
         self.answer_max_new_tokens = answer_max_new_tokens
 
     @classmethod
-    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> OverwritePolicy:
-        if config.memory_options:
-            raise AgentError(f"memory policy 'overwrite' takes no --memory-option; got "
-                             f"{', '.join(sorted(config.memory_options))}")
+    def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: NoOptions) -> OverwritePolicy:
         return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout)
 
     def initial_state(self, task: Task) -> OverwriteState:
@@ -81,6 +83,11 @@ class OverwritePolicy:
         if not stored:
             return self.initial_state(task)
         return OverwriteState(stored[-1].memory_after, sum(1 for inv in stored if inv.kind == UPDATE))
+
+    def oracle_text(self, call: Call, task: Task) -> str:
+        if call.kind != UPDATE or call.chunk_index is None:
+            return super().oracle_text(call, task)
+        return facts_memory(task.facts, call.chunk_index, call.max_new_tokens - 1, self.tokenizer)
 
     def update(self, memory_before: str, output_ids: list[int]) -> str:
         """The memory after an update call that produced ``output_ids``."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentmem.records import Episode
-
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -67,19 +65,3 @@ def update_prompt(tokenizer: PreTrainedTokenizerBase, question: str, memory: str
 
 def answer_prompt(tokenizer: PreTrainedTokenizerBase, question: str, memory: str) -> Prompt:
     return render(tokenizer, ANSWER.format(question=question, memory=memory or EMPTY_MEMORY))
-
-
-PRIVILEGED_TEMPLATE = (
-    "Privileged information for grading, not visible to the reader. Gold answer: {answers}."
-    "{evidence}"
-)
-
-
-def privileged_ids(tokenizer: PreTrainedTokenizerBase, episode: Episode) -> list[int]:
-    """The privileged context (gold answers and evidence) as one complete system message rendered by the
-    chat template: spliced before a stored prompt it makes the privileged teacher's context
-    (``replay.rebuild_privileged``, at offset 0) and, in a privileged rollout, the sampler's prompt."""
-    evidence = f" Supporting evidence: {' '.join(episode.evidence)}" if episode.evidence else ""
-    text = PRIVILEGED_TEMPLATE.format(answers=" | ".join(episode.gold_answers), evidence=evidence)
-    rendered = tokenizer.apply_chat_template([{"role": "system", "content": text}], tokenize=False)
-    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])

@@ -1,55 +1,127 @@
-"""The memory policies by name: ``AgentConfig.memory_policy`` picks one.
+"""The memory policies by name: ``AgentConfig.memory_policy`` picks one, and every check of a policy's name,
+call kinds or options reads the policy's class from here.
 
-A factory takes (tokenizer, agent config) and returns a policy whose ``name`` is the registered name, so
-the name stored with every invocation is the name in the run's config. ``overwrite`` is built in.
+A policy is one class (``agentmem.agent.memory.MemoryPolicyBase``) that declares its name, call kinds,
+options model and capabilities. The built-in ones are listed below; a package adds its own through the
+entry-point group ``agentmem.memory_policies`` (entry name = policy name, object = the class), e.g. in its
+pyproject.toml::
+
+    [project.entry-points."agentmem.memory_policies"]
+    notes = "my_package.notes:NotesPolicy"
+
+Entry points are read on the first look-up, not at import (no plug-in is imported before it is needed).
+``register_memory_policy(cls)`` adds a class in-process (tests).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from agentmem.agent.events_memory import EventsPolicy
 from agentmem.agent.log_memory import LogPolicy
-from agentmem.agent.memory import MemoryPolicy, PolicyFactory
+from agentmem.agent.memory import MemoryPolicy
 from agentmem.agent.overwrite import OverwritePolicy
 from agentmem.agent.routed_memory import RoutedPolicy
 from agentmem.agent.teacher_memory import TeacherMemoryPolicy
-from agentmem.config import AgentConfig
-from agentmem.errors import AgentError
+from agentmem.config import KIND_ALIASES, SERVE_KINDS, AgentConfig
+from agentmem.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-_FACTORIES: dict[str, PolicyFactory] = {
-    OverwritePolicy.name: OverwritePolicy.from_config,
-    EventsPolicy.name: EventsPolicy.from_config,
-    LogPolicy.name: LogPolicy.from_config,
-    RoutedPolicy.name: RoutedPolicy.from_config,
-    TeacherMemoryPolicy.name: TeacherMemoryPolicy.from_config,  # its bank comes from jobs.memory_setup
-}
+GROUP = "agentmem.memory_policies"
+_BUILT_IN: tuple[type, ...] = (OverwritePolicy, EventsPolicy, LogPolicy, RoutedPolicy, TeacherMemoryPolicy)
+_ADDED: dict[str, type] = {}
 
 
-def register_memory_policy(name: str, factory: PolicyFactory) -> None:
-    """Make ``name`` a memory policy. Registering the same factory again is a no-op; another factory under a
-    taken name is an ``AgentError``."""
+@functools.cache
+def _plugins() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def _check(name: str, cls: Any) -> type:
+    declared = getattr(cls, "name", None)
+    if declared != name:
+        raise AgentError(f"memory policy {name!r}: its class {cls!r} declares name {declared!r}")
+    if not getattr(cls, "kinds", None):
+        raise AgentError(f"memory policy {name!r}: its class declares no call kinds (``kinds``)")
+    return cls
+
+
+def register_memory_policy(cls: type) -> None:
+    """Make ``cls`` (a ``MemoryPolicyBase`` subclass) the policy ``cls.name``. Registering the same class
+    again is a no-op; another class under a taken name is an ``AgentError``."""
+    name = getattr(cls, "name", "")
     if not name:
-        raise AgentError("a memory policy name is a non-empty string")
-    known = _FACTORIES.get(name)
-    if known is not None and known is not factory:
+        raise AgentError("a memory policy class declares a non-empty ``name``")
+    known = _ADDED.get(name) or next((c for c in _BUILT_IN if c.name == name), None)
+    if known is None and name in _plugins():
+        known = policy_class(name)
+    if known is not None and known is not cls:
         raise AgentError(f"memory policy {name!r} is registered already")
-    _FACTORIES[name] = factory
+    _ADDED[name] = _check(name, cls)
 
 
 def memory_policy_names() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted({c.name for c in _BUILT_IN} | set(_ADDED) | set(_plugins()))
+
+
+def policy_class(name: str) -> type[MemoryPolicy]:
+    """The class of the policy registered as ``name`` (built in, added, or an entry point, loaded now)."""
+    for cls in _BUILT_IN:
+        if cls.name == name:
+            return cls
+    if name in _ADDED:
+        return _ADDED[name]
+    ep = _plugins().get(name)
+    if ep is None:
+        raise AgentError(f"unknown memory policy {name!r}; registered: {', '.join(memory_policy_names())}")
+    return _check(name, ep.load())
+
+
+def replayable_policies() -> list[str]:
+    """The policies whose stored calls ReOPD replay branches from (they declare ``replayable``)."""
+    return [n for n in memory_policy_names() if policy_class(n).replayable]
+
+
+def policy_options(name: str, values: dict[str, Any]) -> Any:
+    """``values`` (``AgentConfig.memory_options``) validated as policy ``name``'s ``Options``; a bad or unknown
+    option is one ``AgentError`` line."""
+    model = policy_class(name).Options
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        known = ", ".join(model.model_fields) or "none"
+        raise AgentError(f"memory policy {name!r}: bad --memory-option ({problems}); known: {known}") from None
 
 
 def memory_policy(name: str, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> MemoryPolicy:
-    """The policy registered as ``name``, built for ``tokenizer`` and ``config``."""
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        raise AgentError(f"unknown memory policy {name!r}; registered: {', '.join(memory_policy_names())}")
-    policy = factory(tokenizer, config)
-    if policy.name != name:
-        raise AgentError(f"memory policy {name!r}: its factory built a policy named {policy.name!r}")
-    return policy
+    """The policy registered as ``name``, built for ``tokenizer`` and ``config`` (its options checked)."""
+    cls: Any = policy_class(name)
+    return cls.build(tokenizer, config, policy_options(name, config.memory_options))
+
+
+def call_kinds() -> list[str]:
+    """Every call kind a stored invocation can have: each registered policy's, then ``agentmem serve``'s."""
+    kinds: list[str] = []
+    built_in = [c.name for c in _BUILT_IN]
+    for name in built_in + [n for n in memory_policy_names() if n not in built_in]:
+        kinds += [k for k in policy_class(name).kinds if k not in kinds]
+    return kinds + [k for k in SERVE_KINDS if k not in kinds]
+
+
+def check_kinds(kinds: Iterable[str] | None) -> None:
+    """A ``ConfigError`` naming the kinds of ``kinds`` that no registered policy makes (None: all kinds)."""
+    if kinds is None:
+        return
+    allowed = call_kinds()
+    bad = [str(k) for k in kinds if str(k) not in allowed]
+    if bad:
+        aliases = ", ".join(f"{a} = {k}" for a, k in KIND_ALIASES.items())
+        raise ConfigError(f"unknown call kind(s) {bad}: give comma-separated {', '.join(allowed)} ({aliases})")

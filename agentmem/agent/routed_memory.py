@@ -38,14 +38,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from agentmem.agent.memory import Call, replay
+from agentmem.agent.memory import Call, MemoryPolicyBase, replay
 from agentmem.agent.overwrite import ANSWER, UPDATE, OverwritePolicy, OverwriteState
 from agentmem.agent.prompts import Prompt, render
 from agentmem.agent.retrieval import top_k
 from agentmem.config import AgentConfig, PromptLayout
-from agentmem.errors import AgentError
 from agentmem.records import Invocation, Task
 
 if TYPE_CHECKING:
@@ -73,16 +72,6 @@ class RoutedOptions(BaseModel):
 
     threshold: float = Field(0.5, ge=0)
     k: int = Field(3, ge=1)
-
-
-def options(name: str, model: type[BaseModel], values: dict) -> BaseModel:
-    """``values`` validated as ``model``; a bad or unknown option is one ``AgentError`` line."""
-    try:
-        return model.model_validate(values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
-        raise AgentError(f"memory policy {name!r}: bad --memory-option ({problems}); known: "
-                         f"{', '.join(model.model_fields)}") from None
 
 
 def router_label(task: Task, retrieved: Sequence[int]) -> bool:
@@ -116,11 +105,14 @@ class RoutedState:
     memory: OverwriteState = field(default_factory=OverwriteState)
 
 
-class RoutedPolicy:
+class RoutedPolicy(MemoryPolicyBase[RoutedState]):
     """Route, then answer from the retrieved chunks or run overwrite's full pass (module docstring)."""
 
     name = "routed"
+    kinds = (ROUTE, UPDATE, ANSWER)
+    Options = RoutedOptions
     wants_logprobs = True
+    oracle = True
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int, answer_max_new_tokens: int = 32,
                  layout: PromptLayout | str = PromptLayout.memory_first, threshold: float = 0.5, k: int = 3):
@@ -130,8 +122,7 @@ class RoutedPolicy:
         self.threshold, self.k = threshold, k
 
     @classmethod
-    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> RoutedPolicy:
-        opts = options(cls.name, RoutedOptions, config.memory_options)
+    def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, opts: RoutedOptions) -> RoutedPolicy:
         return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout,
                    threshold=opts.threshold, k=opts.k)
 
@@ -173,9 +164,9 @@ class RoutedPolicy:
         return replay(self, task, stored)
 
     def oracle_text(self, call: Call, task: Task) -> str:
-        """The route call's label from the evidence: ``yes`` or ``no``."""
+        """The route call's label from the evidence (``yes`` or ``no``); an update call's as overwrite's."""
         if call.kind != ROUTE:
-            raise AgentError(f"the routed policy's oracle writes only {ROUTE!r} calls, not {call.kind!r}")
+            return self.overwrite.oracle_text(call, task)
         return "yes" if router_label(task, self.retrieve(task)) else "no"
 
     def _prompt(self, template: str, task: Task, retrieved: Sequence[int]) -> Prompt:

@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentmem.agent.memory import Call
-from agentmem.agent.overwrite import UPDATE, OverwritePolicy, OverwriteState
+from agentmem.agent.memory import Call, MemoryPolicyBase
+from agentmem.agent.overwrite import ANSWER, UPDATE, OverwritePolicy, OverwriteState
 from agentmem.agent.prompts import ANSWER as ANSWER_TEMPLATE
 from agentmem.agent.prompts import EMPTY_MEMORY, SYSTEM, UPDATE_CHUNK_FIRST, Prompt, render
 from agentmem.agent.prompts import UPDATE as UPDATE_TEMPLATE
 from agentmem.agent.retrieval import top_k
-from agentmem.agent.routed_memory import options
 from agentmem.config import AgentConfig, PromptLayout
 from agentmem.errors import AgentError
 from agentmem.records import Invocation, Task, WorkflowMemory
@@ -55,10 +54,6 @@ class TeacherOptions(BaseModel):
         return str(value) if isinstance(value, int) else value  # KEY=VALUE values are JSON: an all-digit id
 
 
-def teacher_options(config: AgentConfig) -> TeacherOptions:
-    return options(TeacherMemoryPolicy.name, TeacherOptions, config.memory_options)  # type: ignore[return-value]
-
-
 def workflow_system(memories: Sequence[str]) -> str:
     """The system message of every call when ``memories`` were retrieved (``SYSTEM`` when none)."""
     if not memories:
@@ -75,10 +70,13 @@ class TeacherState:
     memory: OverwriteState = field(default_factory=OverwriteState)
 
 
-class TeacherMemoryPolicy:
+class TeacherMemoryPolicy(MemoryPolicyBase[TeacherState]):
     """Overwrite with the ``k`` most similar workflow memories of ``bank`` in every prompt (module docstring)."""
 
     name = "teacher"
+    kinds = (UPDATE, ANSWER)
+    Options = TeacherOptions
+    oracle = True
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, bank: Sequence[WorkflowMemory], memory_tokens: int,
                  answer_max_new_tokens: int = 32, layout: PromptLayout | str = PromptLayout.memory_first,
@@ -89,10 +87,9 @@ class TeacherMemoryPolicy:
         self.k = k
 
     @classmethod
-    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig,
-                    bank: Sequence[WorkflowMemory] | None = None) -> TeacherMemoryPolicy:
+    def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, opts: TeacherOptions,
+              bank: Sequence[WorkflowMemory] | None = None) -> TeacherMemoryPolicy:
         """Needs the bank: jobs build this policy through ``jobs.memory_setup.memory_for``, which loads it."""
-        opts = teacher_options(config)
         if bank is None:
             raise AgentError(f"memory policy 'teacher' needs its memory bank (build run {opts.memories}): a job "
                              "builds it with agentmem.jobs.memory_setup.memory_for")
@@ -128,8 +125,8 @@ class TeacherMemoryPolicy:
         return TeacherState(self.initial_state(task).workflows, self.overwrite.resume(task, stored))
 
     def oracle_text(self, call: Call, task: Task) -> str:
-        """Never asked: the oracle writes overwrite's calls itself, and this policy makes no others."""
-        raise AgentError(f"memory policy 'teacher' makes no {call.kind!r} calls of its own")
+        """Overwrite's: the workflows change the prompt, not what a perfect reader keeps."""
+        return self.overwrite.oracle_text(call, task)
 
     def _render(self, user: str, workflows: Sequence[str]) -> Prompt:
         return render(self.tokenizer, user, system=workflow_system(workflows))

@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
-from agentmem.config import DistillConfig, PolicySource, PsdMode, TeacherSourceKind
+from agentmem.agent.registry import check_kinds
+from agentmem.config import DistillConfig, EvalConfig, PolicySource, PsdMode, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
 from agentmem.models import ModelRef
-from agentmem.records import Checkpoint, Run, RunKind, TeacherContext, TrainStep
+from agentmem.records import Checkpoint, Run, RunKind, SamplingContext, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
+from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
 from store.engine import Store
 
@@ -94,9 +96,19 @@ def register_start(store: Store, ref: ModelRef, runtime: Runtime) -> Checkpoint:
     return runtime.broadcast(model_refs.register(store, ref) if runtime.is_main else None)
 
 
+def _sampled(run: Run) -> RolloutConfig | None:
+    """The stored config of a rollout or evaluation run, read through its model (None for other runs)."""
+    if run.kind is RunKind.rollout:
+        return RolloutConfig.stored(run.config)
+    if run.kind is RunKind.eval:
+        return EvalConfig.stored(run.config)
+    return None
+
+
 def _privileged_rollout(run: Run) -> bool:
     """A rollout whose calls were sampled under the privileged prompt (PSD's off-policy samples)."""
-    return run.kind is RunKind.rollout and run.config.get("context") == TeacherContext.privileged.value
+    sampled = _sampled(run)
+    return run.kind is RunKind.rollout and sampled is not None and sampled.context is SamplingContext.privileged
 
 
 def check_rl_runs(store: Store, config: DistillConfig) -> None:
@@ -109,7 +121,8 @@ def check_rl_runs(store: Store, config: DistillConfig) -> None:
     with store.session() as s:
         for rid in config.run_ids:
             run = repo.get_run(s, rid)
-            if run.config.get("policy") == PolicySource.oracle.value:
+            sampled = _sampled(run)
+            if sampled is not None and sampled.policy is PolicySource.oracle:
                 raise ConfigError(f"run {rid} is an oracle rollout (no sampler log-probs): {fix}, or agentmem sft")
             if _privileged_rollout(run):
                 raise ConfigError(f"run {rid} was sampled under the privileged prompt (its log-probs are not the "
@@ -163,6 +176,9 @@ def run_distill(
     if config is None:
         raise ConfigError("run_distill needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    check_kinds(config.kinds)
+    check_kinds(config.aligned_kinds)
+    check_loss_terms(config.loss_terms)
     check_rl_runs(store, config)
     check_psd_runs(store, config)
     check_installed(report_to)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentmem.agent.memory import MemoryPolicy
-from agentmem.agent.registry import memory_policy
-from agentmem.agent.teacher_memory import TeacherMemoryPolicy, teacher_options
+from agentmem.agent.registry import memory_policy, policy_class, policy_options
+from agentmem.agent.teacher_memory import TeacherMemoryPolicy
 from agentmem.config import AgentConfig
 from agentmem.jobs.memories import load_bank
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def memory_for(store: Store, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> MemoryPolicy:
     """The memory policy ``config.memory_policy`` with ``config.memory_options``, for ``tokenizer``.
     ``teacher``: its bank is the memories of build run ``memories=`` (``agentmem memories build``)."""
-    if config.memory_policy == TeacherMemoryPolicy.name:
-        _, bank = load_bank(store, teacher_options(config).memories)
-        return TeacherMemoryPolicy.from_config(tokenizer, config, bank=bank)
+    if policy_class(config.memory_policy) is TeacherMemoryPolicy:
+        options = policy_options(config.memory_policy, config.memory_options)
+        _, bank = load_bank(store, options.memories)
+        return TeacherMemoryPolicy.build(tokenizer, config, options, bank=bank)
     return memory_policy(config.memory_policy, tokenizer, config)

@@ -1,7 +1,8 @@
 """The replay job (ReOPD, ``agentmem rollout --replay-from RUN``): the student samples single calls
 branched from a stored teacher (or oracle) run; and the state-coverage audit (``agentmem replay-audit``).
 
-Order of work: the config, the teacher run (a rollout of the overwrite memory policy, with stored calls)
+Order of work: the config, the teacher run (a rollout of a memory policy that declares ``replayable``, e.g.
+overwrite, with stored calls)
 and the student's model reference are checked and the branch steps drawn before any weights load. For
 every teacher episode, in (task, sample) order, one step ``t`` is drawn with ``P(t) ∝ kappa**t``
 (``replay.reopd.draw_branch_steps``, seeded by ``config.seed``); the student samples that call
@@ -24,9 +25,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from agentmem import models
-from agentmem.agent.overwrite import OverwritePolicy
+from agentmem.agent.registry import memory_policy, policy_class, replayable_policies
 from agentmem.config import AgentConfig, ReplayConfig, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import load_run, tracked_run
@@ -72,9 +74,9 @@ def teacher_calls(store: Store, teacher_run: str) -> tuple[str, AgentConfig, lis
     sample) order, episodes without calls left out). Raises ConfigError for a run ReOPD cannot branch from."""
     run = load_run(store, teacher_run, RunKind.rollout)
     agent = RolloutConfig.stored(run.config).agent
-    if agent.memory_policy != OverwritePolicy.name:
-        raise ConfigError(f"run {run.id} used memory policy {agent.memory_policy!r}: replay branches from the "
-                          f"{OverwritePolicy.name!r} policy's calls")
+    if not policy_class(agent.memory_policy).replayable:
+        raise ConfigError(f"run {run.id} used memory policy {agent.memory_policy!r}, which does not declare "
+                          f"``replayable``: replay branches from the calls of {', '.join(replayable_policies())}")
     with store.session() as s:
         episodes = repo.list_episodes(s, run.id)
         calls: dict[str, list[Invocation]] = {}
@@ -122,7 +124,7 @@ def run_replay(
     else:
         tokenizer = backend.tokenizer
     _check_vocab(branches, len(tokenizer))
-    memory = OverwritePolicy(tokenizer, agent.memory_tokens, agent.answer_max_new_tokens)
+    memory: Any = memory_policy(agent.memory_policy, tokenizer, agent)  # replayable: it has ``update``
     with tracked_run(store, RunKind.replay, config, resume=resumed) as run:
         if backend is None:  # after the run row: its id is known while weights load
             policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
@@ -183,7 +185,7 @@ def _sample(backend: Backend, batch: list[Branch], agent: AgentConfig, config: R
     return [out[i] for i in range(len(batch))]
 
 
-def _store(s, episode: Episode, b: Branch, gen: Generation | Exception, memory: OverwritePolicy,
+def _store(s, episode: Episode, b: Branch, gen: Generation | Exception, memory: Any,
            policy: Checkpoint, config: ReplayConfig) -> None:
     parent = b.parent
     if isinstance(gen, Exception):

@@ -32,16 +32,15 @@ from typing import Any
 
 from agentmem import models
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
-from agentmem.agent.memory import LogAware, MemoryPolicy, OracleAware
+from agentmem.agent.memory import MemoryPolicy
 from agentmem.agent.oracle import OracleWriter
-from agentmem.agent.overwrite import OverwritePolicy
-from agentmem.agent.prompts import privileged_ids
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.memory_setup import memory_for
 from agentmem.jobs.runs import RunHandle, error_line, load_run, tracked_run
 from agentmem.policy.types import Backend
-from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, Task, TeacherContext
+from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, SamplingContext, Task
+from agentmem.replay.privileged import privileged_ids
 from agentmem.runtime import CPU, Runtime
 from envs import load_env
 from envs.files import require_file
@@ -81,8 +80,8 @@ class LeaseTerms:
 
 class StoreSink:
     """Writes each round's calls and each finished episode in its own short transaction, and keeps the
-    run's heartbeat. With a ``memory`` policy that keeps an episode log (``LogAware``), the log entries of
-    each round's calls go to ``memory_log`` in the transaction of the calls.
+    run's heartbeat. The ``memory`` policy's episode-log entries of each round's calls (``log_entries``; most
+    policies keep no log) go to ``memory_log`` in the transaction of the calls.
 
     With ``lease`` (a worker's terms), that same transaction first checks and renews the worker's lease of
     every episode it writes (``store.leases.insert_invocations``); when some were taken over (``LeaseLost``)
@@ -92,7 +91,7 @@ class StoreSink:
     def __init__(self, store: Store, run: RunHandle | None = None, memory: MemoryPolicy | None = None,
                  lease: LeaseTerms | None = None):
         self.store, self.run, self.lease = store, run, lease
-        self.log = memory if isinstance(memory, LogAware) else None
+        self.memory = memory
         self.lost: set[str] = set()
 
     def invocations(self, invocations: list[Invocation]) -> set[str]:
@@ -107,8 +106,9 @@ class StoreSink:
                             repo.insert_invocations(s, kept)
                         else:
                             leases.insert_invocations(s, self.lease.owner, kept, self.lease.seconds)
-                        if self.log is not None:
-                            memory_log.insert_log_entries(s, [e for inv in kept for e in self.log.log_entries(inv)])
+                        entries = [] if self.memory is None else [e for i in kept for e in self.memory.log_entries(i)]
+                        if entries:
+                            memory_log.insert_log_entries(s, entries)
                         s.commit()
                     return
                 except LeaseLost as lost:
@@ -198,10 +198,9 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
     else:
         tokenizer = _main_backend(backend).tokenizer
     memory = memory_for(store, tokenizer, config.agent)
-    if config.policy is PolicySource.oracle and memory.name != OverwritePolicy.name \
-            and not isinstance(memory, OracleAware):
-        raise ConfigError(f"policy 'oracle' writes the {OverwritePolicy.name!r} memory policy's calls and those of "
-                          f"policies with oracle_text, not {memory.name!r}'s")
+    if config.policy is PolicySource.oracle and not memory.oracle:
+        raise ConfigError(f"policy 'oracle' writes the calls of memory policies that declare ``oracle`` (their "
+                          f"oracle_text), not those of {memory.name!r}")
     env = build_env(config, tokenizer)
     tasks = env.tasks(config.episodes)
     if not tasks:
@@ -215,7 +214,7 @@ def rollout_loop(store: Store, setup: RolloutSetup, backend: Backend | Mapping[s
     and the privileged splice of a privileged rollout."""
     config, tokenizer = setup.config, setup.tokenizer
     privileged = None
-    if config.context is TeacherContext.privileged:
+    if config.context is SamplingContext.privileged:
         def privileged(episode: Episode) -> list[int]:
             return privileged_ids(tokenizer, episode)
     return AgentLoop(backend, config.agent, setup.env.score, policy_version=policy.id if policy else None,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
+from agentmem.agent.registry import check_kinds
 from agentmem.config import ScoreConfig
 from agentmem.errors import AgentmemError, ConfigError, TrainingError
 from agentmem.jobs.runs import check_runs, tracked_run
@@ -69,6 +70,7 @@ def run_score(
     """Score every selected invocation not yet scored by this teacher under this context. ``teacher`` and
     ``student`` inject loaded models (tests); otherwise ``config.teacher`` / ``config.student`` load."""
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    check_kinds(config.kinds)
     from agentmem.training.privileged_file import read_privileged, with_privileged
     from agentmem.training.scoring import ScoreProgress, Scorer, ScoreResult
     from agentmem.training.selection import select, student_sequences, teacher_sequences

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
+from agentmem.agent.registry import check_kinds
 from agentmem.config import SftConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.distill import DistillResult, register_start, train_steps
@@ -94,6 +95,7 @@ def run_sft(
     if config is None:
         raise ConfigError("run_sft needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
+    check_kinds(config.kinds)
     from agentmem.training.checkpoints import load_trainer_state
     from agentmem.training.distill import Trainer
     from agentmem.training.selection import select

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from agentmem import models
 from agentmem.agent.loop import RoundStats
+from agentmem.agent.registry import check_kinds
 from agentmem.config import HELD_OUT_SEED, DistillConfig, EvalConfig, RolloutConfig, SftConfig, TrainConfig
 from agentmem.errors import RunError
 from agentmem.jobs.distill import DistillResult, run_distill
@@ -42,6 +43,7 @@ from agentmem.records import Checkpoint, Episode, Run, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
 from agentmem.training.dynamics import round_warnings
+from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
 from store.engine import Store
 
@@ -144,6 +146,9 @@ def run_train(
     if config is None:
         raise RunError("run_train needs a config or a train run to resume")
     check_installed(report_to)
+    for kinds in (config.distill.kinds, config.distill.aligned_kinds, config.warm_start and config.warm_start.kinds):
+        check_kinds(kinds or None)
+    check_loss_terms(config.distill.loss_terms)
     start = models.resolve(store, config.distill.student)
     if config.distill.teacher:
         models.resolve(store, config.distill.teacher)  # a bad teacher fails before the first rollout

@@ -15,7 +15,7 @@ at one step) share their longest common prefix of token ids (and positions), com
 The prefix is cut so that it stays strictly inside every member's prompt: it ends before the position
 that predicts the first action, so it holds no action and every suffix keeps at least one prompt token.
 A group is then one packing unit: the prefix placed once as a block, followed by each member's suffix
-block at its original positions (``P .. len-1``); ``Row.context`` tells each suffix block which prefix
+block at its original positions (``P .. len-1``); ``Row.prefix_block`` tells each suffix block which prefix
 block it also attends to. A unit counts the prefix once against the budget; a group too large for a row
 is split into consecutive sub-groups that fit, each with its own copy of the prefix; a group of one, or
 whose members share nothing, falls back to ordinary segments. Without ``shared_prefix`` (or with no
@@ -43,15 +43,15 @@ class Row:
     ``[0, l1, l1+l2, ...]`` over the row's blocks; ``action_ids`` / ``sampler_logprobs`` are the blocks'
     actions concatenated in row order, one per True in ``action_mask``.
 
-    Segments layout (``context`` None): every block is one whole invocation. Shared-prefix layout:
-    ``context[b]`` is the index of the shared-prefix block that block ``b`` attends to before itself (it
+    Segments layout (``prefix_block`` None): every block is one whole invocation. Shared-prefix layout:
+    ``prefix_block[b]`` is the index of the shared-prefix block that block ``b`` attends to before itself (it
     always comes earlier in the row), -1 for a block of its own. A prefix block holds no invocation and no
     action; ``invocation_ids`` names the other blocks in row order (``invocation_blocks``)::
 
         prefix [p0 p1 p2] + suffixes [a3 a4] [b3 b4 b5] + segment [c0 c1]
         input_ids    [p0 p1 p2 a3 a4 b3 b4 b5 c0 c1]
         position_ids [0  1  2  3  4  3  4  5  0  1]
-        cu_seqlens   [0, 3, 5, 8, 10];  context [-1, 0, 0, -1];  invocation_ids ("a", "b", "c")
+        cu_seqlens   [0, 3, 5, 8, 10];  prefix_block [-1, 0, 0, -1];  invocation_ids ("a", "b", "c")
     """
 
     input_ids: np.ndarray  # int32 [n]
@@ -61,7 +61,7 @@ class Row:
     invocation_ids: tuple[str, ...]
     action_ids: np.ndarray  # int32 [actions]
     sampler_logprobs: np.ndarray  # float32 [actions]
-    context: np.ndarray | None = None  # int32 [blocks]: the prefix block each block also sees, or -1
+    prefix_block: np.ndarray | None = None  # int32 [blocks]: the prefix block each block also sees, or -1
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -74,9 +74,9 @@ class Row:
     def invocation_blocks(self) -> np.ndarray:
         """Indices of the blocks that hold an invocation (all but shared prefixes), in row order."""
         blocks = np.arange(len(self.cu_seqlens) - 1)
-        if self.context is None:
+        if self.prefix_block is None:
             return blocks
-        return blocks[~np.isin(blocks, self.context)]
+        return blocks[~np.isin(blocks, self.prefix_block)]
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def _row(segments: list[Sequence]) -> Row:
 
 def _shared_row(seqs: list[Sequence], units: list[_Unit]) -> Row:
     """The row of ``units`` in the shared-prefix layout: a group's prefix block, then its suffix blocks."""
-    ids, pos, mask, lens, context = [], [], [], [], []
+    ids, pos, mask, lens, prefixes = [], [], [], [], []
     for u in units:
         first = seqs[u.members[0]]
         if u.prefix:
@@ -204,14 +204,14 @@ def _shared_row(seqs: list[Sequence], units: list[_Unit]) -> Row:
             pos.append(first.position_ids[: u.prefix])
             mask.append(np.zeros(u.prefix, bool))
             lens.append(u.prefix)
-            context.append(-1)
+            prefixes.append(-1)
         for i in u.members:
             s = seqs[i]
             ids.append(s.input_ids[u.prefix :])
             pos.append(s.position_ids[u.prefix :])
             mask.append(s.action_mask[u.prefix :])
             lens.append(len(s) - u.prefix)
-            context.append(prefix_block if u.prefix else -1)
+            prefixes.append(prefix_block if u.prefix else -1)
     members = [seqs[i] for u in units for i in u.members]
     return Row(
         input_ids=np.concatenate(ids).astype(np.int32),
@@ -221,7 +221,7 @@ def _shared_row(seqs: list[Sequence], units: list[_Unit]) -> Row:
         invocation_ids=tuple(s.invocation_id for s in members),
         action_ids=np.concatenate([s.action_ids for s in members]).astype(np.int32),
         sampler_logprobs=np.concatenate([s.sampler_logprobs for s in members]).astype(np.float32),
-        context=np.asarray(context, np.int32),
+        prefix_block=np.asarray(prefixes, np.int32),
     )
 
 

@@ -158,19 +158,22 @@ def rebuild(
     privileged_at: int = 0,
     conversation: Conversation | None = None,
 ) -> Iterator[Sequence]:
-    """Rebuild invocations, given in (episode, step) order, under one teacher context.
+    """Rebuild invocations, given in (episode, step) order, under one teacher context: the one place that
+    branches on it (``training.selection`` passes every context's inputs; this picks what the context reads).
 
     ``persistent`` and ``persistent_chat`` take each call's history from the calls seen before it in the
-    same episode, so the iterable must hold every earlier call of an episode (a whole-episode selection).
+    same episode, so the iterable must hold every earlier call of an episode (a whole-episode selection;
+    a missing step is a ``ReplayError``).
     ``privileged`` needs ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see
     ``rebuild_privileged``); ``persistent_chat`` needs ``conversation(history, inv)`` (see
     ``rebuild_persistent_chat``)."""
     context = TeacherContext(context)
     if context is TeacherContext.privileged and privileged is None:
-        raise ReplayError("teacher context 'privileged' needs a privileged(inv) -> token ids function")
+        raise ReplayError("teacher context 'privileged' needs the teacher's tokenizer (a privileged(inv) -> token "
+                          "ids function)")
     if context is TeacherContext.persistent_chat and conversation is None:
-        raise ReplayError("teacher context 'persistent_chat' needs a conversation(history, inv) -> token ids "
-                          "function")
+        raise ReplayError("teacher context 'persistent_chat' needs the teacher's tokenizer (a "
+                          "conversation(history, inv) -> token ids function)")
     history: dict[str, list[Invocation]] = {}
     last_step: dict[str, int] = {}
     for inv in invocations:
@@ -179,6 +182,10 @@ def rebuild(
                 f"invocation {inv.id}: step {inv.step} of episode {inv.episode_id} after step "
                 f"{last_step[inv.episode_id]}; invocations must come in (episode, step) order"
             )
+        expected = last_step.get(inv.episode_id, -1) + 1
+        if context in (TeacherContext.persistent, TeacherContext.persistent_chat) and inv.step != expected:
+            raise ReplayError(f"teacher context {context.value!r} needs whole episodes: episode {inv.episode_id} has "
+                              f"step {inv.step} without step {expected} in the selection (select all kinds)")
         last_step[inv.episode_id] = inv.step
         if context is TeacherContext.aligned:
             yield rebuild_aligned(inv)

@@ -4,7 +4,7 @@ Invariant: the real tokens of the batch, read row-major (``input_ids[token_mask]
 row order; ``cu_seqlens`` marks their boundaries in that flat layout (the flash-attention varlen layout),
 and ``action_mask[token_mask]`` picks the actions in the order of ``action_ids``. A "segment" here is a
 row's block (``Row.cu_seqlens``): a whole invocation, or in the shared-prefix layout a shared prefix or
-one invocation's suffix; ``context_blocks`` says which prefix block each block also attends to.
+one invocation's suffix; ``prefix_blocks`` says which prefix block each block also attends to.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class PackedBatch:
         action_ids       [a2, b1, c2]           # int64
         sampler_logprobs [...]                  # float32, one per action
         invocation_ids   ("a", "b", "c");  action_counts (1, 1, 1)
-        context_blocks   None                   # segments layout
+        prefix_blocks   None                   # segments layout
 
-    Shared-prefix layout (``Row.context`` set in some row): ``context_blocks`` is int64 ``[S]``, the global
+    Shared-prefix layout (``Row.prefix_block`` set in some row): ``prefix_blocks`` is int64 ``[S]``, the global
     index of the prefix block each block attends to before itself, or -1; prefix blocks hold no invocation,
     so ``invocation_ids`` / ``action_counts`` list the other blocks only, in row order.
     """
@@ -55,7 +55,7 @@ class PackedBatch:
     sampler_logprobs: torch.Tensor  # float32 [A]
     invocation_ids: tuple[str, ...]
     action_counts: tuple[int, ...]
-    context_blocks: torch.Tensor | None = None  # int64 [S]
+    prefix_blocks: torch.Tensor | None = None  # int64 [S]
 
     @property
     def num_tokens(self) -> int:
@@ -92,11 +92,11 @@ def collate_rows(rows: Seq[Row], pad_id: int) -> PackedBatch:
         int(n) for r in rows
         for n in np.add.reduceat(r.action_mask.astype(np.int64), r.cu_seqlens[:-1])[r.invocation_blocks]
     ]
-    context_blocks = None
-    if any(r.context is not None for r in rows):
+    prefix_blocks = None
+    if any(r.prefix_block is not None for r in rows):
         offsets = np.cumsum([0] + [len(r.seq_lens) for r in rows])[:-1]
-        context_blocks = torch.from_numpy(np.concatenate([
-            np.where(r.context >= 0, r.context + o, -1) if r.context is not None else np.full(len(r.seq_lens), -1)
+        prefix_blocks = torch.from_numpy(np.concatenate([
+            np.where(r.prefix_block >= 0, r.prefix_block + o, -1) if r.prefix_block is not None else np.full(len(r.seq_lens), -1)
             for r, o in zip(rows, offsets, strict=True)
         ]).astype(np.int64))
     return PackedBatch(
@@ -112,5 +112,5 @@ def collate_rows(rows: Seq[Row], pad_id: int) -> PackedBatch:
         sampler_logprobs=torch.from_numpy(np.concatenate([r.sampler_logprobs for r in rows])),
         invocation_ids=tuple(i for r in rows for i in r.invocation_ids),
         action_counts=tuple(action_counts),
-        context_blocks=context_blocks,
+        prefix_blocks=prefix_blocks,
     )

@@ -13,7 +13,7 @@ Two paths give the logits each invocation would get alone (DESIGN.md, points 2-4
   no compute is spent on cross-segment pairs. Custom names have no mask function, so transformers builds
   no mask for them.
 
-Shared prefixes (``Row.context``, the shared-prefix packing): a suffix block attends to its prefix block
+Shared prefixes (``Row.prefix_block``, the shared-prefix packing): a suffix block attends to its prefix block
 and to its own earlier tokens, never to a sibling. ``reference`` adds the prefix to the 4-D mask. ``fast``
 passes a ``BlockLayout`` (block bounds and each block's prefix) as the ``agentmem_layout`` kwarg to
 ``agentmem_blocks``, registered here: causal SDPA per prefix or plain block, and per suffix queries =
@@ -97,15 +97,15 @@ def fast_attention_implementation(device: torch.device) -> str:
 @dataclass(frozen=True)
 class BlockLayout:
     """The blocks of one packed ``[1, N]`` forward: block ``b`` is tokens ``bounds[b]:bounds[b + 1]``; it
-    attends causally to itself and, when ``context[b] >= 0``, fully to the earlier block ``context[b]``
+    attends causally to itself and, when ``prefix_block[b] >= 0``, fully to the earlier block ``prefix_block[b]``
     (its shared prefix)."""
 
     bounds: tuple[int, ...]
-    context: tuple[int, ...]
+    prefix_block: tuple[int, ...]
 
     def keys(self, b: int) -> tuple[int, int, int, int]:
         """(prefix start, prefix end, own start, own end) of block ``b``'s keys; an empty prefix when none."""
-        s, e, c = self.bounds[b], self.bounds[b + 1], self.context[b]
+        s, e, c = self.bounds[b], self.bounds[b + 1], self.prefix_block[b]
         cs, ce = (self.bounds[c], self.bounds[c + 1]) if c >= 0 else (s, s)
         return cs, ce, s, e
 
@@ -114,7 +114,7 @@ class BlockLayout:
         """For a varlen kernel: key token indices (each block's prefix, then itself), ``cu_seqlens_k``,
         and the longest query and key blocks."""
         index, cu_k, longest_q, longest_k = [], [0], 0, 0
-        for b in range(len(self.context)):
+        for b in range(len(self.prefix_block)):
             cs, ce, s, e = self.keys(b)
             index.extend(range(cs, ce))
             index.extend(range(s, e))
@@ -142,7 +142,7 @@ def block_sdpa_attention(
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     outputs = []
-    for b in range(len(agentmem_layout.context)):
+    for b in range(len(agentmem_layout.prefix_block)):
         cs, ce, s, e = agentmem_layout.keys(b)
         q = query[:, :, s:e]
         if ce == cs:
@@ -218,8 +218,8 @@ def block_causal_mask(batch: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
     width = seg.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
     same = seg[:, :, None] == seg[:, None, :]
-    if batch.context_blocks is not None:
-        prefix = torch.where(seg >= 0, batch.context_blocks[seg.clamp(min=0)], -1)
+    if batch.prefix_blocks is not None:
+        prefix = torch.where(seg >= 0, batch.prefix_blocks[seg.clamp(min=0)], -1)
         same |= (prefix[:, :, None] == seg[:, None, :]) & (prefix[:, :, None] >= 0)
     allowed = same & causal
     mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
@@ -239,7 +239,7 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
         return out.last_hidden_state[batch.token_mask]
     if path != "fast":
         raise ValueError(f"unknown path {path!r}: use 'fast' or 'reference'")
-    if batch.context_blocks is not None:
+    if batch.prefix_blocks is not None:
         return _shared_prefix_hidden(model, batch)
     cu = batch.cu_seqlens
     ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
@@ -267,16 +267,16 @@ def _shared_prefix_hidden(model: PreTrainedModel, batch: PackedBatch) -> torch.T
     separating a prefix from its suffixes, each with its ``BlockLayout``."""
     base = model.get_decoder()
     cu = batch.cu_seqlens
-    bounds, context = cu.tolist(), batch.context_blocks.tolist()
+    bounds, prefixes = cu.tolist(), batch.prefix_blocks.tolist()
     ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
     parts = []
     name = shared_attention_implementation(cu.device, model.dtype)
     limit = CPU_GROUP_TOKENS if cu.device.type == "cpu" else None
     with attention_implementation(model, name):
-        for lo, hi in segment_groups(cu, limit, [c < 0 for c in context]):
+        for lo, hi in segment_groups(cu, limit, [c < 0 for c in prefixes]):
             start, end = bounds[lo], bounds[hi]
             layout = BlockLayout(tuple(b - start for b in bounds[lo : hi + 1]),
-                                 tuple(c - lo if c >= 0 else -1 for c in context[lo:hi]))
+                                 tuple(c - lo if c >= 0 else -1 for c in prefixes[lo:hi]))
             out = base(input_ids=ids[start:end][None], position_ids=pos[start:end][None], use_cache=False,
                        agentmem_layout=layout)
             parts.append(out.last_hidden_state[0])

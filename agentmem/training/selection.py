@@ -10,7 +10,7 @@ A call sampled under the privileged prompt (a privileged rollout: PSD's off-poli
 privileged ids apart from its student-visible ``prompt_ids``: the student rebuilds the prompt without them
 (``aligned``) and the ``privileged`` teacher the prompt with exactly the stored ids, so the teacher reads
 what the sampler read and both hold the same action tokens. Other calls get the privileged message
-rendered from their episode (``agent.prompts.privileged_ids``, the same function the rollout uses).
+rendered from their episode (``replay.privileged.privileged_ids``, the same function the rollout uses).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from agentmem.agent.prompts import privileged_ids
 from agentmem.errors import TrainingError
 from agentmem.records import Episode, Invocation, InvocationKind, TeacherContext
 from agentmem.replay import Sequence, rebuild
+from agentmem.replay.privileged import privileged_ids
 from agentmem.training.chat_history import ChatHistory
 from store import repository as repo
 from store.engine import Store
 
-__all__ = ["Selection", "privileged_ids", "select", "student_sequences", "teacher_sequences"]
+__all__ = ["Selection", "select", "student_sequences", "teacher_sequences"]
 
 
 @dataclass(frozen=True)
@@ -87,29 +87,22 @@ def select(
 def teacher_sequences(
     selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None
 ) -> list[Sequence]:
-    """Rebuild the selection under ``context`` (``privileged`` and ``persistent_chat`` need the teacher's
-    tokenizer: it renders the privileged message, or the conversation through its chat template)."""
-    context = TeacherContext(context)
-    if context in (TeacherContext.persistent, TeacherContext.persistent_chat):
-        _check_whole_episodes(selection)
-    if context is TeacherContext.persistent_chat:
-        if tokenizer is None:
-            raise TrainingError("the persistent_chat context needs the teacher's tokenizer")
-        return _grouped(selection, rebuild(selection.invocations, context, conversation=ChatHistory(tokenizer)))
-    privileged = None
-    if context is TeacherContext.privileged:
-        if tokenizer is None:
-            raise TrainingError("the privileged context needs the teacher's tokenizer")
-        cache: dict[str, list[int]] = {}
+    """Rebuild the selection under ``context``. ``replay.rebuild`` branches on the context; this gives it
+    what any context may read: the privileged ids of each call and the chat rendering of a history, both
+    with the teacher's ``tokenizer`` (without one, ``privileged`` and ``persistent_chat`` are refused)."""
+    if tokenizer is None:
+        return _grouped(selection, rebuild(selection.invocations, context))
+    cache: dict[str, list[int]] = {}
 
-        def privileged(inv: Invocation) -> list[int]:
-            if inv.privileged_ids is not None:  # what the sampler read (a privileged rollout)
-                return inv.privileged_ids.tolist()
-            if inv.episode_id not in cache:
-                cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
-            return cache[inv.episode_id]
+    def privileged(inv: Invocation) -> list[int]:
+        if inv.privileged_ids is not None:  # what the sampler read (a privileged rollout)
+            return inv.privileged_ids.tolist()
+        if inv.episode_id not in cache:
+            cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
+        return cache[inv.episode_id]
 
-    return _grouped(selection, rebuild(selection.invocations, context, privileged=privileged))
+    return _grouped(selection, rebuild(selection.invocations, context, privileged=privileged,
+                                       conversation=ChatHistory(tokenizer)))
 
 
 def student_sequences(selection: Selection) -> list[Sequence]:
@@ -119,13 +112,3 @@ def student_sequences(selection: Selection) -> list[Sequence]:
 def _grouped(selection: Selection, sequences: Iterable[Sequence]) -> list[Sequence]:
     return [replace(seq, group=selection.group_of(inv))
             for inv, seq in zip(selection.invocations, sequences, strict=True)]
-
-
-def _check_whole_episodes(selection: Selection) -> None:
-    seen: dict[str, int] = {}
-    for inv in selection.invocations:
-        expected = seen.get(inv.episode_id, -1) + 1
-        if inv.step != expected:
-            raise TrainingError(f"the persistent contexts need whole episodes: episode {inv.episode_id} has step "
-                             f"{inv.step} without step {expected} in the selection (select all kinds)")
-        seen[inv.episode_id] = inv.step

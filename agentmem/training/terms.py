@@ -43,6 +43,7 @@ from agentmem.training.losses import (
     sampled_logprobs,
     sampled_reverse_kl_loss,
 )
+from agentmem.training.term_registry import loss_term_factory
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,9 @@ class Objective:
 
 def objective_from_config(config: DistillConfig) -> Objective:
     """The terms a ``DistillConfig`` asks for, in a fixed order: distillation, policy gradient,
-    cross-entropy, anchor. Raises TrainingError for a divergence the teacher source cannot give."""
+    cross-entropy, anchor, then the installed packages' terms of ``config.loss_terms`` (by name,
+    ``agentmem.training.term_registry``). Raises TrainingError for a divergence the teacher source cannot
+    give."""
     if (config.teacher_source == TeacherSourceKind.scores and config.effective_kd_weight
             and config.loss != Divergence.reverse_kl):
         raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
@@ -223,6 +226,7 @@ def objective_from_config(config: DistillConfig) -> Objective:
         (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),
+        *((w, loss_term_factory(name)(config)) for name, w in sorted(config.loss_terms.items()) if w),
     ]
     return Objective(tuple((w, t) for w, t in candidates if w), Weighting(config.weighting),
                      barycenter.ema if barycenter is not None else None)
