@@ -436,7 +436,8 @@ class DistillConfig(Frozen):
     @field_validator("alpha_tau", "alpha_topk", "alpha_min", "alpha_max", "alpha_ema", "prob_floor")
     @classmethod
     def _barycenter_only(cls, value: Any, info: ValidationInfo) -> Any:
-        if info.data.get("target") is not DistillTarget.barycenter and value != cls.model_fields[info.field_name].default:
+        field_name = str(info.field_name)
+        if info.data.get("target") is not DistillTarget.barycenter and value != cls.model_fields[field_name].default:
             raise ValueError(f"{info.field_name} is an option of the barycenter target: set target=barycenter "
                              "(--target barycenter) or leave it at its default")
         if info.field_name == "alpha_max" and value < info.data.get("alpha_min", 0.0):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install, lint, check the import layering and run the test suite on SQLite and Postgres.
+# Install, lint, check the import layering and the types, and run the test suite on SQLite and Postgres.
 #   bash scripts/test.sh [PYTEST ARGS...]
 # Postgres: uses $AGENTMEM_TEST_PG_URL when set; otherwise starts a throwaway server on 127.0.0.1
 # (scripts/pg_throwaway.sh) for the run and stops it on exit.
@@ -20,6 +20,7 @@ command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=non
   >/dev/null 2>&1 || echo "chromium could not be installed: tests/test_view_browser.py will skip"
 "$venv/bin/ruff" check .
 "$venv/bin/lint-imports"
+"$venv/bin/mypy"  # the packages [tool.mypy] in pyproject.toml lists
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 set +e
 "$venv/bin/pytest" -q "$@"

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import sqlalchemy as sa
@@ -73,7 +73,7 @@ def _insert_ignore(session: Session, table: sa.Table, rows: list[dict[str, Any]]
     session.execute(insert(table).on_conflict_do_nothing(), rows)
 
 
-def _get(session: Session, model: type, ident: str, what: str, hint: str = ""):
+def _get(session: Session, model: type[Any], ident: str, what: str, hint: str = ""):
     """The row with id ``ident``, or the only row whose id starts with it (ids may be abbreviated, as in
     git, to 6 or more characters)."""
     row = session.get(model, ident)
@@ -430,7 +430,8 @@ def insert_invocations(session: Session, invocations: Iterable[Invocation]) -> N
 
 
 _INV_COLUMNS = [c for c in InvocationRow.__table__.c if c.name not in ("prompt_tokens", "output_tokens")]
-_INV_FIELDS = frozenset(Invocation.model_fields)
+# every field is set; shared by every streamed row, so frozen (pydantic only reads it, or copies it on update)
+_INV_FIELDS = cast("set[str]", frozenset(Invocation.model_fields))
 
 
 def _invocation(row: sa.Row) -> Invocation:

@@ -127,7 +127,7 @@ def shareable_prefix(seqs: list[Sequence]) -> int:
     one prompt token after it). Token ids only: no text is ever compared."""
     limit = min(int(np.argmax(s.action_mask)) if s.num_actions else len(s) - 1 for s in seqs)
     first = seqs[0]
-    same = np.ones(limit, bool)
+    same: np.ndarray = np.ones(limit, bool)
     for s in seqs[1:]:
         same &= s.input_ids[:limit] == first.input_ids[:limit]
         same &= s.position_ids[:limit] == first.position_ids[:limit]
@@ -171,7 +171,7 @@ def _group_units(seqs: list[Sequence], members: list[int], row_tokens: int) -> l
             size = prefix
         chunks[-1].append(i)
         size += len(seqs[i]) - prefix
-    units = []
+    units: list[_Unit] = []
     for chunk in chunks:
         own = shareable_prefix([seqs[i] for i in chunk]) if len(chunk) > 1 else 0
         if own == 0:
@@ -195,7 +195,11 @@ def _row(segments: list[Sequence]) -> Row:
 
 def _shared_row(seqs: list[Sequence], units: list[_Unit]) -> Row:
     """The row of ``units`` in the shared-prefix layout: a group's prefix block, then its suffix blocks."""
-    ids, pos, mask, lens, prefixes = [], [], [], [], []
+    ids: list[np.ndarray] = []
+    pos: list[np.ndarray] = []
+    mask: list[np.ndarray] = []
+    lens: list[int] = []
+    prefixes: list[int] = []
     for u in units:
         first = seqs[u.members[0]]
         if u.prefix:

@@ -194,8 +194,10 @@ def rebuild(
             yield rebuild_persistent(earlier, inv)
             earlier.append(inv)
         elif context is TeacherContext.persistent_chat:
+            assert conversation is not None  # checked before the loop
             earlier = history.setdefault(inv.episode_id, [])
             yield rebuild_persistent_chat(earlier, inv, conversation)
             earlier.append(inv)
         else:
+            assert privileged is not None  # checked before the loop
             yield rebuild_privileged(inv, privileged(inv), at=privileged_at)

@@ -75,6 +75,7 @@ class ChatHistory:
             if not (text.startswith(head.split(_SYSTEM)[0]) and text.endswith(tail)):
                 continue
             inner = text[: len(text) - len(tail)]
+            found: tuple[str | None, str] | None
             if system is None:
                 found = (None, inner[len(head):]) if inner.startswith(head) else None
             else:

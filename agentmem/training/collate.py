@@ -71,11 +71,11 @@ def collate_rows(rows: Seq[Row], pad_id: int) -> PackedBatch:
         raise ValueError("collate_rows needs at least one row")
     width = max(len(r) for r in rows)
     shape = (len(rows), width)
-    input_ids = np.full(shape, pad_id, np.int64)
+    input_ids: np.ndarray = np.full(shape, pad_id, np.int64)
     position_ids = np.tile(np.arange(width, dtype=np.int64), (len(rows), 1))
-    token_mask = np.zeros(shape, bool)
-    action_mask = np.zeros(shape, bool)
-    segment_ids = np.zeros(shape, np.int64)
+    token_mask: np.ndarray = np.zeros(shape, bool)
+    action_mask: np.ndarray = np.zeros(shape, bool)
+    segment_ids: np.ndarray = np.zeros(shape, np.int64)
     first_segment = 0
     for b, row in enumerate(rows):
         n = len(row)

@@ -44,7 +44,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from agentmem.config import DistillConfig, Oversize, Packing, PsdMode, RewardKind
 from agentmem.errors import TrainingError
 from agentmem.records import Checkpoint, TrainStep
-from agentmem.replay import pack
+from agentmem.replay import OverBudget, pack
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
 from agentmem.training.checkpoints import gather_full_state, save_checkpoint
@@ -192,7 +192,7 @@ class Trainer:
         step_episodes = list(dict.fromkeys(self.episode_of[self.student_seqs[i].invocation_id] for i in drawn))
         mine = [self.student_seqs[i] for u in units[self.runtime.rank :: self.runtime.world_size]
                 for i in self.units[u]]
-        over = "skip" if self.config.oversize == Oversize.skip else "error"
+        over: OverBudget = "skip" if self.config.oversize == Oversize.skip else "error"
         rows, stats = pack(mine, self.config.row_tokens, over_budget=over,
                            shared_prefix=self.config.packing is Packing.shared_prefix)
         skipped = set(stats.skipped_ids)

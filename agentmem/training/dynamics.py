@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from agentmem.records import TrainStep
 
 EMPTY_WARN = 0.2  # share of end-of-sequence-only outputs (or first-token EOS mass) of one kind that warns
@@ -39,7 +41,7 @@ def group_liveness(advantage_of_episode: Mapping[str, float], group_of_episode: 
     return len(groups), sum(groups.values())
 
 
-def output_stats(calls: Sequence[tuple[str, Sequence[int]]], eos_id: int | None) -> dict[str, float]:
+def output_stats(calls: Sequence[tuple[str, Sequence[int] | np.ndarray]], eos_id: int | None) -> dict[str, float]:
     """``out_len/<kind>`` and ``empty/<kind>`` of (kind, output ids) pairs."""
     per: dict[str, list[tuple[int, bool]]] = defaultdict(list)
     for kind, ids in calls:

@@ -85,7 +85,8 @@ class PackedModel:
     pad_id: int
     path: AttentionPath = AttentionPath.fast
     device: str = "cpu"
-    module: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    # None only until __post_init__ sets it (ActionLogits of ``model``)
+    module: torch.nn.Module = field(default=None, repr=False, compare=False)
     wrapper: str | None = None  # "ddp" or "fsdp" when ``module`` is wrapped for several processes
     # what the loss is multiplied by before backward: the world size under FSDP2 on gloo, which averages the
     # processes' gradients (gloo has no pre-multiplied sum, so the divide factor cannot be set to 1)

@@ -113,7 +113,8 @@ class BlockLayout:
     def varlen(self) -> tuple[list[int], list[int], int, int]:
         """For a varlen kernel: key token indices (each block's prefix, then itself), ``cu_seqlens_k``,
         and the longest query and key blocks."""
-        index, cu_k, longest_q, longest_k = [], [0], 0, 0
+        index: list[int] = []
+        cu_k, longest_q, longest_k = [0], 0, 0
         for b in range(len(self.prefix_block)):
             cs, ce, s, e = self.keys(b)
             index.extend(range(cs, ce))
@@ -170,7 +171,7 @@ def block_flash_attention(
     """The ``BlockLayout`` as one flash-attn varlen call (CUDA, fp16/bf16): the queries are the row's
     tokens in block order, each block's keys are gathered as (its prefix, itself), and flash-attn's causal
     mask, aligned bottom-right when keys outnumber queries, lets a suffix see its whole prefix."""
-    from flash_attn import flash_attn_varlen_func
+    from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]  # CUDA-only, optional
 
     if agentmem_layout is None or query.shape[0] != 1 or attention_mask is not None:
         raise ValueError(f"{BLOCK_FLASH_ATTENTION} needs one packed row, no mask, and a BlockLayout")
@@ -267,6 +268,8 @@ def _shared_prefix_hidden(model: PreTrainedModel, batch: PackedBatch) -> torch.T
     separating a prefix from its suffixes, each with its ``BlockLayout``."""
     base = model.get_decoder()
     cu = batch.cu_seqlens
+    if batch.prefix_blocks is None:
+        raise ValueError("the shared-prefix path needs a batch with prefix blocks (Packing.shared_prefix)")
     bounds, prefixes = cu.tolist(), batch.prefix_blocks.tolist()
     ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
     parts = []

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.config import ScoreConfig, TeacherTruncation
 from agentmem.records import TeacherScore
-from agentmem.replay import Sequence
+from agentmem.replay import OverBudget, Sequence
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.collate import PackedBatch
 from agentmem.training.forward import PackedModel, RowBatches, plan, split_actions
@@ -88,7 +88,7 @@ class Scorer:
             self.student = PackedModel.create(student.model, student.tokenizer, config.path, runtime)
 
     def plan(self, sequences: list[Sequence]) -> RowBatches:
-        over = "left" if self.config.teacher_truncation == TeacherTruncation.left else "error"
+        over: OverBudget = "left" if self.config.teacher_truncation == TeacherTruncation.left else "error"
         return plan(sequences, self.config.row_tokens, self.config.rows_per_batch, over, self.config.packing)
 
     def score(self, batches: RowBatches, student_seqs: dict[str, Sequence] | None, run_id: str

@@ -55,7 +55,7 @@ def select(
     store: Store,
     run_ids: Seq[str],
     *,
-    kinds: Seq[InvocationKind] | None = None,
+    kinds: Seq[InvocationKind | str] | None = None,
     policy_versions: Seq[str] | None = None,
     min_f1: float | None = None,
 ) -> Selection:

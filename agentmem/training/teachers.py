@@ -41,6 +41,7 @@ from agentmem.config import (
 )
 from agentmem.errors import TrainingError
 from agentmem.records import TeacherContext
+from agentmem.replay import OverBudget
 from agentmem.replay import Sequence as Rebuilt
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.forward import PackedModel, plan
@@ -64,7 +65,8 @@ class TeacherTargets:
 class TeacherSource(Protocol):
     """Gives the targets of a set of invocations; ``name`` is what ``teacher_scores`` rows store."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only, so that frozen dataclasses satisfy the protocol
 
     def targets(self, invocation_ids: Sequence[str]) -> TeacherTargets: ...
 
@@ -97,7 +99,7 @@ class OnlineTeacher:
                    {s.invocation_id: s for s in seqs}, row_tokens, TeacherTruncation(truncation), Packing(packing))
 
     def targets(self, invocation_ids: Sequence[str]) -> TeacherTargets:
-        over = "left" if self.truncation == TeacherTruncation.left else "error"
+        over: OverBudget = "left" if self.truncation == TeacherTruncation.left else "error"
         batches = plan([self.sequences[i] for i in invocation_ids], self.row_tokens, 1, over, self.packing)
         return TeacherTargets(True, self.model.logits_by_invocation(batches.batches),
                               batches.stats.truncated_sequences, batches.stats.truncated_tokens)
@@ -115,13 +117,14 @@ class ShardTeacher:
         """Raises TrainingError naming the first invocation without a shard."""
         with store.session() as s:
             scores = repo.get_teacher_scores(s, list(invocation_ids), name, context)
+        locations: dict[str, tuple[str, str, float]] = {}
         for inv_id in invocation_ids:
             score = scores.get(inv_id)
-            if score is None or not score.topk_path:
+            if score is None or not score.topk_path or score.topk_key is None:
                 raise TrainingError(f"invocation {inv_id} has no top-K shard for teacher {name!r} under context "
                                     f"{TeacherContext(context).value!r}: run `agentmem score --topk K` first")
-        return cls(name, {i: (scores[i].topk_path, scores[i].topk_key, scores[i].temperature)
-                          for i in invocation_ids}, vocab)
+            locations[inv_id] = (score.topk_path, score.topk_key, score.temperature)
+        return cls(name, locations, vocab)
 
     def targets(self, invocation_ids: Sequence[str]) -> TeacherTargets:
         out = {}
@@ -163,6 +166,8 @@ def teacher_source(config: DistillConfig, store: Store, selection: Selection, *,
     if not config.effective_kd_weight:
         return None
     name = name or config.teacher
+    if name is None:
+        raise TrainingError("a teacher term is on (kd_weight > 0) but no teacher is named: set teacher")
     if config.teacher_source == TeacherSourceKind.model:
         if model is None or tokenizer is None:
             raise TrainingError("teacher_source=model needs the teacher model and tokenizer loaded (Models.teacher)")

@@ -76,9 +76,13 @@ class TermValue:
 class LossTerm(Protocol):
     """One part of the objective. ``name`` keys its value in step results (``{name}_loss``)."""
 
-    name: str
-    needs_teacher: bool
-    needs_reference: bool
+    # read-only members, so that frozen dataclasses satisfy the protocol
+    @property
+    def name(self) -> str: ...
+    @property
+    def needs_teacher(self) -> bool: ...
+    @property
+    def needs_reference(self) -> bool: ...
 
     def __call__(self, batch: MicroBatch) -> TermValue: ...
 
