@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
+from helpers import KilledBackend, register_policy
 from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.agent.events import (
@@ -474,17 +474,6 @@ def test_rollout_stores_the_events_calls(store):
         views = list(repo.stream_invocations(s, run_ids=[result.run_id], kinds=["event_view"]))
     assert len(views) == 6
 
-
-class KilledBackend(ScriptedBackend):
-    """Dies (as a kill would) after a number of batched calls."""
-
-    left = 0
-
-    def generate(self, prompts, params):
-        self.left -= 1
-        if self.left < 0:
-            raise KeyboardInterrupt
-        return super().generate(prompts, params)
 
 
 @pytest.mark.parametrize("calls_before_kill", [2, 5])

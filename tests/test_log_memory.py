@@ -281,12 +281,6 @@ def test_the_search_budget_is_enforced(sqlite_store, searches, budget, made):
 # ---- the oracle ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def tokenizer_folder(tmp_path) -> str:
-    folder = tmp_path / "tokenizer-only"
-    tiny_tokenizer().save_pretrained(folder)
-    tiny_llama().config.save_pretrained(folder)
-    return str(folder)
 
 
 def test_oracle_rollout_writes_the_facts_as_notes_and_queries_that_find_them(sqlite_store, tokenizer_folder):

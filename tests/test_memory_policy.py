@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
+from helpers import KilledBackend
 from tiny_models import tiny_tokenizer
 
 from agentmem.agent.loop import AgentConfig, AgentLoop, ListSink, memory_policy, register_memory_policy
@@ -210,17 +211,6 @@ def test_rollout_stores_the_policy_and_its_call_kinds(sqlite_store):
         searches = list(repo.stream_invocations(s, run_ids=[result.run_id], kinds=["search"]))
     assert len(searches) == 6 and {i.kind for i in searches} == {"search"}
 
-
-class KilledBackend(ScriptedBackend):
-    """Dies (as a kill would) after a number of batched calls."""
-
-    left = 0
-
-    def generate(self, prompts, params):
-        self.left -= 1
-        if self.left < 0:
-            raise KeyboardInterrupt
-        return super().generate(prompts, params)
 
 
 @pytest.mark.parametrize("calls_before_kill", [4, 9, 13])

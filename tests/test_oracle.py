@@ -42,13 +42,6 @@ from store.migrations import downgrade, upgrade
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def tokenizer_folder(tmp_path) -> str:
-    """A model folder with a config and a tokenizer but no weights: anything that loads weights fails."""
-    folder = tmp_path / "tokenizer-only"
-    tiny_tokenizer().save_pretrained(folder)
-    tiny_llama().config.save_pretrained(folder)
-    return str(folder)
 
 
 def oracle_config(model: str, level: int = 2, memory_tokens: int = 256, **kw) -> RolloutConfig:

@@ -36,13 +36,6 @@ def agent(**options) -> AgentConfig:
                        max_batch=4, seed=1, prompt_layout="memory-first")
 
 
-@pytest.fixture
-def tokenizer_folder(tmp_path) -> str:
-    """A model folder with a config and a tokenizer but no weights (an oracle rollout loads only these)."""
-    folder = tmp_path / "tokenizer-only"
-    tiny_tokenizer().save_pretrained(folder)
-    tiny_llama().config.save_pretrained(folder)
-    return str(folder)
 
 
 def tiny_env(tok, **knobs):
