@@ -109,6 +109,7 @@ class Option:
     annotation: Any
     default: Any  # the config's default (PydanticUndefined when the field is required)
     typer_default: Any
+    nullable: bool = False  # the field takes None: the word ``none`` gives it (``--teacher none``)
 
     def value(self, raw: Any) -> Any:
         """The config value of what the command line gave."""
@@ -118,7 +119,7 @@ class Option:
             return parse_pairs(raw, self.flags[0])
         if isinstance(raw, enum.Enum):
             return raw.value
-        if isinstance(raw, str) and raw == "none" and self.default is not None and _optional(self.annotation):
+        if raw == "none" and self.nullable:
             return None  # e.g. --teacher none
         return raw
 
@@ -212,7 +213,8 @@ def _option(path: str, flags: tuple[str, ...], info: Any, default: Any, cli_type
     param = _PREFIX + path.replace(".", "__")
     metavar = {"list": "VALUE[,VALUE]", "map": "KEY=VALUE"}.get(kind)
     option = typer.Option(*flags, help=help_text, show_default=show, rich_help_panel=panel, metavar=metavar)
-    return Option(path, param, flags, kind, Annotated[cli, option], default, typer_default)
+    return Option(path, param, flags, kind, Annotated[cli, option], default, typer_default,
+                  nullable=_optional(annotation) and inner is str)
 
 
 ConfigFileOption = Annotated[str | None, typer.Option(
