@@ -8,7 +8,6 @@ import os
 from rich.logging import RichHandler
 
 
-
 def setup_logging(verbose: bool = False) -> None:
     """Quiet third-party libraries; show our warnings. Called once at the start of heavy commands."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -147,9 +147,9 @@ def _replay(call, replay_from: str | None, resume: str | None, *, kappa: float, 
         if replay_from is None:
             raise ConfigError("--kappa weights the branch steps of a replay: give --replay-from RUN_ID")
         data, paths = call.given()
-        other = sorted(paths - set(_REPLAY_FIELDS.values()))
-        if other:
-            flags = ", ".join(next(o.flags[0] for o in ROLLOUT.options() if o.path == p) for p in other)
+        other = [o.flags[0] for o in ROLLOUT.options() if o.path in paths - set(_REPLAY_FIELDS.values())]
+        if other or call.extras["level"] is not None:
+            flags = ", ".join(other + (["--level"] if call.extras["level"] is not None else []))
             raise ConfigError(f"--replay-from takes the tasks, prompts and token limits from the teacher run: "
                               f"{flags} do(es) not apply")
         auto = data.get("dtype") == "auto"

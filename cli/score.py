@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+
 import typer
 
 from agentmem.config import Device
