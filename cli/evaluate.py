@@ -12,26 +12,23 @@ from cli.config_options import invocation, job_command
 from cli.job_specs import EVAL
 from cli.options import DbOption, DeviceOption, ThreadsOption
 
+DocsOption = Annotated[str | None, typer.Option(
+    help="Length sweep over documents: comma-separated counts, e.g. 50,100,200,400,800 (ruler_hotpotqa's `docs` "
+         "knob). One evaluation, one run and one eval_results row per count; the model loads once.")]
+SweepOption = Annotated[str | None, typer.Option(
+    help="Sweep any integer knob: KNOB=V1,V2,... (e.g. context_tokens=4096,16384 for needle or synthetic). "
+         "--docs N,M is --sweep docs=N,M.")]
+PlotOption = Annotated[str | None, typer.Option(
+    help="Write a PNG of F1 (95% intervals) over every stored eval of this environment to PATH.")]
+PlotByOption = Annotated[PlotBy | None, typer.Option(
+    help="Plot F1 against the training step or the context length (default: context length for a sweep, else "
+         "step).")]
+
 
 @job_command(EVAL)
-def evaluate(
-    ctx: typer.Context,
-    docs: Annotated[str | None, typer.Option(
-        help="Length sweep over documents: comma-separated counts, e.g. 50,100,200,400,800 (ruler_hotpotqa's "
-             "`docs` knob). One evaluation, one run and one eval_results row per count; the model loads once.")]
-    = None,
-    sweep: Annotated[str | None, typer.Option(
-        help="Sweep any integer knob: KNOB=V1,V2,... (e.g. context_tokens=4096,16384 for needle or "
-             "synthetic). --docs N,M is --sweep docs=N,M.")] = None,
-    plot: Annotated[str | None, typer.Option(help="Write a PNG of F1 (95% intervals) over every stored eval "
-                                                  "of this environment to PATH.")] = None,
-    plot_by: Annotated[PlotBy | None, typer.Option(
-        help="Plot F1 against the training step or the context length (default: context length for a "
-             "sweep, else step).")] = None,
-    device: DeviceOption = Device.auto,
-    threads: ThreadsOption = None,
-    db: DbOption = None,
-) -> None:
+def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = None, plot: PlotOption = None,
+             plot_by: PlotByOption = None, device: DeviceOption = Device.auto, threads: ThreadsOption = None,
+             db: DbOption = None) -> None:
     """Evaluate a model or checkpoint greedily: F1, EM and substring EM with bootstrap 95% intervals.
 
     The episodes are stored as a run of kind `eval` (inspect them with `agentmem sql`) and the summary as

@@ -12,39 +12,31 @@ from cli.config_options import invocation, job_command
 from cli.job_specs import ROLLOUT
 from cli.options import DbOption, DeviceOption, ThreadsOption
 
+ReplayFromOption = Annotated[str | None, typer.Option(
+    help="ReOPD: branch from stored run RUN_ID instead of reading an environment: per episode one step t drawn "
+         "with P(t) ∝ kappa^t, sampled --group-size times by --model from the stored prompt; stored as a replay "
+         "run (no reward). Environment and memory flags do not apply.", show_default=False)]
+KappaOption = Annotated[float, typer.Option(help=ReplayConfig.model_fields["kappa"].description)]
+ResumeOption = Annotated[str | None, typer.Option(help="Finish run RUN_ID (its stored config is used).")]
+WorkersOption = Annotated[int, typer.Option(
+    help="Local worker processes: 1 does the calls in this process; N > 1 writes the run and its episodes, then "
+         "starts N `agentmem worker --run RUN_ID` processes that share them (each loads the model). More workers "
+         "on other machines may join with `agentmem worker`.", min=1)]
+
 
 @job_command(ROLLOUT)
-def rollout(
-    ctx: typer.Context,
-    replay_from: Annotated[str | None, typer.Option(
-        help="ReOPD: branch from stored run RUN_ID instead of reading an environment: per episode one step t "
-             "drawn with P(t) ∝ kappa^t, sampled --group-size times by --model from the stored prompt; "
-             "stored as a replay run (no reward). Environment and memory flags do not apply.",
-        show_default=False)] = None,
-    kappa: Annotated[float, typer.Option(help=ReplayConfig.model_fields["kappa"].description)]
-    = ReplayConfig.model_fields["kappa"].default,
-    resume: Annotated[str | None, typer.Option(help="Finish run RUN_ID (its stored config is used).")] = None,
-    workers: Annotated[int, typer.Option(
-        help="Local worker processes: 1 does the calls in this process; N > 1 writes the run and its episodes, "
-             "then starts N `agentmem worker --run RUN_ID` processes that share them (each loads the model). "
-             "More workers on other machines may join with `agentmem worker`.", min=1)] = 1,
-    device: DeviceOption = Device.auto,
-    threads: ThreadsOption = None,
-    db: DbOption = None,
-) -> None:
+def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
+            kappa: KappaOption = ReplayConfig.model_fields["kappa"].default, resume: ResumeOption = None,
+            workers: WorkersOption = 1, device: DeviceOption = Device.auto, threads: ThreadsOption = None,
+            db: DbOption = None) -> None:
     """Run the memory agent over an environment and stream every call to the store.
 
     With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (measured on a 2-core
     CPU: about 10 minutes of CPU time, 29 minutes of wall time while other jobs shared the cores). Kill it at
     any time (Ctrl-C prints the command that resumes); `--resume RUN_ID` finishes the run without duplicating
-    rows.
-    `--replay-from RUN_ID` samples ReOPD's single calls branched from a stored teacher run instead.
+    rows. `--replay-from RUN_ID` samples ReOPD's single calls branched from a stored teacher run instead.
     """
-    from agentmem.jobs.rollout import run_rollout
-    from cli.agent_progress import episode_progress
-    from cli.common import measured_dtype, preflight, runtime, setup_logging
-    from cli.job_session import job_session
-    from store.engine import open_store
+    from cli.common import measured_dtype, preflight
 
     call = invocation(ctx)
     if replay_from is not None or call.passed("kappa") or (resume and _is_replay(resume, db)):
@@ -55,14 +47,23 @@ def rollout(
     config = measured_dtype(call, config, db, threads)
     if workers > 1:
         return _with_workers(workers, config, resume, db=db, device=device, threads=threads)
+    _summary(_run(config, resume, device, threads, db))
+    if config is not None and config.model == "default" and config.policy is PolicySource.model:
+        typer.echo(UNTRAINED_NOTE)
+
+
+def _run(config, resume: str | None, device: Device, threads: int | None, db: str | None):
+    from agentmem.jobs.rollout import run_rollout
+    from cli.agent_progress import episode_progress
+    from cli.common import runtime, setup_logging
+    from cli.job_session import job_session
+    from store.engine import open_store
+
     rt = runtime(device, threads)
     setup_logging()
     with job_session(db), episode_progress("rollout") as bar:
-        result = run_rollout(open_store(db, create=True), config, rt, resume=resume, on_start=bar.on_start,
-                             on_round=bar.on_round)
-    _summary(result)
-    if config is not None and config.model == "default" and config.policy is PolicySource.model:
-        typer.echo(UNTRAINED_NOTE)
+        return run_rollout(open_store(db, create=True), config, rt, resume=resume, on_start=bar.on_start,
+                           on_round=bar.on_round)
 
 
 # The quick start's last line: an untrained 135M model scoring 0 is the expected first result, not a failure.

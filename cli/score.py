@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 
 import typer
 
@@ -21,11 +23,8 @@ def score(
 ) -> None:
     """Score the sampled tokens of stored invocations with a teacher, under exactly the state the student
     saw (aligned), the flattened history (persistent) or with privileged context. Resumable."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentmem.jobs.score import run_score
     from cli.common import preflight, runtime, setup_logging
-    from cli.console import console
     from cli.job_session import job_session
     from store.engine import open_store
 
@@ -33,10 +32,25 @@ def score(
     preflight(db, runs=config.run_ids, models=(config.teacher, config.student))
     rt = runtime(device, threads)
     setup_logging()
-    store = open_store(db)
-    out = console(stderr=True)
+    t0 = time.perf_counter()
+    with job_session(db), _progress() as (on_start, on_batch):
+        result = run_score(open_store(db), config, rt, on_start=on_start, on_batch=on_batch)
+    typer.echo(f"scored={result.scored} skipped_already_scored={result.skipped} fill={result.fill:.3f} "
+               f"teacher_truncated_calls={result.teacher_truncated_calls} seconds={time.perf_counter() - t0:.1f} "
+               f"score_run_id={result.run_id}")
+    typer.echo("inspect: agentmem sql \"select invocation_id, context, n_tokens, mean_logprob, mean_reverse_kl, "
+               f"mean_entropy, temperature from teacher_scores where run_id = '{result.run_id}'\"")
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[tuple[Callable, Callable]]:
+    """A bar of calls scored with tokens/s: yields the job's (on_start, on_batch)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cli.console import console
+
     progress = Progress(TextColumn("[bold]score"), BarColumn(), MofNCompleteColumn(), TextColumn("invocations"),
-                        TextColumn("{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(), console=out)
+                        TextColumn("{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(), console=console(stderr=True))
     state = {"task": None, "tokens": 0, "seconds": 0.0}
 
     def on_start(total: int, skipped: int) -> None:
@@ -47,14 +61,8 @@ def score(
         state["seconds"] += p.seconds
         progress.update(state["task"], advance=p.invocations, tps=state["tokens"] / max(state["seconds"], 1e-9))
 
-    t0 = time.perf_counter()
-    with job_session(db), progress:
-        result = run_score(store, config, rt, on_start=on_start, on_batch=on_batch)
-    typer.echo(f"scored={result.scored} skipped_already_scored={result.skipped} fill={result.fill:.3f} "
-               f"teacher_truncated_calls={result.teacher_truncated_calls} seconds={time.perf_counter() - t0:.1f} "
-               f"score_run_id={result.run_id}")
-    typer.echo("inspect: agentmem sql \"select invocation_id, context, n_tokens, mean_logprob, mean_reverse_kl, "
-               f"mean_entropy, temperature from teacher_scores where run_id = '{result.run_id}'\"")
+    with progress:
+        yield on_start, on_batch
 
 
 def register(app: typer.Typer) -> None:
