@@ -75,8 +75,7 @@ class JobSpec:
     prepare: Callable[[dict, set[str], dict], None] | None = None
 
     def options(self) -> list[Option]:
-        leaves = list(_leaves(self.model, "", self.model_defaults()))
-        leaves = [leaf for leaf in leaves if leaf[0] not in self.set_by_job]
+        leaves = [leaf for leaf in _leaves(self.model, "", self.model_defaults()) if leaf[0] not in self.set_by_job]
         owners: dict[str, list[str]] = {}
         for path, *_ in leaves:
             owners.setdefault(path.rpartition(".")[2], []).append(path.rpartition(".")[0])
@@ -94,6 +93,11 @@ class JobSpec:
                 else (f"--{section.replace('_', '-')}.{name.replace('_', '-')}",))
             out.append(_option(path, flags, info, default, self.types.get(name), section_title))
         return out
+
+    def fields(self) -> dict[str, Any]:
+        """Every leaf field of the config (sections expanded), with its default (PydanticUndefined when
+        required): the options are these, less ``set_by_job``."""
+        return {path: default for path, _, default, _ in _leaves(self.model, "", self.model_defaults())}
 
     def model_defaults(self) -> dict:
         """The defaults of every section that has one (nested dicts); leaves come from the model itself."""
@@ -187,7 +191,7 @@ def _option(path: str, flags: tuple[str, ...], info: Any, default: Any, cli_type
     annotation = info.annotation
     inner = _strip_none(annotation)
     origin = typing.get_origin(inner)
-    help_text = info.description or ""
+    help_text = " ".join((info.description or "").split())  # a docstring's line breaks are not the help's
     panel = f"{section} options" if section else "Config options"
     show: Any = default is not None and default is not PydanticUndefined
     if origin in (list, tuple, set) or origin is dict:

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 from agentmem.config import DistillConfig, RolloutConfig, ScoreConfig, TrainConfig
 from agentmem.records import Run, RunKind
 from cli.app import app
-from cli.config_options import _leaves, _section_defaults
 from cli.job_specs import JOBS
 from store import repository as repo
 from store.engine import open_store
@@ -45,7 +44,7 @@ def test_every_config_field_has_an_option_with_the_config_default(job):
     spec = JOBS[job]
     command = typer.main.get_command(app).commands[COMMANDS[job]]
     params = {p.name: p for p in command.params}
-    fields = {path: default for path, _, default, _ in _leaves(spec.model, "", _section_defaults(spec.model))}
+    fields = spec.fields()
     assert set(fields) - spec.set_by_job == {o.path for o in spec.options()}
     for option in spec.options():
         param = params[option.param]
@@ -58,6 +57,13 @@ def test_every_config_field_has_an_option_with_the_config_default(job):
             continue
         assert _plain(param.default) == _plain(default), (option.path, param.default, default)
     assert {"config_file", "db"} <= set(params)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_no_flags_is_the_configs_own_default(job):
+    runs = ["--run", "r"] if job in ("score", "distill", "sft") else []
+    expected = JOBS[job].model.model_validate({"run_ids": ["r"]} if runs else {})
+    assert show(job, *runs) == expected.model_dump(mode="json")
 
 
 def test_the_memory_budget_default_is_one_number():
