@@ -183,27 +183,51 @@ def _stored(db: str, run_id: str) -> dict:
 
 
 def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
-    """rollout and distill on a tiny model: the exported config, run again with --config, stores the same
-    config (the first run was made from flags, the second from the file alone)."""
+    """rollout, score, distill, sft and eval on a tiny model: each run's exported config, run again with
+    --config alone, stores the same config (the first runs were made from flags)."""
     from tiny_models import save_tiny
 
     model = save_tiny(tmp_path / "tiny")
     db = f"sqlite:///{tmp_path / 'a.db'}"
-    first = am("rollout", "--model", model, "--episodes", "1", "--chunk-tokens", "48", "--memory-tokens", "6",
-               "--answer-tokens", "3", "--knob", "context_tokens=100", "--seed", "4", "--device", "cpu", "--db", db)
+    small = ["--chunk-tokens", "48", "--memory-tokens", "6", "--answer-tokens", "3", "--knob", "context_tokens=100"]
+    first = am("rollout", "--model", model, "--episodes", "1", *small, "--seed", "4", "--device", "cpu", "--db", db)
     assert first.returncode == 0, first.stderr
     run_id = first.stdout.split("run_id=")[1].split()[0]
-    distilled = am("distill", "--run", run_id, "--student", model, "--teacher", model, "--steps", "1",
-                   "--invocations-per-step", "2", "--out", str(tmp_path / "ck"), "--device", "cpu", "--db", db)
-    assert distilled.returncode == 0, distilled.stderr
-    distill_id = distilled.stdout.split("distill_run_id=")[1].split()[0]
-    for job, rid in (("rollout", run_id), ("distill", distill_id)):
+    out = str(tmp_path / "ck")
+    jobs = {"rollout": run_id}
+    for job, args in [
+        ("score", ["--run", run_id, "--teacher", model, "--kind", "answer"]),
+        ("distill", ["--run", run_id, "--student", model, "--teacher", model, "--steps", "1",
+                     "--invocations-per-step", "2", "--out", out]),
+        ("sft", ["--run", run_id, "--student", model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
+        ("eval", ["--model", model, "--episodes", "1", *small]),
+    ]:
+        done = am(job, *args, "--device", "cpu", "--db", db)
+        assert done.returncode == 0, (job, done.stderr)
+        jobs[job] = done.stdout.split("run_id=")[1].split()[0]
+    for job, rid in jobs.items():
         exported = am("config", "show", "--run", rid, "--db", db)
         assert exported.returncode == 0, exported.stderr
         file = tmp_path / f"{job}.yaml"
         file.write_text(exported.stdout)
         again = am(job, "--config", str(file), "--device", "cpu", "--db", db)
-        assert again.returncode == 0, again.stderr
+        assert again.returncode == 0, (job, again.stderr)
         again_id = again.stdout.split("run_id=")[1].split()[0]
         assert again_id != rid and _stored(db, again_id) == _stored(db, rid), job
 
+
+def test_a_stored_train_config_exports_and_loads_again(tmp_path):
+    """A train run's stored config (with a warm start) exports to a file that builds the same config."""
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    store = open_store(db, create=True)
+    config = TrainConfig(rounds=3, warm_start={"run_ids": ["o1"], "steps": 4}, distill={"lr": 3e-6})
+    run = Run(kind=RunKind.train, config=config.model_dump(mode="json"))
+    with store.session() as s:
+        repo.start_run(s, run)
+        s.commit()
+    result = CliRunner().invoke(app, ["config", "show", "--run", run.id, "--db", db])
+    assert result.exit_code == 0, result.output
+    file = tmp_path / "train.yaml"
+    file.write_text(result.output)
+    assert show("train", "--config", str(file)) == run.config
+    assert show("train", "--config", str(file), "--rounds", "5")["rounds"] == 5
