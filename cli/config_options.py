@@ -71,10 +71,14 @@ class JobSpec:
     set_by_job: frozenset[str] = frozenset()
     types: Mapping[str, Any] = field(default_factory=dict)
     ties: Mapping[str, str] = field(default_factory=dict)
-    extras: Mapping[str, Any] = field(default_factory=dict)  # name -> Annotated[type, typer.Option] , default
+    extras: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (Annotated option, default)
     prepare: Callable[[dict, set[str], dict], None] | None = None
 
     def options(self) -> list[Option]:
+        return self._options
+
+    @functools.cached_property
+    def _options(self) -> list[Option]:
         leaves = [leaf for leaf in _leaves(self.model, "", self.model_defaults()) if leaf[0] not in self.set_by_job]
         owners: dict[str, list[str]] = {}
         for path, *_ in leaves:
@@ -162,13 +166,11 @@ def _default(info: Any) -> Any:
     return info.get_default(call_default_factory=True)
 
 
-def _section_defaults(model: type[BaseModel], instance: BaseModel | None = None) -> dict:
+def _section_defaults(model: type[BaseModel]) -> dict:
+    """The dumped default of every section field of ``model`` that has one (not None)."""
     out = {}
     for name, info in model.model_fields.items():
-        sub = _section(info.annotation)
-        if sub is None:
-            continue
-        value = getattr(instance, name) if instance is not None else _default(info)
+        value = _default(info) if _section(info.annotation) is not None else None
         if isinstance(value, BaseModel):
             out[name] = value.model_dump(mode="json")
     return out
@@ -188,37 +190,34 @@ def _leaves(model: type[BaseModel], prefix: str, defaults: dict | None,
 
 
 def _option(path: str, flags: tuple[str, ...], info: Any, default: Any, cli_type: Any, section: str) -> Option:
-    annotation = info.annotation
-    inner = _strip_none(annotation)
+    """The typer option of one field: a list or dict field takes repeated values (an absent flag leaves the
+    field alone, so its typer default is None and its shown default the field's); any other field its own
+    type (or ``cli_type``, a wider Enum), defaulting to the field's default."""
+    inner = _strip_none(info.annotation)
     origin = typing.get_origin(inner)
     help_text = " ".join((info.description or "").split())  # a docstring's line breaks are not the help's
-    panel = f"{section} options" if section else "Config options"
-    show: Any = default is not None and default is not PydanticUndefined
-    if origin in (list, tuple, set) or origin is dict:
-        kind = "list" if origin is not dict else "map"
-        help_text += " (repeatable or comma-separated)" if kind == "list" else " (KEY=VALUE, repeatable)"
+    missing = default is None or default is PydanticUndefined
+    if origin in (list, tuple, set, dict):
+        kind = "map" if origin is dict else "list"
+        help_text += " (KEY=VALUE, repeatable)" if kind == "map" else " (repeatable or comma-separated)"
         cli: Any = list[str] | None
-        listed = kind == "list" and isinstance(default, list) and default
-        show = ",".join(map(str, default)) if listed else False
+        show: Any = ",".join(map(str, default)) if kind == "list" and not missing and default else False
         typer_default = None
     else:
         kind = "scalar"
-        base = cli_type or (inner if inspect.isclass(inner) and issubclass(inner, (enum.Enum, bool, int, float, str))
-                            else str)
-        cli = base | None if (default is None or default is PydanticUndefined or _optional(annotation)) else base
-        if isinstance(default, enum.Enum):
-            default = default.value
-        typer_default = None if default is PydanticUndefined else (base(default) if cli_type and default is not None
-                                                                   else default)
-        if isinstance(typer_default, str) and inspect.isclass(base) and issubclass(base, enum.Enum):
-            typer_default = base(typer_default)
+        simple = inspect.isclass(inner) and issubclass(inner, (enum.Enum, bool, int, float, str))
+        base = cli_type or (inner if simple else str)
+        cli = base | None if missing or _optional(info.annotation) else base
+        value = default.value if isinstance(default, enum.Enum) else default
+        typer_default = None if missing else (base(value) if issubclass(base, enum.Enum) else value)
+        show = not missing
         if base is bool:
-            flags = tuple(f"{f}/--no-{f[2:]}" for f in flags[:1]) + flags[1:]
-    param = _PREFIX + path.replace(".", "__")
+            flags = (f"{flags[0]}/--no-{flags[0][2:]}", *flags[1:])
     metavar = {"list": "VALUE[,VALUE]", "map": "KEY=VALUE"}.get(kind)
-    option = typer.Option(*flags, help=help_text, show_default=show, rich_help_panel=panel, metavar=metavar)
-    return Option(path, param, flags, kind, Annotated[cli, option], default, typer_default,
-                  nullable=_optional(annotation) and inner is str)
+    option = typer.Option(*flags, help=help_text, show_default=show, metavar=metavar,
+                          rich_help_panel=f"{section} options" if section else "Config options")
+    return Option(path, _PREFIX + path.replace(".", "__"), flags, kind, Annotated[cli, option], default,
+                  typer_default, nullable=_optional(info.annotation) and inner is str)
 
 
 ConfigFileOption = Annotated[str | None, typer.Option(

@@ -19,8 +19,9 @@ from cli.options import DbOption
 
 app = typer.Typer(help="Experiment configs: print a job's effective config or schema, or a stored run's config.",
                   no_args_is_help=True)
-show_app = typer.Typer(help="Print the config a job would store (YAML): `config show JOB [--config FILE] [flags]`, "
-                       "or a stored run's with --run RUN_ID (`agentmem JOB --config` runs it again).",
+show_app = typer.Typer(help="Print the config a job would store (YAML): `config show JOB`, with the job's "
+                       "--config FILE and flags, or a stored run's with --run RUN_ID (`agentmem JOB --config` runs "
+                       "it again).",
                        invoke_without_command=True)
 app.add_typer(show_app, name="show")
 
