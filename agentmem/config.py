@@ -613,8 +613,7 @@ SERVE_KINDS = ("chat", "completion")
 
 
 def kind_names(value: Any) -> Any:
-    """``--kinds``: a comma-separated string or a list of call kinds, checked (``update`` =
-    ``memory_update``)."""
+    """``--kinds``: a comma-separated string or a list of call kinds, checked (``update`` = ``memory_update``)."""
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
