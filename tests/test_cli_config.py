@@ -184,27 +184,31 @@ def _stored(db: str, run_id: str) -> dict:
 
 def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
     """rollout, score, distill, sft and eval on a tiny model: each run's exported config, run again with
-    --config alone, stores the same config (the first runs were made from flags)."""
+    --config alone, stores the same config (the first runs were made from flags, the rollout and the distill
+    from examples/ files with flags over them)."""
     from tiny_models import save_tiny
 
     model = save_tiny(tmp_path / "tiny")
     db = f"sqlite:///{tmp_path / 'a.db'}"
     small = ["--chunk-tokens", "48", "--memory-tokens", "6", "--answer-tokens", "3", "--knob", "context_tokens=100"]
-    first = am("rollout", "--model", model, "--episodes", "1", *small, "--seed", "4", "--device", "cpu", "--db", db)
+    first = am("rollout", "--config", "examples/quick_start.yaml", "--model", model, "--episodes", "1", *small,
+               "--seed", "4", "--context", "privileged", "--device", "cpu", "--db", db)
     assert first.returncode == 0, first.stderr
     run_id = first.stdout.split("run_id=")[1].split()[0]
     out = str(tmp_path / "ck")
     jobs = {"rollout": run_id}
     for job, args in [
         ("score", ["--run", run_id, "--teacher", model, "--kind", "answer"]),
-        ("distill", ["--run", run_id, "--student", model, "--teacher", model, "--steps", "1",
-                     "--invocations-per-step", "2", "--out", out]),
+        ("distill", ["--config", "examples/psd_distill.yaml", "--run", run_id, "--student", model, "--teacher",
+                     model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
         ("sft", ["--run", run_id, "--student", model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
         ("eval", ["--model", model, "--episodes", "1", *small]),
     ]:
         done = am(job, *args, "--device", "cpu", "--db", db)
         assert done.returncode == 0, (job, done.stderr)
         jobs[job] = done.stdout.split("run_id=")[1].split()[0]
+    assert _stored(db, jobs["distill"])["psd"] == "off_policy" and _stored(db, jobs["distill"])["run_ids"] == [run_id]
+    assert _stored(db, run_id)["episodes"] == 1 and _stored(db, run_id)["context"] == "privileged"
     for job, rid in jobs.items():
         exported = am("config", "show", "--run", rid, "--db", db)
         assert exported.returncode == 0, exported.stderr
