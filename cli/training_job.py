@@ -1,17 +1,46 @@
-"""The one shell of the jobs that train from stored calls (``distill`` and ``sft``): trackers checked, the
+"""The one command of the jobs that train from stored calls (``distill`` and ``sft``): trackers checked, the
 config built from the command line (or none on ``--resume``), the cheap checks, the runtime, the job run with
-progress and trackers on rank 0 only (the only process under plain ``agentmem``)."""
+progress and trackers on rank 0 only (the only process under plain ``agentmem``), one result line."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
+from agentmem.config import Device
 from agentmem.errors import ConfigError
 from agentmem.records import RunKind
-from cli.config_options import invocation
+from cli.config_options import JobSpec, invocation, job_command
+from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
+
+ResumeOption = Annotated[str | None, typer.Option(
+    help="Continue run RUN_ID (of this command's kind) from its last checkpoint, with its stored config; "
+         "--steps N extends it.")]
+
+
+def training_command(spec: JobSpec, kind: RunKind, job: str, *, terms: tuple[str, ...],
+                     models: Callable[[Any], tuple[str | None, ...]], doc: str,
+                     after: Callable[[Any], None] = lambda result: None) -> Callable:
+    """The typer command of ``kind``: ``job`` (``module.function``) is imported when the command runs (after
+    the fast checks; tests patch it there); ``after`` gets the result on rank 0, after its line."""
+
+    @job_command(spec)
+    def command(ctx: typer.Context, resume: ResumeOption = None, report_to: ReportToOption = [],  # noqa: B006
+                device: DeviceOption = Device.auto, threads: ThreadsOption = None, fsdp: FsdpOption = False,
+                db: DbOption = None) -> None:
+        module, name = job.rsplit(".", 1)
+        run_job = getattr(importlib.import_module(module), name)
+        result = train_job(ctx, kind, run_job, resume=resume, report_to=report_to, device=device,
+                           threads=threads, fsdp=fsdp, db=db, terms=terms, models=models)
+        if result is not None:
+            typer.echo(result_line(kind, result))
+            after(result)
+
+    command.__doc__ = doc
+    return command
 
 
 def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *, resume: str | None,
