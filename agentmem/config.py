@@ -189,7 +189,8 @@ class PsdMode(Choice):
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    # a field's docstring is its description: the help of its CLI option (``cli.config_options``)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, use_attribute_docstrings=True)
 
 
 class AgentConfig(Frozen):
@@ -202,17 +203,31 @@ class AgentConfig(Frozen):
     def stored(cls, data: dict) -> AgentConfig:
         return cls.model_validate({"prompt_layout": PromptLayout.memory_first.value, **data})
 
-    memory_tokens: int = Field(256, ge=1)
+    memory_tokens: int = Field(128, ge=1)
+    """Memory budget in tokens (max new tokens of an update)."""
     answer_max_new_tokens: int = Field(32, ge=1)
+    """Max new tokens of the answer call."""
     max_chunks: int | None = Field(None, ge=1)
+    """Read at most this many chunks (episode truncated)."""
     temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; 0 = greedy."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
     memory_policy: str = "overwrite"
+    """Memory policy (registered name): overwrite (MemAgent), log (PRO-LONG), events (MemPrism), routed
+    (Router-Mem), teacher (AMD/DuoMem memories); see docs/memory.md."""
     # the memory policy's own options (``--memory-option KEY=VALUE``), validated by the policy's factory
     memory_options: dict[str, Any] = Field(default_factory=dict)
+    """Memory policy option KEY=VALUE, e.g. condition=windowed-log, threshold=0.5; each policy's options are
+    in docs/memory.md."""
     prompt_layout: PromptLayout = PromptLayout.chunk_first
+    """Update prompt order: chunk-first (question, chunk, memory: a task's samples share the prefix) or
+    memory-first (MemAgent's order)."""
     max_batch: int = Field(8, ge=1)
+    """Calls per backend batch (across episodes)."""
     seed: int = Field(0, ge=0)
+    """Sampling seed (round r samples with seed * 1000003 + r); on the command line it follows --seed unless
+    given."""
 
 
 class RolloutConfig(Frozen):
@@ -226,23 +241,41 @@ class RolloutConfig(Frozen):
         return cls.model_validate(data)
 
     env: str = "synthetic"
+    """Environment."""
     data: str | None = None
+    """Data file in the benchmark's official JSON format."""
     env_knobs: dict[str, Any] = Field(default_factory=dict)
+    """Environment knob KEY=VALUE, e.g. hops=3, context_tokens=4096, docs=20."""
     model: str = "default"
+    """Model folder, hub name, checkpoint id, or 'default' (SmolLM2-135M-Instruct, prepared on first use)."""
     policy: PolicySource = PolicySource.model  # oracle: ``model`` gives only the tokenizer and chat template
+    """Who writes the outputs: the model (sampled, with log-probs) or the oracle (scripted from the task's
+    evidence and gold answer: no model, no log-probs; --model gives only the tokenizer and chat template)."""
     backend: BackendKind = BackendKind.transformers
+    """Generation backend (openai: a client of an `agentmem serve` server at --base-url serving --model)."""
     base_url: str | None = None  # backend openai: the server's /v1 URL (``agentmem serve``)
+    """With --backend openai: the server's URL, e.g. http://127.0.0.1:8000/v1."""
     # fp32 by default: on CPU it is faster end to end for long prompts (prefill dominates), and the stored
     # sampler log-probs then match the fp32 training recompute (bf16 differs by ~0.03 on average).
     dtype: DType = DType.float32
+    """Weights dtype for the transformers backend; auto (command line only): the faster of float32 and
+    bfloat16 measured on this CPU (bfloat16 only where it has avx512_bf16/amx_bf16), printed and stored in the
+    run config."""
     episodes: int = Field(8, ge=1)
+    """Number of tasks."""
     group_size: int = Field(1, ge=1)
+    """Episodes sampled per task (for group-normalised RL)."""
     seed: int = Field(0, ge=0)
+    """Seed for task order and sampling."""
     chunk_tokens: int = Field(512, ge=16)
+    """Tokens per chunk the agent reads per call."""
     agent: AgentConfig = Field(default_factory=AgentConfig)
     # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
     # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
     context: SamplingContext = SamplingContext.aligned
+    """Prompt the model samples from: aligned (the task prompt) or privileged (the episode's gold answer and
+    evidence as a system message before every prompt, stored apart: PSD's off-policy samples, `distill --psd
+    off_policy`)."""
 
     @model_validator(mode="after")
     def _server(self) -> RolloutConfig:
@@ -266,7 +299,10 @@ class EvalConfig(RolloutConfig):
     Stored as a run of kind ``eval`` with this config."""
 
     episodes: int = Field(16, ge=1)
+    """Number of tasks (one greedy episode each)."""
     seed: int = Field(HELD_OUT_SEED, ge=0)
+    """Seed for task selection. The default differs from rollout's (0) so that synthetic tasks are ones
+    training never saw; data files are only reordered by it."""
     agent: AgentConfig = Field(default_factory=_greedy_agent)
 
     @model_validator(mode="after")
@@ -284,22 +320,41 @@ class ScoreConfig(Frozen):
     same as distill's), stored with every score row."""
 
     run_ids: list[str] = Field(min_length=1)
+    """Rollout run id(s) to score."""
     teacher: str = "default"
+    """Teacher: model folder, hub name, checkpoint id or 'default'."""
     student: str | None = None
+    """Student model; adds the per-token reverse KL KL(student_T || teacher_T) at --temperature."""
     context: TeacherContext = TeacherContext.aligned
+    """Teacher context: aligned (the student's own state) | persistent (earlier calls concatenated as stored)
+    | persistent_chat (the episode as one multi-turn chat) | privileged."""
     kinds: list[CallKind] | None = None
+    """Only these call kinds (e.g. memory_update, answer, or a memory policy's own kinds). Default: all."""
     row_tokens: int = Field(4096, ge=16)
+    """Tokens per packed row (hard cap)."""
     rows_per_batch: int = Field(1, ge=1)
+    """Packed rows per forward pass."""
     topk: int = Field(0, ge=0)
+    """Also write the teacher's top-K log-probs to safetensors shards."""
     topk_dir: str = "agentmem_topk"
+    """Folder for the top-K shards."""
     path: AttentionPath = AttentionPath.fast
+    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
+    block mask)."""
     # shared_prefix: the same scores (exact up to float round-off, tested), a group's prefix computed once
     packing: Packing = Packing.shared_prefix
+    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
+    prefix placed and computed once; exact)."""
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
+    """A teacher context longer than --row-tokens: error, or left (cut from the left; counted and shown)."""
     dtype: DType = DType.float32
+    """Teacher/student weights dtype."""
     temperature: float = Field(1.0, gt=0)
+    """Temperature of both distributions (stored per row)."""
     # context privileged: a JSONL of {task_id, answers, text} for episodes stored without privileged context
     privileged_file: str | None = None
+    """With --context privileged: a JSONL of {"task_id", "answers", "text"} giving the privileged context of
+    episodes stored without one (e.g. an `agentmem serve` run)."""
 
     @field_validator("kinds", mode="before")
     @classmethod
@@ -331,67 +386,136 @@ class DistillConfig(Frozen):
     per-token clip of the divergence (docs/methods.md)."""
 
     run_ids: list[str] = Field(default_factory=list)
+    """Run id(s) to train on (a train run's rounds set it themselves)."""
     student: str = "default"
+    """Student: model folder, checkpoint id, hub name or 'default'."""
     teacher: str | None = "default"
+    """Teacher (same tokenizer as the student); 'none' for RL only."""
     teacher_source: TeacherSourceKind = TeacherSourceKind.model
+    """Teacher targets: model (run online on packed rows) | shards (top-K log-probs written by `agentmem score
+    --topk`) | scores (stored per-token teacher log-probs of `agentmem score`)."""
     context: TeacherContext = TeacherContext.aligned
+    """Teacher context: aligned (the student's own state) | persistent (earlier calls concatenated as stored)
+    | persistent_chat (the episode as one multi-turn chat) | privileged (gold answer and evidence before the
+    prompt)."""
     # call kinds the teacher scores in the aligned context whatever ``context`` is: e.g. ``[answer]`` with
     # ``persistent`` measures the persistent context on update calls alone (teacher_source=model only)
     aligned_kinds: list[CallKind] | None = None
+    """Call kinds the teacher scores in the aligned context whatever --context is, e.g. answer with persistent
+    (teacher_source model only). Default: none."""
     loss: Divergence = Divergence.reverse_kl
+    """Divergence at action positions."""
     beta: float = Field(0.5, ge=0, le=1)
+    """Generalised JSD interpolation (TRL semantics)."""
     temperature: float = Field(1.0, gt=0)
+    """Temperature of both distributions in the divergence."""
     rl: RLKind = RLKind.grpo
+    """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)
+    """Weight of the distillation term."""
     rl_weight: float = Field(1.0, ge=0)
+    """Weight of the policy-gradient term."""
     ce_weight: float = Field(0.0, ge=0)
+    """Weight of cross-entropy on the action tokens."""
     anchor_weight: float = Field(0.0, ge=0)
-    # weights of loss terms that installed packages register (entry-point group agentmem.loss_terms), by name
+    """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (in train: each
+    round's starting checkpoint; in sft: the starting weights, without LoRA adapters)."""
     loss_terms: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    """Weights of loss terms that installed packages register (entry-point group agentmem.loss_terms), by
+    name: NAME=WEIGHT."""
     normalize_std: bool = False
+    """Divide advantages by the group's std."""
     clip_eps: float = Field(0.2, ge=0)
+    """Clip range of the policy-gradient ratio (PPO-style)."""
     weighting: Weighting = Weighting.token
+    """Token averaging over the global step: every token, every call or every episode equal."""
     steps: int = Field(10, ge=1)
+    """Optimizer steps (train: per round, fresh rollouts every this many steps; on --resume of distill, the
+    stored value unless given)."""
     invocations_per_step: int = Field(8, ge=1)
+    """Stored calls per optimizer step."""
     row_tokens: int = Field(4096, ge=16)
+    """Tokens per packed row."""
     lr: float = Field(1e-5, gt=0)
+    """Peak AdamW learning rate."""
     # The learning-rate schedule over the global step ``schedule_offset + step`` of ``schedule_steps`` steps
     # (default: this job's ``steps``); ``agentmem train`` sets offset and length so that one schedule spans
     # every round.
     warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps (step s at lr x (s+1)/(warmup+1); train: over all rounds)."""
     schedule: LrSchedule = LrSchedule.constant
+    """Learning rate after warmup: constant, or cosine decay to min_lr_ratio x lr at the schedule's last step
+    (train: the last round's)."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine schedule: the last step's learning rate as a share of lr."""
     schedule_offset: int = Field(0, ge=0)
+    """Global step the schedule starts at (train sets it per round)."""
     schedule_steps: int | None = Field(None, ge=1)
+    """Length of the schedule in steps (default: steps; train sets it to span every round)."""
     # Start AdamW from the state saved in the student's checkpoint folder (the previous round's), so its
     # moments carry across rounds instead of restarting each round.
     carry_optimizer: bool = False
+    """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
+    carried from round to round)."""
     reward: RewardKind = RewardKind.f1
+    """Episode reward of the RL term: f1 (the stored reward), sub_em (a gold answer inside the prediction) or
+    max_f1_sub_em (their maximum)."""
     # Load the frozen starting student to log KL(student || start) every step (``train_steps.metrics``).
     monitor_start_kl: bool = False
+    """Also load the starting student to log KL(student || start) every step."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
     seed: int = 0
+    """Seed of the data order."""
     out: str = "checkpoints"
+    """Folder for checkpoints (train: OUT/T/round-N/<distill run>/step-K)."""
     save_every: int | None = Field(None, ge=1)
+    """Save a checkpoint every N steps (and at the end)."""
     kinds: list[CallKind] | None = None
+    """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
+    event_view, log_search, ...). Default: all."""
     path: AttentionPath = AttentionPath.fast
+    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
+    block mask)."""
     packing: Packing = Packing.segments
+    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
+    prefix placed and computed once; exact)."""
     oversize: Oversize = Oversize.error
+    """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
+    """A teacher context longer than --row-tokens: error, or left (cut from the left, counted)."""
     dtype: DType = DType.float32
+    """Student and teacher weights dtype."""
     # The distillation target (DemoPSD's barycenter) and OPSD's per-token clip; docs/methods.md.
     target: DistillTarget = DistillTarget.teacher
+    """What the distillation term pulls towards: teacher (its distribution) or barycenter (DemoPSD: q ∝
+    p_teacher^alpha p_student^(1-alpha) per token, alpha = exp(-JSD/tau) from their disagreement)."""
     alpha_tau: float = Field(0.1, gt=0)
+    """Barycenter: tau of alpha = exp(-D / tau), D the top-K-union JSD (at most ln 2 = 0.69)."""
     alpha_topk: int = Field(20, ge=1)
+    """Barycenter: K, the JSD is taken on the union of teacher's and student's top-K tokens."""
     alpha_min: float = Field(0.0, ge=0, le=1)
+    """Barycenter: lower clamp of alpha."""
     alpha_max: float = Field(1.0, ge=0, le=1)
+    """Barycenter: upper clamp of alpha."""
     alpha_ema: float = Field(0.0, ge=0, lt=1)
+    """Barycenter: decay of a running mean of alpha over steps, blended into each token's alpha (0 = off;
+    saved in checkpoints, restored by --resume)."""
     prob_floor: float = Field(0.0, ge=0, lt=1)
+    """Barycenter: raise every target probability to at least this, then renormalise (0 = off)."""
     jsd_clip: float | None = Field(None, gt=0)
+    """OPSD clip: cap each token's divergence at C (min(D, C); a clipped token gets no gradient;
+    train_steps.metrics.kd_clip_fraction). Any --loss, either --target. Default: no clip."""
     # Pseudo self-distillation: whose samples the privileged teacher scores, and the off-policy share of mixed.
     psd: PsdMode = PsdMode.none
+    """Pseudo self-distillation (needs --context privileged): whose samples the privileged teacher scores:
+    on_policy (the student's rollouts), off_policy (`rollout --context privileged` runs), mixed (one of each;
+    loss (1 - m) L_on + m L_off, m = --psd-mix). Checks the runs before any model loads."""
     psd_mix: float = Field(0.5, ge=0, le=1)
+    """PSD mixed: m, the off-policy part's share of the step loss (each part's tokens weighted within the
+    part; each step draws half its calls from each)."""
 
     @field_validator("kinds", "aligned_kinds", mode="before")
     @classmethod
@@ -486,6 +610,7 @@ class ReplayConfig(Frozen):
     dtype: DType = DType.float32
     group_size: int = Field(1, ge=1)
     kappa: float = Field(0.6, gt=0)
+    """ReOPD: decay of the branch-step distribution P(t) ∝ kappa^t (with --replay-from)."""
     seed: int = Field(0, ge=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -522,31 +647,61 @@ class SftConfig(Frozen):
     checkpoints hold the merged weights)."""
 
     run_ids: list[str] = Field(min_length=1)
+    """Run id(s) whose stored calls to train on: oracle runs, a teacher's runs or the student's own."""
     student: str = "default"
+    """Student: model folder, checkpoint id, hub name or 'default'."""
     min_f1: float | None = Field(None, ge=0, le=1)
+    """Train only on calls of episodes with F1 >= this (e.g. a student's own successful episodes)."""
     kinds: list[CallKind] | None = None
+    """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
+    event_view, log_search, ...). Default: all."""
     lora_rank: int | None = Field(None, ge=1)
+    """Train LoRA adapters of this rank instead of every weight; checkpoints hold the merged weights."""
     lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scaling numerator (scale = alpha / rank)."""
     lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA input."""
     lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Modules that get LoRA adapters."""
     steps: int = Field(10, ge=1)
+    """Optimizer steps in all (on --resume, the stored value unless given)."""
     invocations_per_step: int = Field(8, ge=1)
+    """Stored calls per optimizer step."""
     row_tokens: int = Field(4096, ge=16)
+    """Tokens per packed row."""
     lr: float = Field(1e-5, gt=0)
+    """Peak AdamW learning rate."""
     warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps (step s at lr x (s+1)/(warmup+1))."""
     schedule: LrSchedule = LrSchedule.constant
+    """Learning rate after warmup: constant, or cosine decay to min_lr_ratio x lr at the last step."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine schedule: the last step's learning rate as a share of lr."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
     seed: int = 0
+    """Seed of the data order (and of the LoRA initialisation)."""
     out: str = "checkpoints"
+    """Folder for checkpoints."""
     save_every: int | None = Field(None, ge=1)
+    """Save a checkpoint every N steps (and at the end)."""
     weighting: Weighting = Weighting.token
+    """Token averaging over the global step: every token, every call or every episode equal."""
     path: AttentionPath = AttentionPath.fast
+    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
+    block mask)."""
     packing: Packing = Packing.segments
+    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
+    prefix placed and computed once; exact)."""
     oversize: Oversize = Oversize.error
+    """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
     dtype: DType = DType.float32
+    """Student weights dtype (bf16 is faster on most CPUs)."""
     anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
+    """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (the starting
+    weights, without LoRA adapters)."""
 
     @field_validator("kinds", mode="before")
     @classmethod
@@ -564,6 +719,20 @@ class SftConfig(Frozen):
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
             save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
             oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight)
+
+
+class WarmStartConfig(SftConfig):
+    """``TrainConfig.warm_start``: an SFT before round 1 with the recipe's defaults (docs/learning.md: 16
+    steps at 5e-5, one warmup step, cosine). Stored as an ``SftConfig``'s fields."""
+
+    steps: int = Field(16, ge=1)
+    """Warm-start SFT steps."""
+    lr: float = Field(5e-5, gt=0)
+    """Peak learning rate of the warm start."""
+    warmup_steps: int = Field(1, ge=0)
+    """Linear warmup steps of the warm start."""
+    schedule: LrSchedule = LrSchedule.cosine
+    """Learning rate after warmup: cosine decay to min_lr_ratio x lr at the last step, or constant."""
 
 
 def _train_rollout() -> RolloutConfig:
@@ -589,18 +758,24 @@ class TrainConfig(Frozen):
     run ids and seed; everything else is taken as given."""
 
     rounds: int = Field(2, ge=1)
+    """Rollout + distill rounds."""
     seed: int = 0
+    """Seed (rollout tasks, sampling, data order); round r uses seed + r."""
     rollout: RolloutConfig = Field(default_factory=_train_rollout)
     distill: DistillConfig = Field(default_factory=_train_distill)
     # SFT before round 1 (its run_ids: an oracle or teacher run); its last checkpoint starts round 1
-    warm_start: SftConfig | None = None
+    warm_start: WarmStartConfig | None = None
     # the teacher is checked before any distillation: a greedy eval of it on ``teacher_check_episodes``
     # tasks of the rollout's environment (held-out seed); above ``max_teacher_empty`` end-of-sequence-only
     # outputs on any call kind the loop refuses it. 0 episodes: no check.
     teacher_check_episodes: int = Field(8, ge=0)
+    """Validate the teacher first on this many held-out greedy episodes; refuse it when a call kind's
+    end-of-sequence-only share is over --max-teacher-empty (0: no check)."""
     max_teacher_empty: float = Field(0.1, ge=0, le=1)
-    # ... and above ``max_teacher_forgot`` of its memory updates made once a fact was read writing ``(empty)``
+    """Largest end-of-sequence-only share the teacher may have on any call kind."""
     max_teacher_forgot: float = Field(0.5, ge=0, le=1)
+    """Largest share of the teacher's memory updates, made once a fact was read, that write an empty memory
+    ((empty)): a teacher over it would teach the student to drop what it read."""
 
     @model_validator(mode="after")
     def _run_ids_per_round(self) -> TrainConfig:

@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from cli import config_show as config_commands
 from cli import db as db_commands
 from cli import distill as distill_commands
 from cli import evaluate as evaluate_commands
@@ -41,6 +42,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(db_commands.app, name="db")
+config_commands.register(app)
 distill_commands.register(app)
 evaluate_commands.register(app)
 inspect_commands.register(app)
@@ -70,11 +72,13 @@ def error_message(exc: BaseException) -> str:
     the config field behind it."""
     from pydantic import ValidationError
 
+    from cli.config_options import flag_of
+
     if isinstance(exc, ValidationError):
         parts = []
         for err in exc.errors():
             names = [str(x) for x in err["loc"] if not isinstance(x, int)]
-            parts.append(f"--{names[-1].replace('_', '-')}: {err['msg']}" if names else err["msg"])
+            parts.append(f"{flag_of(names[-1])}: {err['msg']}" if names else err["msg"])
         return "; ".join(parts)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -2,39 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
 from rich.logging import RichHandler
-
-from agentmem.errors import ConfigError
-
-
-def parse_knobs(values: list[str]) -> dict:
-    """Environment knobs from repeated KEY=VALUE flags; values are JSON when they parse as JSON."""
-    out = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--knob expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
-def env_knobs(env: str, knobs: list[str], level: int | None) -> dict:
-    """The environment knobs of ``--knob`` flags plus ``--level`` (the synthetic ladder)."""
-    out = parse_knobs(knobs)
-    if level is None:
-        return out
-    if env != "synthetic":
-        raise ConfigError(f"--level is the synthetic task ladder; environment {env!r} has no levels")
-    if "level" in out and out["level"] != level:
-        raise ConfigError(f"--level {level} and --knob level={out['level']} disagree: give one")
-    return {"level": level, **out}
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -67,6 +38,14 @@ def weights_dtype(dtype, model: str, db: str | None, threads: int | None):
     choice = auto_dtype(open_store(db, create=True), model)
     typer.echo(f"--dtype auto: {choice.dtype} ({choice.reason})")
     return DType(choice.dtype)
+
+
+def measured_dtype(call, config, db: str | None, threads: int | None):
+    """``config`` with ``--dtype auto`` (flag or file) measured; called after the cheap checks, so a bad
+    flag answers first. ``config`` None (a resumed run) stays None."""
+    if config is None or call.given()[0].get("dtype") != "auto":
+        return config
+    return config.model_copy(update={"dtype": weights_dtype("auto", config.model, db, threads)})
 
 
 def runtime(device, threads: int | None, fsdp: bool = False):

@@ -6,96 +6,44 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import HELD_OUT_SEED, BackendKind, Device, PlotBy, PromptLayout
+from agentmem.config import Device, PlotBy
 from agentmem.errors import ConfigError
-from cli.common import env_knobs
-from cli.options import DbOption, DeviceOption, EnvName, GenDType, GenDTypeOption, LevelOption, ThreadsOption
+from cli.config_options import invocation, job_command
+from cli.job_specs import EVAL
+from cli.options import DbOption, DeviceOption, ThreadsOption
+
+DocsOption = Annotated[str | None, typer.Option(
+    help="Length sweep over documents: comma-separated counts, e.g. 50,100,200,400,800 (ruler_hotpotqa's `docs` "
+         "knob). One evaluation, one run and one eval_results row per count; the model loads once.")]
+SweepOption = Annotated[str | None, typer.Option(
+    help="Sweep any integer knob: KNOB=V1,V2,... (e.g. context_tokens=4096,16384 for needle or synthetic). "
+         "--docs N,M is --sweep docs=N,M.")]
+PlotOption = Annotated[str | None, typer.Option(
+    help="Write a PNG of F1 (95% intervals) over every stored eval of this environment to PATH.")]
+PlotByOption = Annotated[PlotBy | None, typer.Option(
+    help="Plot F1 against the training step or the context length (default: context length for a sweep, else "
+         "step).")]
 
 
-def evaluate(
-    model: Annotated[str, typer.Option(help="Model folder, hub name, checkpoint id, or 'default' "
-                                            "(SmolLM2-135M-Instruct, prepared on first use).")] = "default",
-    env: Annotated[EnvName, typer.Option(help="Environment.")] = EnvName("synthetic"),
-    data: Annotated[str | None, typer.Option(help="Data file in the benchmark's official JSON format "
-                                                  "(use a held-out split).")] = None,
-    knob: Annotated[list[str], typer.Option(help="Environment knob KEY=VALUE (repeatable), e.g. "
-                                                 "context_tokens=4096.")] = [],  # noqa: B006
-    level: LevelOption = None,
-    episodes: Annotated[int, typer.Option(help="Number of tasks (one greedy episode each).")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed for task selection. The default differs from rollout's (0) so "
-                                           "that synthetic tasks are ones training never saw; data files are "
-                                           "only reordered by it.")] = HELD_OUT_SEED,
-    backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
-    dtype: GenDTypeOption = GenDType("float32"),
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk the agent reads per call.")] = 512,
-    memory_tokens: Annotated[int, typer.Option(help="Memory budget in tokens (max new tokens of an update).")]
-    = 128,
-    answer_tokens: Annotated[int, typer.Option(help="Max new tokens of the answer call.")] = 32,
-    max_chunks: Annotated[int | None, typer.Option(help="Read at most this many chunks (episode truncated).")]
-    = None,
-    memory_policy: Annotated[str, typer.Option(
-        "--memory", "--memory-policy", help="Memory policy (registered name); see docs/memory.md.")] = "overwrite",
-    memory_option: Annotated[list[str], typer.Option(
-        help="Memory policy option KEY=VALUE (repeatable); see docs/memory.md.")] = [],  # noqa: B006
-    prompt_layout: Annotated[PromptLayout, typer.Option(
-        help="Update prompt order: chunk-first (question, chunk, memory: a task's samples share the prefix) "
-             "or memory-first (MemAgent's order).")] = PromptLayout.chunk_first,
-    batch: Annotated[int, typer.Option(help="Calls per backend batch (across episodes).")] = 8,
-    device: DeviceOption = Device.auto,
-    threads: ThreadsOption = None,
-    docs: Annotated[str | None, typer.Option(
-        help="Length sweep over documents: comma-separated counts, e.g. 50,100,200,400,800 (ruler_hotpotqa's "
-             "`docs` knob). One evaluation, one run and one eval_results row per count; the model loads once.")]
-    = None,
-    sweep: Annotated[str | None, typer.Option(
-        help="Sweep any integer knob: KNOB=V1,V2,... (e.g. context_tokens=4096,16384 for needle or "
-             "synthetic). --docs N,M is --sweep docs=N,M.")] = None,
-    plot: Annotated[str | None, typer.Option(help="Write a PNG of F1 (95% intervals) over every stored eval "
-                                                  "of this environment to PATH.")] = None,
-    plot_by: Annotated[PlotBy | None, typer.Option(
-        help="Plot F1 against the training step or the context length (default: context length for a "
-             "sweep, else step).")] = None,
-    db: DbOption = None,
-) -> None:
+@job_command(EVAL)
+def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = None, plot: PlotOption = None,
+             plot_by: PlotByOption = None, device: DeviceOption = Device.auto, threads: ThreadsOption = None,
+             db: DbOption = None) -> None:
     """Evaluate a model or checkpoint greedily: F1, EM and substring EM with bootstrap 95% intervals.
 
     The episodes are stored as a run of kind `eval` (inspect them with `agentmem sql`) and the summary as
     one `eval_results` row; `--plot PATH` draws every stored eval of the environment.
     """
-    from agentmem.config import AgentConfig, EvalConfig
-    from agentmem.jobs.eval import run_eval, run_sweep, sweep_configs
-    from cli.agent_progress import episode_progress
-    from cli.common import parse_knobs, preflight, runtime, setup_logging, weights_dtype
-    from cli.job_session import job_session
-    from store.engine import open_store
+    from agentmem.jobs.eval import sweep_configs
+    from cli.common import measured_dtype, preflight
 
-    auto = str(dtype) == "auto"  # measured once the flags are validated
-    config = EvalConfig(env=env.value, data=data, env_knobs=env_knobs(env.value, knob, level), model=model, backend=backend,
-                        dtype="float32" if auto else str(dtype), episodes=episodes, seed=seed,
-                        chunk_tokens=chunk_tokens,
-                        agent=AgentConfig(memory_tokens=memory_tokens, answer_max_new_tokens=answer_tokens,
-                                          max_chunks=max_chunks, temperature=0.0, max_batch=batch, seed=seed,
-                                          memory_policy=memory_policy, prompt_layout=prompt_layout,
-                                          memory_options=parse_knobs(memory_option)))
+    call = invocation(ctx)
+    config = call.config()
     swept = _sweep(docs, sweep)
     if swept is not None:
         sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads
-    preflight(db, models=(model,), data=data, create=True)
-    if auto:
-        config = config.model_copy(update={"dtype": weights_dtype("auto", model, db, threads)})
-    rt = runtime(device, threads)
-    setup_logging()
-    store = open_store(db, create=True)
-    if swept is None:
-        with job_session(db), episode_progress("eval") as bar:
-            results = [run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)]
-    else:
-        knob, values = swept
-        with job_session(db), episode_progress("eval") as bar:
-            def on_length(i: int, value: int) -> None:
-                bar.next_part(f"eval {knob}={value} ({i + 1}/{len(values)})")
-            results = run_sweep(store, config, knob, values, rt, on_length=on_length, on_start=bar.on_start,
-                                on_round=bar.on_round)
+    preflight(db, models=(config.model,), data=config.data, create=True)
+    results, store = _run(measured_dtype(call, config, db, threads), swept, device, threads, db)
     for result in results:
         _summary(result)
     if swept is not None and len(results) > 1:
@@ -103,6 +51,29 @@ def evaluate(
     if plot:
         by = plot_by or (PlotBy.context_tokens if swept is not None else PlotBy.step)
         _plot(store, config.env, plot, by)
+
+
+def _run(config, swept, device: Device, threads: int | None, db: str | None):
+    """One evaluation, or one per value of the sweep; (results, store)."""
+    from agentmem.jobs.eval import run_eval, run_sweep
+    from cli.agent_progress import episode_progress
+    from cli.common import runtime, setup_logging
+    from cli.job_session import job_session
+    from store.engine import open_store
+
+    rt = runtime(device, threads)
+    setup_logging()
+    store = open_store(db, create=True)
+    with job_session(db), episode_progress("eval") as bar:
+        if swept is None:
+            return [run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)], store
+        knob, values = swept
+
+        def on_length(i: int, value: int) -> None:
+            bar.next_part(f"eval {knob}={value} ({i + 1}/{len(values)})")
+
+        return run_sweep(store, config, knob, values, rt, on_length=on_length, on_start=bar.on_start,
+                         on_round=bar.on_round), store
 
 
 def _sweep(docs: str | None, sweep: str | None) -> tuple[str, list[int]] | None:

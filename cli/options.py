@@ -9,13 +9,10 @@ import typer
 from agentmem.config import Choice, Device
 from envs import env_names
 
-EnvName = Choice("EnvName", [(n, n) for n in env_names()])  # --env: a fixed list, checked at parse time
-# --dtype of the generating jobs: a weights dtype, or auto (the faster one measured on this CPU)
+# --env: the built-in environments and the installed packages' (entry points), checked at parse time
+EnvName = Choice("EnvName", [(n, n) for n in env_names()])
+# --dtype of the generating jobs (rollout, eval): a weights dtype, or auto (the faster one measured on this CPU)
 GenDType = Choice("GenDType", [(n, n) for n in ("auto", "float32", "bfloat16", "float16")])
-GenDTypeOption = Annotated[GenDType, typer.Option(
-    "--dtype", help="Weights dtype for the transformers backend; auto: the faster of float32 and bfloat16 "
-    "measured on this CPU (bfloat16 only where it has avx512_bf16/amx_bf16), printed and stored in the run config.")]
-
 DbOption = Annotated[
     str | None,
     typer.Option(
@@ -29,12 +26,6 @@ DeviceOption = Annotated[
     Device, typer.Option(help="Where models run: auto (CUDA when available, else CPU) | cpu | cuda.")
 ]
 ThreadsOption = Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).", min=1)]
-LevelOption = Annotated[
-    int | None,
-    typer.Option(min=0, max=4, help="Synthetic task ladder level: 0 (one fact in one short chunk) .. 4 (three hops "
-                 "among distractors over about 9 chunks at --chunk-tokens 128); sets the context_tokens, hops and "
-                 "distractors knobs (an explicit --knob wins). Synthetic only.", show_default=False),
-]
 ReportToOption = Annotated[
     list[str],
     typer.Option("--report-to", help="Also log each training step's metrics to an experiment tracker: tensorboard, "

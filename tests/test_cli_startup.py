@@ -22,7 +22,7 @@ HEAVY = ("torch", "transformers", "datasets")
 REPO = Path(__file__).resolve().parents[1]
 
 COMMANDS = ["rollout", "replay-audit", "worker", "score", "distill", "sft", "eval", "train", "export", "sql",
-            "runs", "show", "report", "view", "memories", "models", "db"]
+            "runs", "show", "report", "view", "memories", "models", "db", "config show train", "config schema"]
 
 # (case, argv after `agentmem`, part of the one error line)
 ERRORS = [
@@ -41,6 +41,8 @@ ERRORS = [
     ("worker-unknown-run", "worker --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
     ("export-unknown-run", "export --run 0123456789ab --out {root}/x.parquet --db {db}", "no run with id"),
     ("memories-unknown-run", "memories build --run 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    ("rollout-missing-config", "rollout --config {root}/nope.yaml --db {db}", "nope.yaml: no such file"),
+    ("train-bad-config-field", "config show train --rounds 0", "--rounds: Input should be greater than or equal to 1"),
     ("replay-unknown-run", "rollout --replay-from 0123456789ab --db {db}", "no run with id '0123456789ab'"),
 ]
 

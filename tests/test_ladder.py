@@ -6,7 +6,7 @@ import pytest
 from fixtures_envs import words
 
 from agentmem.errors import ConfigError
-from cli.common import env_knobs
+from cli.job_specs import with_level
 from envs import EnvError, load_env
 from envs.synthetic import LEVELS
 
@@ -58,10 +58,10 @@ def test_bad_level(bad):
 
 
 def test_cli_level_becomes_a_knob():
-    assert env_knobs("synthetic", ["hops=2"], 3) == {"level": 3, "hops": 2}
-    assert env_knobs("synthetic", ["level=3"], 3) == {"level": 3}
-    assert env_knobs("hotpotqa", ["docs=2"], None) == {"docs": 2}
+    assert with_level("synthetic", {"hops": 2}, 3) == {"level": 3, "hops": 2}
+    assert with_level("synthetic", {"level": 3}, 3) == {"level": 3}
+    assert with_level("hotpotqa", {"docs": 2}, None) == {"docs": 2}
     with pytest.raises(ConfigError, match="--level is the synthetic task ladder; environment 'hotpotqa'"):
-        env_knobs("hotpotqa", [], 1)
+        with_level("hotpotqa", {}, 1)
     with pytest.raises(ConfigError, match="--level 1 and --knob level=2 disagree"):
-        env_knobs("synthetic", ["level=2"], 1)
+        with_level("synthetic", {"level": 2}, 1)

@@ -1,0 +1,373 @@
+"""A job's typer options, generated from its pydantic config: the config is the one source of every option.
+
+``JobSpec`` names a job's config model and the few things the model cannot say: the flags whose names differ
+from their field's (``--run`` for ``run_ids``), the fields the job sets itself (no option), the fields that
+follow another one unless set (a rollout's sampling seed follows ``--seed``), and a ``prepare`` hook for the
+convenience flags that fold into a field (``--level`` into ``env_knobs``).
+
+``job_command(spec)`` decorates a command function (its own options: ``--db``, ``--device``, ``--resume``,
+...) with one option per config field and ``--config FILE``; inside, ``job_config(ctx)`` is the config:
+
+- the field's ``description`` is the help, its Enum the choice list, its default the default shown;
+- a field of a nested section gets its own name as flag (``agent.memory_tokens`` -> ``--memory-tokens``)
+  unless two sections share it: the first section in ``JobSpec.sections`` keeps the plain name, the others
+  are dotted (``--rollout.agent.seed``);
+- lists take repeated or comma-separated values, dicts ``KEY=VALUE`` (values parsed as JSON when they are);
+- the config is the model's defaults, under the ``--config`` file (YAML or TOML; any field, sections
+  nested), under the flags actually given on the command line (click's parameter source, never a
+  comparison with a default).
+
+Only this module turns a model into options; it imports no torch (``tests/test_cli_startup.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import json
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from agentmem.errors import ConfigError
+
+# A field whose flag is not its own name (kept from before the options were generated, so docs and scripts
+# keep working). Keyed by the field's name in any section.
+FLAG_NAMES: dict[str, tuple[str, ...]] = {
+    "run_ids": ("--run",),
+    "env_knobs": ("--knob",),
+    "answer_max_new_tokens": ("--answer-tokens",),
+    "memory_policy": ("--memory", "--memory-policy"),
+    "memory_options": ("--memory-option",),
+    "max_batch": ("--batch",),
+    "path": ("--attention",),
+}
+CONFIG_FILE = "config_file"
+_PREFIX = "cfg__"
+# click's ParameterSource names (typer may carry its own click, so the names, not the class)
+_GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+def flag_of(name: str) -> str:
+    """The flag of config field ``name`` (for one-line error messages)."""
+    return FLAG_NAMES.get(name, (f"--{name.replace('_', '-')}",))[0]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the options of one job's config need beside the model itself (see the module docstring)."""
+
+    model: type[BaseModel]
+    sections: tuple[str, ...] = ()
+    names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    set_by_job: frozenset[str] = frozenset()
+    types: Mapping[str, Any] = field(default_factory=dict)
+    ties: Mapping[str, str] = field(default_factory=dict)
+    extras: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (Annotated option, default)
+    prepare: Callable[[dict, set[str], dict], None] | None = None
+
+    def options(self) -> list[Option]:
+        return self._options
+
+    @functools.cached_property
+    def _options(self) -> list[Option]:
+        leaves = [leaf for leaf in _leaves(self.model, "", self.model_defaults()) if leaf[0] not in self.set_by_job]
+        owners: dict[str, list[str]] = {}
+        for path, *_ in leaves:
+            owners.setdefault(path.rpartition(".")[2], []).append(path.rpartition(".")[0])
+        order = ("", *self.sections)
+
+        def rank(section: str) -> int:
+            return order.index(section) if section in order else len(order)
+
+        out = []
+        for path, info, default, section_title in leaves:
+            section, _, name = path.rpartition(".")
+            plain = min(owners[name], key=rank) == section
+            flags = self.names.get(path) or (
+                FLAG_NAMES.get(name, (f"--{name.replace('_', '-')}",)) if plain
+                else (f"--{section.replace('_', '-')}.{name.replace('_', '-')}",))
+            out.append(_option(path, flags, info, default, self.types.get(name), section_title))
+        return out
+
+    def fields(self) -> dict[str, Any]:
+        """Every leaf field of the config (sections expanded), with its default (PydanticUndefined when
+        required): the options are these, less ``set_by_job``."""
+        return {path: default for path, _, default, _ in _leaves(self.model, "", self.model_defaults())}
+
+    def model_defaults(self) -> dict:
+        """The defaults of every section that has one (nested dicts); leaves come from the model itself."""
+        return _section_defaults(self.model)
+
+
+@dataclass(frozen=True)
+class Option:
+    path: str
+    param: str
+    flags: tuple[str, ...]
+    kind: str  # scalar | list | map
+    annotation: Any
+    default: Any  # the config's default (PydanticUndefined when the field is required)
+    typer_default: Any
+    nullable: bool = False  # the field takes None: the word ``none`` gives it (``--teacher none``)
+
+    def value(self, raw: Any) -> Any:
+        """The config value of what the command line gave."""
+        if self.kind == "list":
+            return [part.strip() for item in raw for part in str(item).split(",") if part.strip()]
+        if self.kind == "map":
+            return parse_pairs(raw, self.flags[0])
+        if isinstance(raw, enum.Enum):
+            return raw.value
+        if raw == "none" and self.nullable:
+            return None  # e.g. --teacher none
+        return raw
+
+
+def parse_pairs(values: list[str], flag: str) -> dict:
+    """``KEY=VALUE`` items into a dict; a value is JSON when it parses as JSON."""
+    out = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def _optional(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _strip_none(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    inner = _strip_none(annotation)
+    return inner if inspect.isclass(inner) and issubclass(inner, BaseModel) else None
+
+
+def _default(info: Any) -> Any:
+    return info.get_default(call_default_factory=True)
+
+
+def _section_defaults(model: type[BaseModel]) -> dict:
+    """The dumped default of every section field of ``model`` that has one (not None)."""
+    out = {}
+    for name, info in model.model_fields.items():
+        value = _default(info) if _section(info.annotation) is not None else None
+        if isinstance(value, BaseModel):
+            out[name] = value.model_dump(mode="json")
+    return out
+
+
+def _leaves(model: type[BaseModel], prefix: str, defaults: dict | None,
+            title: str = "") -> Iterator[tuple[str, Any, Any, str]]:
+    """(path, field info, default, section title) of every non-section field, sections expanded."""
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sub = _section(info.annotation)
+        if sub is not None:
+            yield from _leaves(sub, f"{path}.", (defaults or {}).get(name), path)
+            continue
+        default = defaults[name] if defaults is not None and name in defaults else _default(info)
+        yield path, info, default, title
+
+
+def _option(path: str, flags: tuple[str, ...], info: Any, default: Any, cli_type: Any, section: str) -> Option:
+    """The typer option of one field: a list or dict field takes repeated values (an absent flag leaves the
+    field alone, so its typer default is None and its shown default the field's); any other field its own
+    type (or ``cli_type``, a wider Enum), defaulting to the field's default."""
+    inner = _strip_none(info.annotation)
+    origin = typing.get_origin(inner)
+    help_text = " ".join((info.description or "").split())  # a docstring's line breaks are not the help's
+    missing = default is None or default is PydanticUndefined
+    if origin in (list, tuple, set, dict):
+        kind = "map" if origin is dict else "list"
+        help_text += " (KEY=VALUE, repeatable)" if kind == "map" else " (repeatable or comma-separated)"
+        cli: Any = list[str] | None
+        show: Any = ",".join(map(str, default)) if kind == "list" and not missing and default else False
+        typer_default = None
+    else:
+        kind = "scalar"
+        simple = inspect.isclass(inner) and issubclass(inner, (enum.Enum, bool, int, float, str))
+        base = cli_type or (inner if simple else str)
+        cli = base | None if missing or _optional(info.annotation) else base
+        value = default.value if isinstance(default, enum.Enum) else default
+        typer_default = None if missing else (base(value) if issubclass(base, enum.Enum) else value)
+        show = not missing
+        if base is bool:
+            flags = (f"{flags[0]}/--no-{flags[0][2:]}", *flags[1:])
+    metavar = {"list": "VALUE[,VALUE]", "map": "KEY=VALUE"}.get(kind)
+    option = typer.Option(*flags, help=help_text, show_default=show, metavar=metavar,
+                          rich_help_panel=f"{section} options" if section else "Config options")
+    return Option(path, _PREFIX + path.replace(".", "__"), flags, kind, Annotated[cli, option], default,
+                  typer_default, nullable=_optional(info.annotation) and inner is str)
+
+
+ConfigFileOption = Annotated[str | None, typer.Option(
+    "--config", help="Experiment file (YAML, or TOML by its .toml suffix) that sets any config field, nested "
+    "sections included (`agentmem config show JOB` prints one); flags given on the command line override it.",
+    show_default=False)]
+
+
+def load_file(path: str) -> dict:
+    """A config file's mapping (YAML, or TOML by suffix)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    text = file.read_text()
+    if file.suffix == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config {path}: {exc}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {path}: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of config fields, got {type(data).__name__}")
+    return data
+
+
+@dataclass
+class Invocation:
+    """One command line of a job: its spec, the raw generated values, the file and the extra options."""
+
+    spec: JobSpec
+    ctx: typer.Context
+    values: dict[str, Any]
+    file: str | None
+    extras: dict[str, Any]
+
+    def passed(self, param: str) -> bool:
+        """Whether option ``param`` (a command's own parameter name) was given on the command line."""
+        source = self.ctx.get_parameter_source(param)
+        return source is not None and source.name in _GIVEN
+
+    def given(self) -> tuple[dict, set[str]]:
+        """The file's mapping with the command-line flags over it (nested), and the paths they set."""
+        data = load_file(self.file) if self.file else {}
+        paths = set(_paths(data, self.spec.model))
+        for option in self.spec.options():
+            if self.passed(option.param):
+                _put(data, option.path, option.value(self.values[option.param]))
+                paths.add(option.path)
+        return data, paths
+
+    def config(self) -> BaseModel:
+        """The job's config: defaults < ``--config`` file < flags given."""
+        data, paths = self.given()
+        for target, source in self.spec.ties.items():
+            section = target.rpartition(".")[0]
+            if target not in paths and source in paths and (not section or get_path(data, section) is not None):
+                _put(data, target, get_path(data, source))
+        merged = _merge(self.spec.model, self.spec.model_defaults(), data)
+        if self.spec.prepare is not None:
+            self.spec.prepare(merged, paths, self.extras)
+        return self.spec.model.model_validate(merged)
+
+
+def _paths(data: dict, model: type[BaseModel] | None, prefix: str = "") -> Iterator[str]:
+    for key, value in data.items():
+        info = model.model_fields.get(key) if model is not None else None
+        sub = _section(info.annotation) if info is not None else None
+        if sub is not None and isinstance(value, dict):
+            yield from _paths(value, sub, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def get_path(data: dict, path: str) -> Any:
+    """The value at dotted ``path`` of nested ``data`` (None when absent)."""
+    for key in path.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _put(data: dict, path: str, value: Any) -> None:
+    *sections, leaf = path.split(".")
+    for key in sections:
+        data = data.setdefault(key, {})
+    data[leaf] = value
+
+
+def _merge(model: type[BaseModel], base: dict, over: dict) -> dict:
+    """``over`` on ``base``: a section given in both merges field by field; any other value is replaced
+    (a dict field such as ``env_knobs`` too)."""
+    out = dict(base)
+    for key, value in over.items():
+        info = model.model_fields.get(key)
+        sub = _section(info.annotation) if info is not None else None
+        if sub is not None and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(sub, out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def job_command(spec: JobSpec) -> Callable[[Callable], Callable]:
+    """Add one option per config field of ``spec`` (and ``--config``, and ``spec.extras``) to a command
+    function whose first parameter is ``ctx: typer.Context``; ``job_config(ctx)`` then builds the config."""
+    options = spec.options()
+
+    def wrap(func: Callable) -> Callable:
+        hints = typing.get_type_hints(func, include_extras=True)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation))
+               for p in inspect.signature(func).parameters.values()]
+        generated = [inspect.Parameter(o.param, inspect.Parameter.KEYWORD_ONLY, annotation=o.annotation,
+                                       default=o.typer_default) for o in options]
+        extras = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+                  for name, (annotation, default) in spec.extras.items()]
+        config_file = inspect.Parameter(CONFIG_FILE, inspect.Parameter.KEYWORD_ONLY, annotation=ConfigFileOption,
+                                        default=None)
+        params = [own[0].replace(kind=inspect.Parameter.KEYWORD_ONLY), config_file, *generated, *extras,
+                  *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:])]
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            ctx = kwargs[own[0].name]
+            ctx.meta["agentmem.invocation"] = Invocation(
+                spec, ctx, {o.param: kwargs.pop(o.param) for o in options}, kwargs.pop(CONFIG_FILE),
+                {name: kwargs.pop(name) for name in spec.extras})
+            return func(**kwargs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap
+
+
+def invocation(ctx: typer.Context) -> Invocation:
+    return ctx.meta["agentmem.invocation"]
+
+
+def job_config(ctx: typer.Context) -> Any:
+    """The config of the command line ``ctx`` (see ``Invocation.config``)."""
+    return invocation(ctx).config()

@@ -1,0 +1,103 @@
+"""``agentmem config``: a job's effective config as YAML (``show``), its JSON schema (``schema``), and a stored
+run's config as a file to run again (``show --run RUN_ID``).
+
+``config show JOB [--config FILE] [flags]`` builds the config exactly as ``agentmem JOB`` would (the same
+``cli.job_specs`` spec), so what it prints is what the job stores in ``runs.config``; the one exception is
+``--dtype auto``, measured only when the job runs (printed as float32 with a comment).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cli.config_options import invocation, job_command
+from cli.job_specs import JOBS
+from cli.options import DbOption
+
+app = typer.Typer(help="Experiment configs: print a job's effective config or schema, or a stored run's config.",
+                  no_args_is_help=True)
+show_app = typer.Typer(help="Print the config a job would store (YAML): `config show JOB`, with the job's "
+                       "--config FILE and flags, or a stored run's with --run RUN_ID (`agentmem JOB --config` runs "
+                       "it again).",
+                       invoke_without_command=True)
+app.add_typer(show_app, name="show")
+
+# the job whose config a stored run of each kind holds
+_RUN_JOBS = {"rollout": "rollout", "eval": "eval", "score": "score", "distill": "distill", "sft": "sft",
+             "train": "train", "replay": "replay"}
+
+
+def to_yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def stored_config(run) -> dict:
+    """A stored run's config read through its job's model (extra keys a job stores beside it dropped, old
+    fields mapped by the model's own legacy rules), as the JSON a job would store now."""
+    from agentmem.config import ReplayConfig, RolloutConfig
+    from agentmem.errors import ConfigError
+
+    job = _RUN_JOBS.get(run.kind.value)
+    if job is None:
+        raise ConfigError(f"run {run.id} is a {run.kind.value} run: no job config to export")
+    if job == "replay":
+        return ReplayConfig.model_validate(run.config).model_dump(mode="json")
+    model = JOBS[job].model
+    known = {k: v for k, v in run.config.items() if k in model.model_fields or k in ("truncate",)}
+    reader = RolloutConfig.stored if job == "rollout" else model.model_validate
+    return reader(known).model_dump(mode="json")
+
+
+@show_app.callback()
+def show(ctx: typer.Context,
+         run: Annotated[str | None, typer.Option("--run", help="Print stored run RUN_ID's config instead.",
+                                                 show_default=False)] = None,
+         db: DbOption = None) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    if run is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    from store import repository as repo
+    from store.engine import open_store
+
+    with open_store(db).session() as s:
+        stored = repo.get_run(s, run)
+    typer.echo(f"# run {stored.id} ({stored.kind.value}): agentmem {_RUN_JOBS.get(stored.kind.value, '?')} "
+               f"--config FILE runs it again", nl=True)
+    typer.echo(to_yaml(stored_config(stored)), nl=False)
+
+
+def _printer(job: str):
+    def print_config(ctx: typer.Context) -> None:
+        call = invocation(ctx)
+        config = call.config()
+        if call.given()[0].get("dtype") == "auto":
+            typer.echo("# dtype auto: measured when the job runs; stored as the dtype it picks")
+        typer.echo(to_yaml(config.model_dump(mode="json")), nl=False)
+
+    print_config.__doc__ = f"The config `agentmem {job}` would store, with the same flags and --config FILE."
+    return print_config
+
+
+for _job, _spec in JOBS.items():
+    show_app.command(_job)(job_command(_spec)(_printer(_job)))
+
+
+@app.command()
+def schema(job: Annotated[str, typer.Argument(help=f"One of {', '.join(JOBS)}.")]) -> None:
+    """Print a job config's JSON schema (every field, its type, default and description)."""
+    from agentmem.errors import ConfigError
+
+    if job not in JOBS:
+        raise ConfigError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
+    typer.echo(json.dumps(JOBS[job].model.model_json_schema(), indent=2))
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="config")

@@ -1,0 +1,78 @@
+"""The options of every job, as ``JobSpec``s of its config (``cli.config_options``): the one place that says
+which flag names differ from their fields, which fields a job sets itself, and which fields follow another.
+
+The commands (``cli/rollout.py`` ...) and ``agentmem config show JOB`` use the same specs, so ``config show``
+prints the config the job would store.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from agentmem.config import DistillConfig, EvalConfig, RolloutConfig, ScoreConfig, SftConfig, TrainConfig
+from agentmem.errors import ConfigError
+from cli.config_options import JobSpec
+from cli.options import EnvName, GenDType
+
+LevelOption = Annotated[int | None, typer.Option(
+    min=0, max=4, help="Synthetic task ladder level: 0 (one fact in one short chunk) .. 4 (three hops among "
+    "distractors over about 9 chunks at --chunk-tokens 128); sets the context_tokens, hops and distractors knobs "
+    "(an explicit --knob wins). Synthetic only.", show_default=False, rich_help_panel="Config options")]
+
+
+def _with_level(section: str):
+    """``prepare`` of a job with an environment: ``--level`` folded into the section's ``env_knobs``; a
+    ``dtype`` of ``auto`` (measured later by the command) validates as float32."""
+
+    def prepare(data: dict, given: set[str], extras: dict) -> None:
+        rollout = data.setdefault(section, {}) if section else data
+        if rollout.get("dtype") == "auto":
+            rollout["dtype"] = "float32"
+        rollout["env_knobs"] = with_level(rollout.get("env", "synthetic"), rollout.get("env_knobs") or {},
+                                          extras.get("level"))
+
+    return prepare
+
+
+def with_level(env: str, knobs: dict, level: int | None) -> dict:
+    """The environment knobs ``knobs`` plus ``--level`` (the synthetic ladder)."""
+    if level is None:
+        return knobs
+    if env != "synthetic":
+        raise ConfigError(f"--level is the synthetic task ladder; environment {env!r} has no levels")
+    if "level" in knobs and knobs["level"] != level:
+        raise ConfigError(f"--level {level} and --knob level={knobs['level']} disagree: give one")
+    return {"level": level, **knobs}
+
+
+def _train_prepare(data: dict, given: set[str], extras: dict) -> None:
+    # the recipe's default knobs are the synthetic task's: another environment starts from none
+    if "rollout.env_knobs" not in given and data["rollout"].get("env", "synthetic") != "synthetic":
+        data["rollout"]["env_knobs"] = {}
+    _with_level("rollout")(data, given, extras)
+
+
+_LEVEL = {"level": (LevelOption, None)}
+
+ROLLOUT = JobSpec(RolloutConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
+                  ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""))
+EVAL = JobSpec(EvalConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
+               ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""))
+SCORE = JobSpec(ScoreConfig, names={"kinds": ("--kind", "--kinds")})
+DISTILL = JobSpec(DistillConfig)
+SFT = JobSpec(SftConfig)
+TRAIN = JobSpec(
+    TrainConfig, sections=("distill", "rollout", "rollout.agent", "warm_start"), types={"env": EnvName},
+    names={"distill.student": ("--student", "--init"), "distill.steps": ("--steps-per-round",),
+           "warm_start.run_ids": ("--warm-start-sft",), "warm_start.steps": ("--warm-start-steps",),
+           "warm_start.lr": ("--warm-start-lr",)},
+    # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position
+    set_by_job=frozenset({"rollout.model", "rollout.seed", "distill.run_ids", "distill.seed",
+                          "distill.schedule_offset", "distill.schedule_steps"}),
+    ties={"warm_start.out": "distill.out", "warm_start.seed": "seed",
+          "warm_start.invocations_per_step": "distill.invocations_per_step"},
+    extras=_LEVEL, prepare=_train_prepare)
+
+JOBS = {"rollout": ROLLOUT, "eval": EVAL, "score": SCORE, "distill": DISTILL, "sft": SFT, "train": TRAIN}

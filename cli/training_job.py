@@ -1,0 +1,91 @@
+"""The one command of the jobs that train from stored calls (``distill`` and ``sft``): trackers checked, the
+config built from the command line (or none on ``--resume``), the cheap checks, the runtime, the job run with
+progress and trackers on rank 0 only (the only process under plain ``agentmem``), one result line."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from agentmem.config import Device
+from agentmem.errors import ConfigError
+from agentmem.records import RunKind
+from cli.config_options import JobSpec, invocation, job_command
+from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
+
+ResumeOption = Annotated[str | None, typer.Option(
+    help="Continue run RUN_ID (of this command's kind) from its last checkpoint, with its stored config; "
+         "--steps N extends it.")]
+
+
+def training_command(spec: JobSpec, kind: RunKind, job: str, *, terms: tuple[str, ...],
+                     models: Callable[[Any], tuple[str | None, ...]], doc: str,
+                     after: Callable[[Any], None] = lambda result: None) -> Callable:
+    """The typer command of ``kind``: ``job`` (``module.function``) is imported when the command runs (after
+    the fast checks; tests patch it there); ``after`` gets the result on rank 0, after its line."""
+
+    @job_command(spec)
+    def command(ctx: typer.Context, resume: ResumeOption = None, report_to: ReportToOption = [],  # noqa: B006
+                device: DeviceOption = Device.auto, threads: ThreadsOption = None, fsdp: FsdpOption = False,
+                db: DbOption = None) -> None:
+        module, name = job.rsplit(".", 1)
+        run_job = getattr(importlib.import_module(module), name)
+        result = train_job(ctx, kind, run_job, resume=resume, report_to=report_to, device=device,
+                           threads=threads, fsdp=fsdp, db=db, terms=terms, models=models)
+        if result is not None:
+            typer.echo(result_line(kind, result))
+            after(result)
+
+    command.__doc__ = doc
+    return command
+
+
+def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *, resume: str | None,
+              report_to: list[str], device, threads: int | None, fsdp: bool, db: str | None,
+              terms: tuple[str, ...], models: Callable[[Any], tuple[str | None, ...]]) -> Any:
+    """Run ``run_job`` (``run_distill`` or ``run_sft``); its result on rank 0, None on the other ranks.
+    ``--steps`` on ``--resume`` extends the run (the stored value unless given)."""
+    from agentmem.tracking import check_installed, parse_report_to
+    from cli.common import preflight, runtime, setup_logging
+
+    call = invocation(ctx)
+    trackers = parse_report_to(report_to)
+    check_installed(trackers)
+    config = None if resume else call.config()
+    if config is not None and not config.run_ids:
+        raise ConfigError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
+    preflight(db, runs=config.run_ids if config else None, resume=resume, kind=kind,
+              models=models(config) if config else (), kinds=config.kinds if config else None)
+    steps = call.values["cfg__steps"] if call.passed("cfg__steps") else None
+    rt = runtime(device, threads, fsdp)
+    setup_logging()
+    with rt:
+        return _run(rt, db, run_job, config, resume, steps, trackers, kind, terms)
+
+
+def _run(rt, db: str | None, run_job, config, resume: str | None, steps: int | None, trackers, kind: RunKind,
+         terms: tuple[str, ...]):
+    from cli.common import training_store
+    from cli.job_session import job_session
+    from cli.training_progress import train_progress
+
+    store = training_store(db, rt)
+    if not rt.is_main:
+        run_job(store, config, rt, resume=resume, steps=steps)
+        return None
+    with job_session(db), train_progress(label=kind.value, terms=terms) as progress:
+        return run_job(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
+                       on_step=progress.on_step, report_to=trackers)
+
+
+def result_line(kind: RunKind, result) -> str:
+    """``KIND_run_id=... steps=N checkpoint=... path=...`` and the calls left out or cut, if any."""
+    ckpt = result.last_checkpoint
+    truncated = result.teacher_truncated_calls
+    return (f"{kind.value}_run_id={result.run_id} steps={result.steps_done}"
+            + (f" checkpoint={ckpt.id} path={ckpt.path}" if ckpt else "")
+            + (f" skipped_calls={result.skipped_calls}" if result.skipped_calls else "")
+            + (f" teacher_truncated_calls={truncated}" if truncated else ""))

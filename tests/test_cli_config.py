@@ -1,0 +1,237 @@
+"""The job configs are the one source of every option (issue 21): each config field has an option whose
+default is the config's, ``--config FILE`` sets any field with flags over it, ``agentmem config show`` prints
+what a job stores, ``examples/`` files load, and a stored run's config runs again to the same config."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer.main
+import yaml
+from typer.testing import CliRunner
+
+from agentmem.config import DistillConfig, RolloutConfig, ScoreConfig, TrainConfig
+from agentmem.records import Run, RunKind
+from cli.app import app
+from cli.job_specs import JOBS
+from store import repository as repo
+from store.engine import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {"rollout": "rollout", "eval": "eval", "score": "score", "distill": "distill", "sft": "sft",
+            "train": "train"}
+
+
+def show(*args: str) -> dict:
+    result = CliRunner().invoke(app, ["config", "show", *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return yaml.safe_load(result.output)
+
+
+def _plain(value):
+    return value.value if hasattr(value, "value") and not isinstance(value, (int, float, str)) else value
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_every_config_field_has_an_option_with_the_config_default(job):
+    """A field without an option, or an option whose default differs from its field's, fails here."""
+    spec = JOBS[job]
+    command = typer.main.get_command(app).commands[COMMANDS[job]]
+    params = {p.name: p for p in command.params}
+    fields = spec.fields()
+    assert set(fields) - spec.set_by_job == {o.path for o in spec.options()}
+    for option in spec.options():
+        param = params[option.param]
+        default = fields[option.path]
+        if isinstance(default, (list, dict)):  # shown, not passed: an absent flag leaves the field alone
+            assert param.default is None, option.path
+            continue
+        if default is None or default.__class__.__name__ == "PydanticUndefinedType":
+            assert param.default is None, option.path
+            continue
+        assert _plain(param.default) == _plain(default), (option.path, param.default, default)
+    assert {"config_file", "db"} <= set(params)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_no_flags_is_the_configs_own_default(job):
+    runs = ["--run", "r"] if job in ("score", "distill", "sft") else []
+    expected = JOBS[job].model.model_validate({"run_ids": ["r"]} if runs else {})
+    assert show(job, *runs) == expected.model_dump(mode="json")
+
+
+def test_the_memory_budget_default_is_one_number():
+    """AgentConfig's memory budget and the rollout and eval options agree (they were 256 and 128)."""
+    assert show("rollout")["agent"]["memory_tokens"] == 128
+    assert show("eval")["agent"]["memory_tokens"] == 128
+
+
+def test_a_file_sets_nested_fields_and_only_given_flags_override_it(tmp_path):
+    file = tmp_path / "exp.yaml"
+    file.write_text("rollout:\n  episodes: 3\n  agent: {memory_tokens: 20}\ndistill:\n  lr: 2.0e-5\n"
+                    "  steps: 5\nrounds: 4\n")
+    config = show("train", "--config", str(file), "--steps-per-round", "2", "--memory-tokens", "48")
+    recipe = TrainConfig().model_dump(mode="json")
+    # --steps-per-round 2 and --memory-tokens 48 are the defaults, given: they beat the file
+    assert (config["rounds"], config["distill"]["steps"], config["distill"]["lr"]) == (4, 2, 2e-5)
+    assert config["rollout"]["episodes"] == 3 and config["rollout"]["agent"]["memory_tokens"] == 48
+    # what neither sets keeps the recipe's section defaults, not the bare models'
+    assert config["rollout"]["group_size"] == recipe["rollout"]["group_size"] == 4
+    assert config["rollout"]["env_knobs"] == recipe["rollout"]["env_knobs"]
+    assert config["distill"]["oversize"] == "skip"
+    toml = tmp_path / "exp.toml"
+    toml.write_text('rounds = 3\n[distill]\nlr = 3e-6\n[rollout.agent]\nmemory_tokens = 30\n')
+    config = show("train", "--config", str(toml))
+    assert (config["rounds"], config["distill"]["lr"], config["rollout"]["agent"]["memory_tokens"]) == (3, 3e-6, 30)
+
+
+def test_show_prints_the_config_the_job_stores(tmp_path):
+    config = show("rollout", "--episodes", "2", "--memory", "log", "--memory-option", "x=1", "--knob", "hops=2",
+                  "--seed", "7", "--level", "1")
+    expected = RolloutConfig(episodes=2, seed=7, env_knobs={"level": 1, "hops": 2},
+                             agent={"memory_policy": "log", "memory_options": {"x": 1}, "seed": 7})
+    assert config == expected.model_dump(mode="json")
+    assert show("distill", "--run", "a,b", "--teacher", "none", "--kinds", "update", "--rl-weight", "1") == \
+        DistillConfig(run_ids=["a", "b"], teacher=None, kinds=["memory_update"]).model_dump(mode="json")
+    assert show("score", "--run", "a", "--kind", "answer")["kinds"] == ["answer"]
+    train = show("train", "--warm-start-sft", "o1", "--out", "ck", "--seed", "3", "--env", "hotpotqa")
+    assert train["warm_start"]["run_ids"] == ["o1"] and train["warm_start"]["steps"] == 16
+    assert (train["warm_start"]["out"], train["warm_start"]["seed"]) == ("ck", 3)  # follow the loop's
+    assert train["rollout"]["env_knobs"] == {}  # the recipe's knobs are the synthetic task's
+
+
+def test_bad_files_and_values_are_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("episodes: 2\nagent: {memory_tokenz: 3}\n")
+    for args, needle in [(["rollout", "--config", str(bad)], "memory_tokenz"),
+                         (["rollout", "--config", str(tmp_path / "none.yaml")], "no such file"),
+                         (["distill", "--run", "r", "--knob", "x"], "No such option")]:
+        result = CliRunner().invoke(app, ["config", "show", *args])
+        assert result.exit_code != 0 and (needle in result.output or needle in str(result.exception)), result.output
+
+
+def test_schema_has_every_field_with_its_description():
+    result = CliRunner().invoke(app, ["config", "schema", "distill"])
+    schema = json.loads(result.output)
+    assert set(schema["properties"]) == set(DistillConfig.model_fields)
+    assert schema["properties"]["lr"]["description"] == "Peak AdamW learning rate."
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_file_loads(path):
+    """Each example names its job on its first line (``# ... agentmem JOB --config examples/NAME``)."""
+    job = re.search(r"agentmem (\w+) --config", path.read_text().splitlines()[0]).group(1)
+    config = show(job, "--config", str(path))
+    data = yaml.safe_load(path.read_text())
+    assert _subset(data, config), (data, config)
+
+
+def test_the_examples_are_the_four_of_the_docs():
+    assert {p.name for p in EXAMPLES} == {"quick_start.yaml", "learning_recipe.yaml", "psd_distill.yaml",
+                                          "postgres_workers.yaml"}
+    docs = (ROOT / "README.md").read_text() + "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    for path in EXAMPLES:
+        assert f"examples/{path.name}" in docs, path.name
+
+
+def _subset(small, big) -> bool:
+    if isinstance(small, dict):
+        return all(k in big and _subset(v, big[k]) for k, v in small.items())
+    return small == big
+
+
+def test_a_stored_run_from_before_exports_through_its_model(tmp_path):
+    """A score run stores its teacher's path beside the config; an old one its ``truncate`` name: the export
+    reads both through ScoreConfig, and the file runs again."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    store = open_store(db, create=True)
+    old = ScoreConfig(run_ids=["r"]).model_dump(mode="json")
+    old["truncate"] = old.pop("teacher_truncation")
+    run = Run(kind=RunKind.score, config={**old, "teacher_name": "/models/t"})
+    with store.session() as s:
+        repo.start_run(s, run)
+        s.commit()
+    result = CliRunner().invoke(app, ["config", "show", "--run", run.id[:8], "--db", db])
+    assert result.exit_code == 0, result.output
+    exported = yaml.safe_load(result.output)
+    assert exported == ScoreConfig(run_ids=["r"]).model_dump(mode="json")
+    file = tmp_path / "again.yaml"
+    file.write_text(result.output)
+    assert show("score", "--config", str(file)) == exported
+
+
+ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+
+
+def am(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _stored(db: str, run_id: str) -> dict:
+    with open_store(db).session() as s:
+        return repo.get_run(s, run_id).config
+
+
+def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
+    """rollout, score, distill, sft and eval on a tiny model: each run's exported config, run again with
+    --config alone, stores the same config (the first runs were made from flags, the rollout and the distill
+    from examples/ files with flags over them)."""
+    from tiny_models import save_tiny
+
+    model = save_tiny(tmp_path / "tiny")
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    small = ["--chunk-tokens", "48", "--memory-tokens", "6", "--answer-tokens", "3", "--knob", "context_tokens=100"]
+    first = am("rollout", "--config", "examples/quick_start.yaml", "--model", model, "--episodes", "1", *small,
+               "--seed", "4", "--context", "privileged", "--device", "cpu", "--db", db)
+    assert first.returncode == 0, first.stderr
+    run_id = first.stdout.split("run_id=")[1].split()[0]
+    out = str(tmp_path / "ck")
+    jobs = {"rollout": run_id}
+    for job, args in [
+        ("score", ["--run", run_id, "--teacher", model, "--kind", "answer"]),
+        ("distill", ["--config", "examples/psd_distill.yaml", "--run", run_id, "--student", model, "--teacher",
+                     model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
+        ("sft", ["--run", run_id, "--student", model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
+        ("eval", ["--model", model, "--episodes", "1", *small]),
+    ]:
+        done = am(job, *args, "--device", "cpu", "--db", db)
+        assert done.returncode == 0, (job, done.stderr)
+        jobs[job] = done.stdout.split("run_id=")[1].split()[0]
+    assert _stored(db, jobs["distill"])["psd"] == "off_policy" and _stored(db, jobs["distill"])["run_ids"] == [run_id]
+    assert _stored(db, run_id)["episodes"] == 1 and _stored(db, run_id)["context"] == "privileged"
+    for job, rid in jobs.items():
+        exported = am("config", "show", "--run", rid, "--db", db)
+        assert exported.returncode == 0, exported.stderr
+        file = tmp_path / f"{job}.yaml"
+        file.write_text(exported.stdout)
+        again = am(job, "--config", str(file), "--device", "cpu", "--db", db)
+        assert again.returncode == 0, (job, again.stderr)
+        again_id = again.stdout.split("run_id=")[1].split()[0]
+        assert again_id != rid and _stored(db, again_id) == _stored(db, rid), job
+
+
+def test_a_stored_train_config_exports_and_loads_again(tmp_path):
+    """A train run's stored config (with a warm start) exports to a file that builds the same config."""
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    store = open_store(db, create=True)
+    config = TrainConfig(rounds=3, warm_start={"run_ids": ["o1"], "steps": 4}, distill={"lr": 3e-6})
+    run = Run(kind=RunKind.train, config=config.model_dump(mode="json"))
+    with store.session() as s:
+        repo.start_run(s, run)
+        s.commit()
+    result = CliRunner().invoke(app, ["config", "show", "--run", run.id, "--db", db])
+    assert result.exit_code == 0, result.output
+    file = tmp_path / "train.yaml"
+    file.write_text(result.output)
+    assert show("train", "--config", str(file)) == run.config
+    assert show("train", "--config", str(file), "--rounds", "5")["rounds"] == 5
