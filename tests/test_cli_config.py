@@ -235,3 +235,35 @@ def test_a_stored_train_config_exports_and_loads_again(tmp_path):
     file.write_text(result.output)
     assert show("train", "--config", str(file)) == run.config
     assert show("train", "--config", str(file), "--rounds", "5")["rounds"] == 5
+
+
+def test_train_runs_from_the_recipe_file_and_again_from_its_exported_config(tmp_path):
+    """`train --config examples/learning_recipe.yaml` with flags over it runs (warm start, rollout, distill) on
+    a tiny model; its stored config, exported and run again with --config alone, stores the same config."""
+    from tiny_models import save_tiny
+
+    model = save_tiny(tmp_path / "tiny")
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    small = ["--chunk-tokens", "48", "--memory-tokens", "6", "--answer-tokens", "3", "--knob", "context_tokens=100"]
+    oracle = am("rollout", "--policy", "oracle", "--model", model, "--episodes", "2", *small, "--device", "cpu",
+                "--db", db)
+    assert oracle.returncode == 0, oracle.stderr
+    oracle_run = oracle.stdout.split("run_id=")[1].split()[0]
+    first = am("train", "--config", "examples/learning_recipe.yaml", "--warm-start-sft", oracle_run,
+               "--warm-start-steps", "1", "--student", model, "--teacher", model, "--rounds", "1",
+               "--steps-per-round", "1", "--invocations-per-step", "2", "--episodes", "1", "--group-size", "2",
+               *small, "--teacher-check-episodes", "0", "--out", str(tmp_path / "ck"), "--device", "cpu",
+               "--db", db)
+    assert first.returncode == 0, first.stderr
+    train_id = first.stdout.split("train_run_id=")[1].split()[0]
+    stored = _stored(db, train_id)
+    assert stored["warm_start"]["run_ids"] == [oracle_run] and stored["distill"]["context"] == "privileged"
+    assert stored["rollout"]["agent"]["memory_tokens"] == 6 and stored["rounds"] == 1
+    exported = am("config", "show", "--run", train_id, "--db", db)
+    assert exported.returncode == 0, exported.stderr
+    file = tmp_path / "train.yaml"
+    file.write_text(exported.stdout)
+    again = am("train", "--config", str(file), "--device", "cpu", "--db", db)
+    assert again.returncode == 0, again.stderr
+    again_id = again.stdout.split("train_run_id=")[1].split()[0]
+    assert again_id != train_id and _stored(db, again_id) == stored
