@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource, TokensOnce
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.documents import check_size_knobs, choose_documents
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
-from envs.metrics import Scores, score_answer
-from envs.selection import take, task_rng
+from envs.selection import task_rng
 from envs.types import CountTokens
 
 
@@ -61,7 +61,7 @@ class HotpotQuestion:
 RenderDoc = Callable[[int, HotpotDoc], list[Unit]]
 
 
-class HotpotQAEnv:
+class HotpotQAEnv(TaskSource):
     name = "hotpotqa"
 
     def __init__(
@@ -75,24 +75,11 @@ class HotpotQAEnv:
         context_tokens: int | None = None,
     ) -> None:
         check_size_knobs(self.name, docs, context_tokens)
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._docs = docs
         self._context_tokens = context_tokens
         self._corpus, self._questions = read_hotpotqa(Path(data_path), keep=("level",))
-        self._doc_tokens: dict[int, int] = {}
-
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
-
-    def score(self, prediction: str, task: Task) -> Scores:
-        return score_answer(prediction, task.answers)
-
-    def _tokens(self, doc_id: int) -> int:
-        if doc_id not in self._doc_tokens:
-            self._doc_tokens[doc_id] = self._count(self._corpus[doc_id].text())
-        return self._doc_tokens[doc_id]
+        self._tokens = TokensOnce(count_tokens, lambda d: self._corpus[d].text())
 
     def _build(self, index: int) -> Task:
         q = self._questions[index]

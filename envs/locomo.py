@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource
 from envs.chunking import Chunk, Unit, pack
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
@@ -39,7 +40,6 @@ from envs.metrics import (
     porter_stem,
     substring_match,
 )
-from envs.selection import take
 from envs.types import CountTokens
 
 _SESSION = re.compile(r"session_(\d+)")
@@ -80,7 +80,7 @@ class _Question:
     raw: dict[str, Any]
 
 
-class LocomoEnv:
+class LocomoEnv(TaskSource):
     name = "locomo"
 
     def __init__(
@@ -96,9 +96,7 @@ class LocomoEnv:
         if not isinstance(stem, bool):
             raise EnvError(f"{self.name}: knob stem must be true or false, got {stem!r}")
         self._stem = porter_stem if stem else None
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._sample_ids: list[str] = []
         self._sessions: list[list[_Session]] = []
         questions = self._read(Path(data_path))
@@ -109,9 +107,6 @@ class LocomoEnv:
             questions = [q for q in questions if q.category in wanted]
         self._questions = questions
         self._chunks: dict[int, tuple[list[Chunk], dict[DiaKey, _Turn]]] = {}
-
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
 
     def score(self, prediction: str, task: Task) -> Scores:
         category = task.category or ""

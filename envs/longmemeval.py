@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource, TokensOnce
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError, check_int
 from envs.files import answer_text, field, need_list, read_json, where
-from envs.metrics import Scores, score_answer
-from envs.selection import take, task_rng
+from envs.selection import task_rng
 from envs.types import CountTokens
 
 _DATE_FORMAT = "%Y/%m/%d (%a) %H:%M"
@@ -53,7 +53,7 @@ class _Question:
     answer_sessions: tuple[str, ...]
 
 
-class LongMemEvalEnv:
+class LongMemEvalEnv(TaskSource):
     name = "longmemeval"
 
     def __init__(
@@ -66,19 +66,11 @@ class LongMemEvalEnv:
         context_tokens: int | None = None,
     ) -> None:
         check_int("longmemeval: knob context_tokens", context_tokens, 1, optional=True)
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._context_tokens = context_tokens
         self._sessions: list[_Session] = []
         self._questions = self._read(Path(data_path))
-        self._tokens: dict[int, int] = {}
-
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
-
-    def score(self, prediction: str, task: Task) -> Scores:
-        return score_answer(prediction, task.answers)
+        self._session_tokens = TokensOnce(count_tokens, lambda s: "\n".join(text for text, _ in self._sessions[s].turns))
 
     def _read(self, path: Path) -> list[_Question]:
         questions = []
@@ -110,11 +102,6 @@ class LongMemEvalEnv:
                 )
             )
         return questions
-
-    def _session_tokens(self, s: int) -> int:
-        if s not in self._tokens:
-            self._tokens[s] = self._count("\n".join(text for text, _ in self._sessions[s].turns))
-        return self._tokens[s]
 
     def _with_filler(self, index: int, q: _Question) -> list[int]:
         chosen = list(q.sessions)

@@ -88,12 +88,24 @@ def substring_match(prediction: str, gold: str) -> float:
 
 def score_answer(prediction: str, answers: Sequence[str]) -> Scores:
     """F1, EM and substring EM, each the maximum over ``answers`` (which must not be empty)."""
+    return best_scores(prediction, answers, f1_score, exact_match, substring_match)
+
+
+def best_scores(
+    prediction: str,
+    answers: Sequence[str],
+    f1: Callable[[str, str], float],
+    em: Callable[[str, str], float],
+    sub_em: Callable[[str, str], float],
+) -> Scores:
+    """Each of the three metrics (prediction, gold) -> score, the maximum over ``answers`` (which must not
+    be empty)."""
     if not answers:
         raise ValueError("score_answer needs at least one gold answer")
     return Scores(
-        f1=max(f1_score(prediction, a) for a in answers),
-        em=max(exact_match(prediction, a) for a in answers),
-        sub_em=max(substring_match(prediction, a) for a in answers),
+        f1=max(f1(prediction, a) for a in answers),
+        em=max(em(prediction, a) for a in answers),
+        sub_em=max(sub_em(prediction, a) for a in answers),
     )
 
 

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError
 from envs.files import answer_text, field, read_records, where_line
-from envs.metrics import Scores, squad2_exact, squad2_f1, substring_match
-from envs.selection import take
+from envs.metrics import Scores, best_scores, squad2_exact, squad2_f1, substring_match
 from envs.types import CountTokens
 
 
@@ -43,7 +43,7 @@ class _Question:
     decomposition: list[Any]
 
 
-class MusiqueEnv:
+class MusiqueEnv(TaskSource):
     name = "musique"
 
     def __init__(
@@ -57,23 +57,14 @@ class MusiqueEnv:
     ) -> None:
         if not isinstance(answerable_only, bool):
             raise EnvError(f"{self.name}: knob answerable_only must be true or false, got {answerable_only!r}")
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         path = Path(data_path)
         unit, records = read_records(path)  # the official JSON lines, or the same records as one JSON array
         questions = [_read(path, number, record, unit) for number, record in records]
         self._questions = [q for q in questions if q.answerable or not answerable_only]
 
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
-
     def score(self, prediction: str, task: Task) -> Scores:
-        return Scores(
-            f1=max(squad2_f1(prediction, a) for a in task.answers),
-            em=max(squad2_exact(prediction, a) for a in task.answers),
-            sub_em=max(substring_match(prediction, a) for a in task.answers),
-        )
+        return best_scores(prediction, task.answers, squad2_f1, squad2_exact, substring_match)
 
     def _build(self, index: int) -> Task:
         q = self._questions[index]

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource, TokensOnce
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError, check_int
-from envs.metrics import Scores, score_answer
-from envs.selection import take, task_rng
+from envs.selection import task_rng
 from envs.types import CountTokens
 
 TASKS = ("qa1", "qa2", "qa4")
@@ -106,7 +106,7 @@ def qa4(rng: np.random.Generator) -> Story:
 _GENERATORS: dict[str, Callable[[np.random.Generator], Story]] = {"qa1": qa1, "qa2": qa2, "qa4": qa4}
 
 
-class NeedleEnv:
+class NeedleEnv(TaskSource):
     name = "needle"
 
     def __init__(
@@ -124,25 +124,16 @@ class NeedleEnv:
             raise EnvError(f"{self.name}: knob task must be one of {', '.join(TASKS)}, got {task!r}")
         check_int(f"{self.name}: knob context_tokens", context_tokens, 1)
         check_int(f"{self.name}: knob num_tasks", num_tasks, 1)
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._task = task
         self._context_tokens = context_tokens
         self._num_tasks = num_tasks
         self._filler = _read_filler(Path(data_path))
-        self._filler_tokens: dict[int, int] = {}
+        # at least 1 a sentence: the fill loop ends
+        self._tokens = TokensOnce(lambda text: max(1, count_tokens(text)), lambda j: self._filler[j])
 
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(self._num_tasks, n, self._seed)]
-
-    def score(self, prediction: str, task: Task) -> Scores:
-        return score_answer(prediction, task.answers)
-
-    def _tokens(self, j: int) -> int:
-        if j not in self._filler_tokens:
-            self._filler_tokens[j] = max(1, self._count(self._filler[j]))  # >= 1: the fill loop ends
-        return self._filler_tokens[j]
+    def _size(self) -> int:
+        return self._num_tasks
 
     def _build(self, index: int) -> Task:
         rng = task_rng(self._seed, index)

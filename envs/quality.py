@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from agentmem.records import Task
+from envs.base import TaskSource
 from envs.chunking import Chunk, Unit, pack
 from envs.errors import EnvError
 from envs.files import field, need_list, read_jsonl, where_line
 from envs.metrics import Scores
-from envs.selection import take
 from envs.types import CountTokens
 
 LETTERS = string.ascii_uppercase
@@ -70,22 +70,17 @@ def render_question(question: str, options: tuple[str, ...]) -> str:
     return "\n".join([question.strip(), *(f"({LETTERS[i]}) {o}" for i, o in enumerate(options))])
 
 
-class QualityEnv:
+class QualityEnv(TaskSource):
     name = "quality"
 
     def __init__(self, *, data_path: str | Path, count_tokens: CountTokens, chunk_tokens: int, seed: int) -> None:
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._articles: list[str] = []
         self._questions: list[_Question] = []
         path = Path(data_path)
         for number, record in read_jsonl(path):
             self._read_line(path, number, record)
         self._chunks: dict[int, list[Chunk]] = {}
-
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
 
     def score(self, prediction: str, task: Task) -> Scores:
         hit = float(parse_choice(prediction) == task.metadata["gold"])

@@ -34,17 +34,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentmem.records import Task
+from envs.base import TaskSource
 from envs.chunking import Unit
 from envs.documents import choose_documents
 from envs.errors import EnvError, check_int
 from envs.files import where
 from envs.hotpotqa import HotpotDoc, build_task, gold_docs, read_hotpotqa
-from envs.metrics import Scores, exact_match, f1_score, memagent_sub_em
-from envs.selection import take, task_rng
+from envs.metrics import Scores, best_scores, exact_match, f1_score, memagent_sub_em
+from envs.selection import task_rng
 from envs.types import CountTokens
 
 
-class RulerHotpotQAEnv:
+class RulerHotpotQAEnv(TaskSource):
     name = "ruler_hotpotqa"
 
     def __init__(
@@ -58,9 +59,7 @@ class RulerHotpotQAEnv:
     ) -> None:
         check_int(f"{self.name}: knob docs", docs, 1)
         path = Path(data_path)
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._docs = docs
         self._corpus, self._questions = read_hotpotqa(path, keep=("level",))
         self._gold = [gold_docs(q, self._corpus) for q in self._questions]
@@ -73,15 +72,8 @@ class RulerHotpotQAEnv:
                 place = where(path, index, {"_id": self._questions[index].qid}, "_id")
                 raise EnvError(f"{place}: knob docs={docs} is fewer than its {len(gold)} supporting paragraphs")
 
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
-
     def score(self, prediction: str, task: Task) -> Scores:
-        return Scores(
-            f1=max(f1_score(prediction, a) for a in task.answers),
-            em=max(exact_match(prediction, a) for a in task.answers),
-            sub_em=max(memagent_sub_em(prediction, a) for a in task.answers),
-        )
+        return best_scores(prediction, task.answers, f1_score, exact_match, memagent_sub_em)
 
     def _build(self, index: int) -> Task:
         q, gold = self._questions[index], self._gold[index]

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource, TokensOnce
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.documents import check_size_knobs, choose_documents
 from envs.errors import EnvError
 from envs.files import answer_text, field, need_list, read_json, where
-from envs.metrics import Scores, score_answer
-from envs.selection import take, task_rng
+from envs.selection import task_rng
 from envs.types import CountTokens
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -41,7 +41,7 @@ class _Question:
     answer_start: int | None  # the first answer's character offset in the paragraph, when the file has one
 
 
-class SquadEnv:
+class SquadEnv(TaskSource):
     name = "squad"
 
     def __init__(
@@ -55,20 +55,12 @@ class SquadEnv:
         context_tokens: int | None = None,
     ) -> None:
         check_size_knobs(self.name, docs, context_tokens)
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._docs = docs
         self._context_tokens = context_tokens
         self._paragraphs: list[tuple[str, str]] = []  # (title, context)
         self._questions = self._read(Path(data_path))
-        self._tokens: dict[int, int] = {}
-
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
-
-    def score(self, prediction: str, task: Task) -> Scores:
-        return score_answer(prediction, task.answers)
+        self._count_paragraph = TokensOnce(count_tokens, self._text)
 
     def _read(self, path: Path) -> list[_Question]:
         top = read_json(path)
@@ -104,11 +96,6 @@ class SquadEnv:
     def _text(self, p: int) -> str:
         title, context = self._paragraphs[p]
         return f"{title}: {context}"
-
-    def _count_paragraph(self, p: int) -> int:
-        if p not in self._tokens:
-            self._tokens[p] = self._count(self._text(p))
-        return self._tokens[p]
 
     def _build(self, index: int) -> Task:
         q = self._questions[index]

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentmem.records import Fact, Task
+from envs.base import TaskSource
 from envs.chunking import Unit, chunk_indices, last_chunk_of, pack
 from envs.errors import EnvError, check_int
-from envs.metrics import Scores, score_answer
-from envs.selection import take, task_rng
+from envs.selection import task_rng
 from envs.types import CountTokens
 
 _CONSONANTS = "bdfgklmnprstvz"
@@ -101,7 +101,7 @@ LEVELS: dict[int, Level] = {
 _DEFAULT = Level(1024, 2, 4, "the default without a level")
 
 
-class SyntheticEnv:
+class SyntheticEnv(TaskSource):
     name = "synthetic"
 
     def __init__(
@@ -134,19 +134,14 @@ class SyntheticEnv:
         self._initials = NAME_SPLITS[names]
         if hops not in (1, 2, 3) or isinstance(hops, bool):
             raise EnvError(f"synthetic: knob hops must be 1, 2 or 3, got {hops!r}")
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._context_tokens = context_tokens
         self._hops = hops
         self._distractors = distractors
         self._num_tasks = num_tasks
 
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(self._num_tasks, n, self._seed)]
-
-    def score(self, prediction: str, task: Task) -> Scores:
-        return score_answer(prediction, task.answers)
+    def _size(self) -> int:
+        return self._num_tasks
 
     def _build(self, index: int) -> Task:
         rng = task_rng(self._seed, index)

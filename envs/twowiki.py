@@ -20,26 +20,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentmem.records import Task
+from envs.base import TaskSource
 from envs.hotpotqa import build_task, read_hotpotqa
-from envs.metrics import Scores, score_answer
-from envs.selection import take
 from envs.types import CountTokens
 
 
-class TwoWikiEnv:
+class TwoWikiEnv(TaskSource):
     name = "2wikimultihopqa"
 
     def __init__(self, *, data_path: str | Path, count_tokens: CountTokens, chunk_tokens: int, seed: int) -> None:
-        self._count = count_tokens
-        self._chunk_tokens = chunk_tokens
-        self._seed = seed
+        super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
         self._corpus, self._questions = read_hotpotqa(Path(data_path), keep=("evidences",), need_type=True)
-
-    def tasks(self, n: int | None = None) -> list[Task]:
-        return [self._build(i) for i in take(len(self._questions), n, self._seed)]
-
-    def score(self, prediction: str, task: Task) -> Scores:
-        return score_answer(prediction, task.answers)
 
     def _build(self, index: int) -> Task:
         q = self._questions[index]

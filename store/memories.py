@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import WorkflowMemory
 from store.models import MemoryRow
-from store.repository import _get, _insert_ignore, _text
+from store.repository.rows import get_row, insert_ignore, text_column
 
 
 def insert_memories(session: Session, memories: Sequence[WorkflowMemory]) -> None:
-    rows = [m.model_dump(mode="python") | {"question": _text(m.question), "text": _text(m.text)} for m in memories]
-    _insert_ignore(session, MemoryRow.__table__, rows)
+    rows = [m.model_dump(mode="python") | {"question": text_column(m.question), "text": text_column(m.text)} for m in memories]
+    insert_ignore(session, MemoryRow.__table__, rows)
 
 
 def _memory(row: MemoryRow) -> WorkflowMemory:
@@ -41,4 +41,4 @@ def list_memories(session: Session, build_run_id: str | None = None) -> list[Wor
 
 def get_memory(session: Session, memory_id: str) -> WorkflowMemory:
     """The memory with id ``memory_id`` (abbreviations of 6 or more characters work); ``NotFound`` if none."""
-    return _memory(_get(session, MemoryRow, memory_id, "memory", " (see `agentmem memories list`)"))
+    return _memory(get_row(session, MemoryRow, memory_id, "memory", " (see `agentmem memories list`)"))

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import LogEntry
 from store.models import MemoryLogRow
-from store.repository import _insert_ignore, _text
+from store.repository.rows import insert_ignore, text_column
 
 _NAMESPACE = uuid.UUID("5d0c6f38-2a61-4d8e-9a55-6c0f4d7e9b21")
 
@@ -29,9 +29,9 @@ def entry_id(episode_id: str, seq: int) -> str:
 
 def insert_log_entries(session: Session, entries: Iterable[LogEntry]) -> None:
     """Append ``entries``; those stored already (same episode and seq) are skipped."""
-    rows = [{**e.model_dump(mode="python"), "id": entry_id(e.episode_id, e.seq), "text": _text(e.text)}
+    rows = [{**e.model_dump(mode="python"), "id": entry_id(e.episode_id, e.seq), "text": text_column(e.text)}
             for e in entries]
-    _insert_ignore(session, MemoryLogRow.__table__, rows)
+    insert_ignore(session, MemoryLogRow.__table__, rows)
 
 
 def episode_log(session: Session, episode_id: str) -> list[LogEntry]:

@@ -4,7 +4,8 @@ Order of work: the config, the run ids and the model references are checked firs
 bad flag or an unknown id); then the run is opened, the models load onto the runtime's device, and each
 step's metrics go to ``train_steps`` as it finishes. Checkpoints are model folders registered in
 ``checkpoints`` with their parent; ``--resume`` continues from the last one and draws exactly the steps an
-uninterrupted run would have drawn.
+uninterrupted run would have drawn. The run, the restore and the steps loop are the shell it shares with
+sft (``agentmem.jobs.training_job``); this module owns distill's checks and its models.
 
 Several processes (torchrun; ``runtime.world_size > 1``): every rank reads the store, loads the models and
 the same trainer state, and trains on its share of each step; rank 0 alone writes (the run row, the
@@ -15,53 +16,28 @@ writes from it (``runtime.broadcast``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
 from agentmem.agent.registry import check_kinds
 from agentmem.config import DistillConfig, EvalConfig, PolicySource, PsdMode, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
+from agentmem.jobs.training_job import DistillResult, load_train_run, prepare, register_start, train
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, SamplingContext, TrainStep
 from agentmem.runtime import CPU, Runtime
-from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
+from agentmem.tracking import TrackerKind, check_installed
 from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
 from store.engine import Store
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
-    from agentmem.training.distill import Models, Trainer
-
-
-@dataclass(frozen=True)
-class DistillResult:
-    run_id: str
-    steps_done: int
-    last_checkpoint: Checkpoint | None
-    history: list[TrainStep]
-
-    def _total(self, key: str) -> int:
-        return int(sum(s.metrics.get(key, 0.0) for s in self.history))
-
-    @property
-    def skipped_calls(self) -> int:
-        """Calls left out because they exceed the row budget (``oversize=skip``), over the steps run."""
-        return self._total("skipped_calls")
-
-    @property
-    def teacher_truncated_calls(self) -> int:
-        return self._total("teacher_truncated_calls")
+    from agentmem.training.distill import Models
 
 
 def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Checkpoint | None]:
     """(full run id, stored config, latest checkpoint or None) of a distill run."""
-    run = load_run(store, run_id, RunKind.distill)
-    with store.session() as s:
-        ckpts = repo.list_checkpoints(s, run.id)
-    return run.id, DistillConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
+    return load_train_run(store, run_id, RunKind.distill, DistillConfig)
 
 
 def resolve_models(store: Store, config: DistillConfig) -> tuple[ModelRef, ModelRef | None]:
@@ -89,11 +65,6 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
         reference, _ = model_refs.load(start_ref.path, config.dtype, runtime)
     return Models(student, tokenizer, start, teacher, teacher_tok, teacher_ref.path if teacher_ref else None,
                   reference)
-
-
-def register_start(store: Store, ref: ModelRef, runtime: Runtime) -> Checkpoint:
-    """The starting model's checkpoint row: registered by rank 0, handed to the other ranks."""
-    return runtime.broadcast(model_refs.register(store, ref) if runtime.is_main else None)
 
 
 def _sampled(run: Run) -> RolloutConfig | None:
@@ -169,65 +140,13 @@ def run_distill(
     continue a stored run from its last checkpoint, up to ``steps`` when given. ``models`` injects loaded
     models (tests); ``models.student`` must then already hold the resumed weights. ``report_to``: trackers
     that also log each step (``agentmem.tracking``), under ``<config.out>/<run id>``."""
-    resumed, resume_from = None, None
-    if resume is not None:
-        resumed, stored, resume_from = load_distill_run(store, resume)
-        config = stored if steps is None else stored.model_copy(update={"steps": steps})
-    if config is None:
-        raise ConfigError("run_distill needs a config or a run to resume")
-    config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
-    check_kinds(config.kinds)
+    config, resumed = prepare(store, RunKind.distill, DistillConfig, config, resume, steps)
     check_kinds(config.aligned_kinds)
     check_loss_terms(config.loss_terms)
     check_rl_runs(store, config)
     check_psd_runs(store, config)
     check_installed(report_to)
-    from agentmem.training.checkpoints import has_trainer_state, load_objective_state, load_trainer_state
-    from agentmem.training.distill import Trainer
-
     refs = resolve_models(store, config) if models is None else None  # before any weights load
-    report_to = report_to if runtime.is_main else ()
-    with job_run(store, RunKind.distill, config, runtime, resume=resumed) as run:
-        loaded = models or load_models(store, config, runtime, resume_from, refs)
-        trainer = Trainer(store, config, loaded, run.id, runtime)
-        done, parent, last = 0, loaded.student_checkpoint, None
-        if resume_from is not None:
-            done = load_trainer_state(Path(resume_from.path), trainer.optimizer, loaded.student)
-            trainer.objective.load_state_dict(load_objective_state(Path(resume_from.path)))
-            parent = last = resume_from
-        elif config.carry_optimizer and has_trainer_state(Path(loaded.student_checkpoint.path)):
-            load_trainer_state(Path(loaded.student_checkpoint.path), trainer.optimizer, loaded.student)
-        if on_start:
-            on_start(config.steps, done)
-        with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:
-            history, saved = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step,
-                                         report)
-    return DistillResult(run.id, config.steps, saved or last, history)
-
-
-def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save_every: int | None, done: int,
-                parent: Checkpoint, on_step: Callable[[TrainStep], None] | None = None,
-                report: Callable[[TrainStep], None] | None = None,
-                ) -> tuple[list[TrainStep], Checkpoint | None]:
-    """Steps ``done + 1 .. steps`` of a trainer (distill's or sft's), each stored in ``train_steps`` as it
-    finishes, then handed to ``report`` (experiment trackers) and ``on_step`` (progress); a checkpoint (child
-    of the previous one, first of ``parent``) every ``save_every`` steps and at the end. Returns the steps run
-    and the last checkpoint saved (None when none was). A handle that does not write (ranks other than 0)
-    stores nothing; every rank saves (``Trainer.save`` writes on rank 0 only)."""
-    history, last = [], None
-    for step in range(done, steps):
-        record = trainer.step(step)
-        if run.writes:
-            with store.session() as s:
-                repo.insert_train_step(s, record)
-                s.commit()
-        run.beat()
-        history.append(record)
-        if report:
-            report(record)
-        if on_step:
-            on_step(record)
-        steps_done = step + 1
-        if steps_done == steps or (save_every and steps_done % save_every == 0):
-            last = parent = trainer.save(steps_done, parent)
-    return history, last
+    return train(store, RunKind.distill, config, runtime, resumed,
+                 lambda: models or load_models(store, config, runtime, resumed.checkpoint, refs), config,
+                 carry_optimizer=config.carry_optimizer, on_start=on_start, on_step=on_step, report_to=report_to)

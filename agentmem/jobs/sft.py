@@ -27,28 +27,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentmem import models as model_refs
-from agentmem.agent.registry import check_kinds
 from agentmem.config import SftConfig
 from agentmem.errors import ConfigError
-from agentmem.jobs.distill import DistillResult, register_start, train_steps
-from agentmem.jobs.runs import check_runs, job_run, load_run
+from agentmem.jobs.training_job import DistillResult, prepare, register_start, train
 from agentmem.models import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
-from agentmem.tracking import TrackerKind, check_installed, reporting, run_folder
-from store import repository as repo
+from agentmem.tracking import TrackerKind, check_installed
 from store.engine import Store
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
     from agentmem.training.distill import Models
-
-
-def load_sft_run(store: Store, run_id: str) -> tuple[str, SftConfig, Checkpoint | None]:
-    """(full run id, stored config, latest checkpoint or None) of an sft run."""
-    run = load_run(store, run_id, RunKind.sft)
-    with store.session() as s:
-        ckpts = repo.list_checkpoints(s, run.id)
-    return run.id, SftConfig.model_validate(run.config), (ckpts[-1] if ckpts else None)
 
 
 def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRef,
@@ -88,16 +77,7 @@ def run_sft(
     """Train for ``config.steps`` steps, or with ``resume`` (an sft run id; ``config`` may be None)
     continue a stored run from its last checkpoint, up to ``steps`` when given. ``report_to``: trackers that
     also log each step (``agentmem.tracking``), under ``<config.out>/<run id>``."""
-    resumed, resume_from = None, None
-    if resume is not None:
-        resumed, stored, resume_from = load_sft_run(store, resume)
-        config = stored if steps is None else stored.model_copy(update={"steps": steps})
-    if config is None:
-        raise ConfigError("run_sft needs a config or a run to resume")
-    config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
-    check_kinds(config.kinds)
-    from agentmem.training.checkpoints import load_trainer_state
-    from agentmem.training.distill import Trainer
+    config, resumed = prepare(store, RunKind.sft, SftConfig, config, resume, steps)
     from agentmem.training.selection import select
 
     # before any weights load: an empty filter or a bad student reference fails here
@@ -106,16 +86,6 @@ def run_sft(
     check_installed(report_to)
     if runtime.fsdp and config.lora_rank is not None:
         raise ConfigError("--fsdp with --lora-rank is not supported: train LoRA with DDP (leave out --fsdp)")
-    report_to = report_to if runtime.is_main else ()
-    with job_run(store, RunKind.sft, config, runtime, resume=resumed) as run:
-        models = load_student(store, config, runtime, ref, resume_from)
-        trainer = Trainer(store, config.distill_config(), models, run.id, runtime, selection=selection)
-        done, parent = 0, models.student_checkpoint
-        if resume_from is not None:
-            done, parent = load_trainer_state(Path(resume_from.path), trainer.optimizer, models.student), resume_from
-        if on_start:
-            on_start(config.steps, done)
-        with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:
-            history, last = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step,
-                                        report)
-    return DistillResult(run.id, config.steps, last or resume_from, history)
+    return train(store, RunKind.sft, config, runtime, resumed,
+                 lambda: load_student(store, config, runtime, ref, resumed.checkpoint), config.distill_config(),
+                 selection=selection, on_start=on_start, on_step=on_step, report_to=report_to)
