@@ -90,6 +90,7 @@ from agentmem.jobs.teacher_check import check_teacher  # noqa: E402
 from agentmem.records import Checkpoint, SamplingContext, TeacherContext  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
 from agentmem.training.dynamics import EMPTY_WARN, round_warnings  # noqa: E402
+from bench.phases import State, say  # noqa: E402
 from envs.metrics import cluster_bootstrap  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
@@ -207,34 +208,6 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
 
 class NoTeacher(Exception):
     """No teacher candidate of a domain passed the check."""
-
-
-class State:
-    """Finished phases, by name, in ``state.json`` (written after every phase)."""
-
-    def __init__(self, path: Path, plan: Plan):
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {"plan": asdict(plan), "phases": {}}
-        if self.data["plan"] != asdict(plan):
-            raise SystemExit(f"{path} was made by another plan; use a new --work folder")
-
-    def get(self, name: str):
-        return self.data["phases"].get(name)
-
-    def put(self, name: str, value) -> None:
-        self.data["phases"][name] = value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.path)
-
-    def once(self, name: str, make):
-        if self.get(name) is None:
-            self.put(name, make())
-        return self.get(name)
-
-
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass

@@ -22,11 +22,10 @@ benchmark runs again on the same folder. Outputs: ``WORK/memory.md`` (the table)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +41,7 @@ from agentmem.jobs.rollout import run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.records import Checkpoint  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
+from bench.phases import State, say  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
@@ -83,25 +83,6 @@ def tiny_model(folder: Path) -> str:
     from tiny_models import save_tiny
 
     return save_tiny(folder / "tiny")
-
-
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class State:
-    def __init__(self, path: Path, plan: Plan):
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {"plan": asdict(plan), "phases": {}}
-        if self.data["plan"] != asdict(plan):
-            raise SystemExit(f"{path} was made by another plan; use a new --work folder")
-
-    def get(self, name: str):
-        return self.data["phases"].get(name)
-
-    def put(self, name: str, value) -> None:
-        self.data["phases"][name] = value
-        self.path.write_text(json.dumps(self.data, indent=1))
 
 
 def options_for(arm: str, store, plan: Plan, state: State, runtime: Runtime) -> dict:
