@@ -22,3 +22,24 @@ class KilledBackend(ScriptedBackend):
         if self.left < 0:
             raise KeyboardInterrupt
         return super().generate(prompts, params)
+
+
+def stored_calls(store, run_id: str):
+    """A run's episodes and invocations, as stored."""
+    from store import repository as repo
+
+    with store.session() as s:
+        return repo.list_episodes(s, run_id), list(repo.stream_invocations(s, run_ids=[run_id]))
+
+
+def canonical_calls(episodes, invs, *fields: str) -> list[tuple]:
+    """The calls as comparable rows, free of ids and times: sorted by (task, sample), step and kind, then
+    ``fields`` of each invocation (arrays as lists). Two runs of the same tasks give equal lists when they
+    stored the same calls."""
+    key = {e.id: (e.task_id, e.sample_index) for e in episodes}
+
+    def value(inv, name):
+        v = getattr(inv, name)
+        return v.tolist() if hasattr(v, "tolist") else v
+
+    return sorted((key[i.episode_id], i.step, i.kind, *(value(i, f) for f in fields)) for i in invs)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import KilledBackend, register_policy
+from helpers import KilledBackend, canonical_calls, register_policy, stored_calls
 from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.agent.events import (
@@ -445,15 +445,9 @@ def rollout_config(recorder="model", **kw) -> RolloutConfig:
                          agent=events_config(recorder), **kw)
 
 
-def stored_calls(store, run_id):
-    with store.session() as s:
-        return repo.list_episodes(s, run_id), list(repo.stream_invocations(s, run_ids=[run_id]))
-
-
 def canonical(episodes, invs):
-    key = {e.id: (e.task_id, e.sample_index) for e in episodes}
-    return sorted((key[i.episode_id], i.step, i.kind, i.memory_policy, i.prompt_text, i.output_ids.tolist(),
-                   i.chunk_index, i.memory_before, i.memory_after) for i in invs)
+    return canonical_calls(episodes, invs, "memory_policy", "prompt_text", "output_ids", "chunk_index",
+                           "memory_before", "memory_after")
 
 
 def test_rollout_stores_the_events_calls(store):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
-from helpers import KilledBackend
+from helpers import KilledBackend, canonical_calls, stored_calls
 from tiny_models import tiny_tokenizer
 
 from agentmem.agent.loop import AgentConfig, AgentLoop, ListSink, memory_policy, register_memory_policy
@@ -184,17 +184,9 @@ def rollout_config() -> RolloutConfig:
     return RolloutConfig(model="tiny", episodes=3, group_size=2, chunk_tokens=48, env_knobs=SYNTH, agent=NOTES)
 
 
-def stored_calls(store, run_id):
-    with store.session() as s:
-        episodes = repo.list_episodes(s, run_id)
-        invs = list(repo.stream_invocations(s, run_ids=[run_id]))
-    return episodes, invs
-
-
 def canonical(episodes, invs):
-    key = {e.id: (e.task_id, e.sample_index) for e in episodes}
-    return sorted((key[i.episode_id], i.step, i.kind, i.memory_policy, i.prompt_text, i.output_ids.tolist(),
-                   i.memory_before, i.memory_after) for i in invs)
+    return canonical_calls(episodes, invs, "memory_policy", "prompt_text", "output_ids", "memory_before",
+                           "memory_after")
 
 
 def test_rollout_stores_the_policy_and_its_call_kinds(sqlite_store):

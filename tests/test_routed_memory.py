@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import register_policy
+from helpers import canonical_calls, register_policy, stored_calls
 from test_memory_policy import KilledBackend
 from test_scoring import direct_logprobs
 from tiny_models import tiny_llama, tiny_tokenizer
@@ -213,11 +213,7 @@ def by_question(text):
 
 
 def canonical(store, run_id):
-    with store.session() as s:
-        episodes = {e.id: e for e in repo.list_episodes(s, run_id)}
-        invs = list(repo.stream_invocations(s, run_ids=[run_id]))
-    return sorted(((episodes[i.episode_id].task_id, episodes[i.episode_id].sample_index), i.step, i.kind,
-                   i.prompt_ids.tolist(), i.output_ids.tolist(), i.memory_after) for i in invs)
+    return canonical_calls(*stored_calls(store, run_id), "prompt_ids", "output_ids", "memory_after")
 
 
 @pytest.mark.parametrize("calls_before_kill", [3, 6])

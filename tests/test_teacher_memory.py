@@ -6,7 +6,7 @@ and LoRA SFT on the teacher's successful episodes combines with the memories."""
 from __future__ import annotations
 
 import pytest
-from helpers import register_policy
+from helpers import canonical_calls, register_policy, stored_calls
 from test_memory_policy import KilledBackend
 from test_sft import am
 from tiny_models import save_tiny, tiny_tokenizer
@@ -239,11 +239,7 @@ def student_config(bank_id, **kw) -> RolloutConfig:
 
 
 def canonical(store, run_id):
-    with store.session() as s:
-        episodes = {e.id: e for e in repo.list_episodes(s, run_id)}
-        invs = list(repo.stream_invocations(s, run_ids=[run_id]))
-    return sorted(((episodes[i.episode_id].task_id, episodes[i.episode_id].sample_index), i.step, i.kind,
-                   i.prompt_ids.tolist(), i.output_ids.tolist(), i.memory_after) for i in invs)
+    return canonical_calls(*stored_calls(store, run_id), "prompt_ids", "output_ids", "memory_after")
 
 
 def test_teacher_rollout_prompts_and_exact_resume(sqlite_store):
