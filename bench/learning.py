@@ -90,7 +90,7 @@ from agentmem.jobs.teacher_check import check_teacher  # noqa: E402
 from agentmem.records import Checkpoint, SamplingContext, TeacherContext  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
 from agentmem.training.dynamics import EMPTY_WARN, round_warnings  # noqa: E402
-from bench.phases import State, say  # noqa: E402
+from bench.common.phases import State, say  # noqa: E402
 from envs.metrics import cluster_bootstrap  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402

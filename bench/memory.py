@@ -41,7 +41,7 @@ from agentmem.jobs.rollout import run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.records import Checkpoint  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
-from bench.phases import State, say  # noqa: E402
+from bench.common.phases import State, say  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Every benchmark runs (issue 23, item 6): each ``bench/*.py`` with ``--smoke`` runs every phase in seconds
 on a tiny random model and exits 0, so no benchmark can go stale when the code it measures changes. New
-benchmarks are picked up by the glob; each must have a ``--smoke`` flag. ``scripts/test.sh`` runs these with
+benchmarks are picked up by the glob (``bench/*.py``; helpers they share live in ``bench/common/``); each must
+have a ``--smoke`` flag. ``scripts/test.sh`` runs these with
 the rest of the suite (marker ``bench_smoke``: ``pytest -m bench_smoke`` runs them alone).
 """
 
