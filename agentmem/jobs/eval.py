@@ -82,13 +82,12 @@ def summarize(
                       n_episodes=len(episodes), metrics=extra, **stats)
 
 
-def call_stats(store: Store, run_id: str, eos_id: int | None) -> dict[str, Any]:
+def call_stats(calls: Sequence[Invocation], eos_id: int | None) -> dict[str, Any]:
     """``empty_rate``, ``empty_by_kind`` and ``out_len_by_kind`` of a run's stored calls."""
-    with store.session() as s:
-        calls = [(str(i.kind), i.output_ids) for i in repo.stream_invocations(s, run_ids=[run_id])]
-    stats = output_stats(calls, eos_id)
+    pairs = [(str(i.kind), i.output_ids) for i in calls]
+    stats = output_stats(pairs, eos_id)
     kinds = sorted(k.split("/", 1)[1] for k in stats if k.startswith("empty/"))
-    overall = output_stats([("all", ids) for _, ids in calls], eos_id)
+    overall = output_stats([("all", ids) for _, ids in pairs], eos_id)
     return {"empty_rate": overall.get("empty/all", 0.0),
             "empty_by_kind": {k: stats[f"empty/{k}"] for k in kinds},
             "out_len_by_kind": {k: stats[f"out_len/{k}"] for k in kinds}}
@@ -102,14 +101,6 @@ def empty_after_evidence(calls: Sequence[Invocation], task_of: dict[str, Task]) 
              if c.kind == UPDATE and c.memory_policy == "overwrite" and c.chunk_index is not None
              and c.episode_id in task_of and evidence_read(task_of[c.episode_id].facts, c.chunk_index)]
     return float(np.mean(flags)) if flags else None
-
-
-def evidence_stats(store: Store, run_id: str, episodes: Sequence[Episode], tasks: dict[str, Task]) -> dict[str, Any]:
-    """``empty_after_evidence`` of a stored run whose ``episodes`` ran ``tasks`` (by task id)."""
-    task_of = {e.id: tasks[e.task_id] for e in episodes if e.task_id in tasks}
-    with store.session() as s:
-        calls = list(repo.stream_invocations(s, run_ids=[run_id], kinds=[UPDATE]))
-    return {"empty_after_evidence": empty_after_evidence(calls, task_of)}
 
 
 def _context_tokens(config: EvalConfig, episodes: Sequence[Episode], tokenizer, tasks: dict[str, Task]) -> float:
@@ -146,11 +137,14 @@ def run_eval(
     policy = result.policy
     tokenizer = backend.tokenizer if backend is not None else models.load_tokenizer(policy.path)
     tasks = {t.task_id: t for t in build_env(config, tokenizer).tasks(config.episodes)}
+    task_of = {e.id: tasks[e.task_id] for e in result.episodes if e.task_id in tasks}
+    with store.session() as s:  # one read of the run's calls serves every statistic
+        calls = list(repo.stream_invocations(s, run_ids=[result.run_id]))
     context_tokens = _context_tokens(config, result.episodes, tokenizer, tasks)
     metrics = {"base_model": policy.base_model, "context_tokens": context_tokens, "env_knobs": config.env_knobs,
                "chunk_tokens": config.chunk_tokens, "memory_tokens": config.agent.memory_tokens,
-               "seed": config.seed, **call_stats(store, result.run_id, tokenizer.eos_token_id),
-               **evidence_stats(store, result.run_id, result.episodes, tasks)}
+               "seed": config.seed, **call_stats(calls, tokenizer.eos_token_id),
+               "empty_after_evidence": empty_after_evidence(calls, task_of)}
     row = summarize(result.episodes, run_id=result.run_id, policy=policy, env=config.env,
                     step=policy.step if step is None else step, metrics=metrics)
     with store.session() as s:
