@@ -180,7 +180,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         plan = Plan(seeds=1, warm_steps=1, steps=2, steps_per_round=1, calls_per_step=4, rollout_tasks=2, group=2,
                     heldout_per_level=2, heldout_real=1, teacher_steps=[1, 2], teacher_val=2, train_levels=[1, 2],
                     heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4,
-                    max_teacher_empty=1.0, eval_dtype="float32", **common)
+                    max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", **common)
     elif args.quick:
         plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8, **common)
@@ -602,12 +602,105 @@ def tiny_model(work: Path) -> str:
     return str(folder) if (folder / "config.json").exists() else save_tiny(folder)
 
 
+def quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def open_bench(work: Path, plan: Plan, threads: int) -> Bench:
+    state = State(work / "state.json", plan)
+    runtime = Runtime.create("cpu", threads)
+    store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
+    return Bench(store, runtime, plan, work, state)
+
+
+def arm_flags(arm: str) -> tuple[bool, bool]:
+    """(evaluated on the ladder, evaluated on real text)"""
+    return not arm.startswith("squad"), arm in REAL_ARMS
+
+
+def job(work: str, plan: dict, threads: int, task: tuple[str, str | int]) -> str:
+    """One unit of ``--jobs`` work in its own process (phases go to the shared state file): ``("teacher",
+    domain)``, ``("base", 0)`` (the base model's evaluation) or ``(arm, seed)`` (train, then evaluate)."""
+    quiet_transformers()
+    bench = open_bench(Path(work), Plan(**plan), threads)
+    kind, arg = task
+    if kind == "teacher":
+        try:
+            bench.teacher(str(arg))
+        except NoTeacher as e:  # the main process meets it again from the stored checks and refuses the arms
+            return f"{arg} teacher: {e}"
+    elif kind == "base":
+        bench.evaluate("base", 0, bench.base(), True, True)
+    else:
+        seed = int(arg)
+        trained = bench.train(kind, seed)
+        bench.evaluate(kind, seed, bench.ckpt(trained["final"]["id"]), *arm_flags(kind))
+    return f"{kind} {arg} done"
+
+
+def refused_arms(bench: Bench, domains: list[str], quiet: bool = False) -> dict[str, str]:
+    """Arm -> why it may not run: the distilling arms of a domain whose teacher failed its check (the
+    teacher is validated here, before any arm distils from it; the other arms of the domain still run)."""
+    refused: dict[str, str] = {}
+    for domain in domains:
+        try:
+            bench.teacher(domain)
+        except NoTeacher as e:
+            if not quiet:
+                say(f"warning: {e}")
+            refused |= {a: str(e) for a in bench.plan.arms
+                        if ON_POLICY.get(a, {}).get("kd") and a.startswith("squad") == (domain == "squad")}
+    return refused
+
+
+def done(bench: Bench, kind: str, arg: str | int) -> bool:
+    """Whether a ``job`` task's phases are all in the state file."""
+    state = bench.state
+    if kind == "teacher":
+        return state.get(f"teacher/{arg}/pick") is not None or (
+            (cands := state.get(f"teacher/{arg}/candidates")) is not None
+            and all(state.get(f"teacher/{arg}/check/{c['id']}") is not None for c in cands))
+    ladder, real = arm_flags(kind)
+    trained = kind == "base" or state.get(f"arm/{kind}/{arg}") is not None
+    return trained and state.get(f"eval/{kind}/{arg}/{int(ladder)}{int(real)}") is not None
+
+
+def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> None:
+    """Run ``tasks`` in ``jobs`` processes of ``threads`` threads each, in order of submission; every
+    finished phase is in the state file, so a killed run goes on where it stopped. Raises the first
+    failure after every task has ended."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    if not tasks:
+        return
+    say(f"{len(tasks)} tasks in {jobs} processes of {threads} thread(s): {', '.join(f'{a}/{b}' for a, b in tasks)}")
+    errors = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(job, str(bench.work), asdict(bench.plan), threads, t): t for t in tasks}
+        for f in as_completed(futures):
+            try:
+                say(f.result())
+            except Exception as e:  # noqa: BLE001 - reported, then raised once all have ended
+                say(f"error: {futures[f][0]} {futures[f][1]}: {type(e).__name__}: {e}")
+                errors.append(e)
+    bench.state.refresh()
+    if errors:
+        raise errors[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one seed, a short budget, fewer held-out questions")
     ap.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in a minute or two")
     ap.add_argument("--work", type=Path, default=Path("learning-bench"), help="folder for the store and outputs")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads in all (split between --jobs)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes that train and evaluate arm-seeds side by side (each gets threads/jobs "
+                         "threads); 2 on 2 cores: small-batch steps use a second core poorly, a second arm well")
     ap.add_argument("--seeds", type=int, help="training seeds (default: 3, or 1 with --quick)")
     ap.add_argument("--steps", type=int, help="method steps after the warm start")
     ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
@@ -629,37 +722,40 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or (tiny_model(work) if args.smoke else "default")
     plan = make_plan(args, model)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    state = State(work / "state.json", plan)
-    runtime = Runtime.create("cpu", 1 if args.smoke else args.threads)
-    store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
-    bench = Bench(store, runtime, plan, work, state)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    quiet_transformers()
+    threads = 1 if args.smoke else args.threads
+    bench = open_bench(work, plan, threads)
+    store = bench.store
     t0 = time.perf_counter()
     say(f"plan: {json.dumps(asdict(plan))}")
+    domains = [d for d in ("ladder", "squad") if any(
+        (a.startswith("squad") if d == "squad" else not a.startswith("squad")) and a in ON_POLICY for a in plan.arms)]
+    if args.jobs > 1 and not args.report_partial:
+        # the phases every arm shares come first, in this process (oracle rollouts, the evaluation dtype),
+        # then the independent ones side by side: base, teachers, warm starts; then every other arm-seed
+        per_job = max(1, threads // args.jobs)
+        for d in {"squad" if a.startswith("squad") else "ladder" for a in plan.arms if a != "base"}:
+            bench.oracle_runs(d)
+        bench.eval_dtype()
+        seeds = range(plan.seeds)
+        first = [("base", 0), *[("teacher", d) for d in domains],
+                 *[(a, s) for a in ("warm", "squad_warm") if a in plan.arms for s in seeds]]
+        run_jobs(bench, [t for t in first if not done(bench, *t)], args.jobs, per_job)
+        refused = refused_arms(bench, domains, quiet=True)
+        rest = [(a, s) for a in plan.arms if a not in ("base", "warm", "squad_warm") and a not in refused
+                for s in seeds]
+        run_jobs(bench, [t for t in rest if not done(bench, *t)], args.jobs, per_job)
     results: dict = {}
     base = bench.base()
     results["base"] = {"evals": [bench.evaluate("base", 0, base, True, True)], "ladder": True, "real": True}
-    refused: dict[str, str] = {}  # arm -> why it did not run
-    for domain in ("ladder", "squad"):
-        if any((a.startswith("squad") if domain == "squad" else not a.startswith("squad"))
-               and a in ON_POLICY for a in plan.arms):
-            try:
-                bench.teacher(domain)  # validated before any arm distils from it
-            except NoTeacher as e:  # its distilling arms are refused, named in the report; the others run
-                say(f"warning: {e}")
-                for a in plan.arms:
-                    if a in ON_POLICY and ON_POLICY[a].get("kd") and a.startswith("squad") == (domain == "squad"):
-                        refused[a] = str(e)
+    refused = refused_arms(bench, domains)
     missing = []
     for arm in [a for a in plan.arms if a != "base" and a not in refused]:
         evals, runs = [], []
-        ladder, real = not arm.startswith("squad"), arm in REAL_ARMS
-        if args.report_partial and not all(state.get(f"arm/{arm}/{seed}") is not None
-                                           and state.get(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}") is not None
-                                           for seed in range(plan.seeds)):
+        ladder, real = arm_flags(arm)
+        if args.report_partial and not all(done(bench, arm, seed) for seed in range(plan.seeds)):
             missing.append(arm)
             continue
         for seed in range(plan.seeds):

@@ -2,12 +2,19 @@
 
 A benchmark with long phases (the learning and memory benchmarks) keeps ``{"plan": ..., "phases": {...}}`` in
 ``WORK/state.json``, written atomically after every phase; run again on the same folder, a killed run goes on
-at its first unfinished phase. A folder made by another plan is refused."""
+at its first unfinished phase. A folder made by another plan is refused.
+
+Several processes may share one state file (the learning benchmark's ``--jobs``): every ``put`` takes an
+exclusive lock on ``state.json.lock``, re-reads the file and merges its one phase in, so no process's phase
+is lost to another's write; ``get`` reads the phases as of the last merge."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,18 +25,39 @@ class State:
 
     def __init__(self, path: Path, plan: Any):
         self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {"plan": asdict(plan), "phases": {}}
-        if self.data["plan"] != asdict(plan):
-            raise SystemExit(f"{path} was made by another plan; use a new --work folder")
+        self.plan = asdict(plan)
+        with self._locked():
+            self.data = self._read()
+            if self.data["plan"] != self.plan:
+                raise SystemExit(f"{path} was made by another plan; use a new --work folder")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.exists() else {"plan": self.plan, "phases": {}}
+
+    def refresh(self) -> None:
+        """Take in the phases other processes have written since."""
+        with self._locked():
+            self.data = self._read()
 
     def get(self, name: str):
         return self.data["phases"].get(name)
 
     def put(self, name: str, value) -> None:
-        self.data["phases"][name] = value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.path)
+        with self._locked():
+            self.data = self._read()
+            self.data["phases"][name] = value
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1))
+            tmp.replace(self.path)
 
     def once(self, name: str, make):
         """The phase's stored value, made (and stored) first when it is not there."""

@@ -1,0 +1,69 @@
+"""The learning benchmark's ``--jobs``: arm-seeds trained side by side in processes that share one state
+file give the same phases as one process, and concurrent writers lose no phase."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.common.phases import State  # noqa: E402
+
+
+@dataclass(frozen=True)
+class _Plan:
+    name: str
+
+
+def _put_many(path: str, prefix: str, n: int) -> None:
+    state = State(Path(path), _Plan("p"))
+    for i in range(n):
+        state.put(f"{prefix}/{i}", {"i": i})
+
+
+def test_state_merges_the_phases_of_concurrent_writers(tmp_path):
+    path = tmp_path / "state.json"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_put_many, args=(str(path), f"w{k}", 40)) for k in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    phases = json.loads(path.read_text())["phases"]
+    assert sorted(phases) == sorted(f"w{k}/{i}" for k in range(3) for i in range(40))
+    with pytest.raises(SystemExit, match="another plan"):
+        State(path, _Plan("q"))
+
+
+def _run(work: Path, *extra: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "AGENTMEM_DB": ""}
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
+                           "--arms", "opd_aligned,grpo", *extra], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((work / "state.json").read_text())["phases"]
+
+
+@pytest.mark.bench_smoke
+def test_jobs_give_the_phases_of_one_process(tmp_path):
+    one = _run(tmp_path / "one")
+    two = _run(tmp_path / "two", "--jobs", "2")
+    evals = sorted(k for k in one if k.startswith("eval/"))
+    assert evals == sorted(k for k in two if k.startswith("eval/"))
+    assert {"eval/base/0/11", "eval/warm/0/11", "eval/opd_aligned/0/11", "eval/grpo/0/10"} <= set(evals)
+    for k in evals:  # the same greedy F1 per question, and the same output statistics
+        assert one[k]["scores"] == two[k]["scores"], k
+        assert one[k]["length"] == two[k]["length"], k
+    ids = {"teacher", "eval_run_id"}
+    pick = "teacher/ladder/pick"  # the same teacher check, in its own process
+    assert {x: v for x, v in one[pick].items() if x not in ids} == {x: v for x, v in two[pick].items() if x not in ids}
