@@ -2,7 +2,8 @@
 
 A benchmark with long phases (the learning and memory benchmarks) keeps ``{"plan": ..., "phases": {...}}`` in
 ``WORK/state.json``, written atomically after every phase; run again on the same folder, a killed run goes on
-at its first unfinished phase. A folder made by another plan is refused.
+at its first unfinished phase. A folder made by another plan is refused; the plan's ``free`` fields (the
+learning benchmark's arm subset) may differ, since phases are named by what they depend on.
 
 Several processes may share one state file (the learning benchmark's ``--jobs``): every ``put`` takes an
 exclusive lock on ``state.json.lock``, re-reads the file and merges its one phase in, so no process's phase
@@ -23,12 +24,12 @@ from typing import Any
 class State:
     """Finished phases, by name, in ``path`` (written after every phase)."""
 
-    def __init__(self, path: Path, plan: Any):
+    def __init__(self, path: Path, plan: Any, free: tuple[str, ...] = ()):
         self.path = path
         self.plan = asdict(plan)
         with self._locked():
             self.data = self._read()
-            if self.data["plan"] != self.plan:
+            if _without(self.data["plan"], free) != _without(self.plan, free):
                 raise SystemExit(f"{path} was made by another plan; use a new --work folder")
 
     @contextmanager
@@ -64,6 +65,10 @@ class State:
         if self.get(name) is None:
             self.put(name, make())
         return self.get(name)
+
+
+def _without(plan: dict, keys: tuple[str, ...]) -> dict:
+    return {k: v for k, v in plan.items() if k not in keys}
 
 
 def say(msg: str) -> None:
