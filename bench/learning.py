@@ -670,28 +670,77 @@ def done(bench: Bench, kind: str, arg: str | int) -> bool:
     return trained and state.get(f"eval/{kind}/{arg}/{int(ladder)}{int(real)}") is not None
 
 
-def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> None:
-    """Run ``tasks`` in ``jobs`` processes of ``threads`` threads each, in order of submission; every
-    finished phase is in the state file, so a killed run goes on where it stopped. Raises the first
-    failure after every task has ended."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str | int]]:
+    """The state phases ``task`` reads before it can start, each with the task that makes it."""
+    kind, arg = task
+    if kind in ("base", "teacher", "warm", "squad_warm"):
+        return {}
+    domain = "squad" if kind.startswith("squad") else "ladder"
+    out: dict[str, tuple[str, str | int]] = {f"warm/{domain}/{arg}": ("squad_warm" if domain == "squad" else "warm", arg)}
+    if ON_POLICY.get(kind, {}).get("kd"):
+        out[f"teacher/{domain}/pick"] = ("teacher", domain)
+    return out
 
-    if not tasks:
-        return
-    say(f"{len(tasks)} tasks in {jobs} processes of {threads} thread(s): {', '.join(f'{a}/{b}' for a, b in tasks)}")
-    errors = []
+
+def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> list[str]:
+    """Run ``tasks`` in ``jobs`` processes of ``threads`` threads each. A task starts as soon as a process is
+    free and the phases it needs (``needs``) are in the state file, the first such in list order (an arm
+    starts once its warm start's checkpoint is saved, while that warm start is still being evaluated); a
+    phase whose maker is not in the list is made by the task itself. A task whose teacher was refused is
+    dropped (the report names it). Every finished phase is in the state file, so a killed run goes on where
+    it stopped. Raises the first failure after every running task has ended; returns the dropped tasks."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    queue = list(tasks)
+    if not queue:
+        return []
+    say(f"{len(queue)} tasks in {jobs} processes of {threads} thread(s): {', '.join(f'{a}/{b}' for a, b in queue)}")
+    running: dict = {}
+    finished: set[tuple[str, str | int]] = set()
+    dropped: list[str] = []
+    errors: list[Exception] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(job, str(bench.work), asdict(bench.plan), threads, t): t for t in tasks}
-        for f in as_completed(futures):
-            try:
-                say(f.result())
-            except Exception as e:  # noqa: BLE001 - reported, then raised once all have ended
-                say(f"error: {futures[f][0]} {futures[f][1]}: {type(e).__name__}: {e}")
-                errors.append(e)
+        while queue or running:
+            bench.state.refresh()
+            waiting = set(queue) | set(running.values())
+            for t in list(queue):
+                if len(running) >= jobs or errors:
+                    break
+                blocked = False
+                for phase, maker in needs(bench, t).items():
+                    if bench.state.get(phase) is not None:
+                        continue
+                    if maker in finished and maker[0] == "teacher":  # checked, and refused: no pick
+                        queue.remove(t)
+                        dropped.append(f"{t[0]}/{t[1]}")
+                        blocked = True
+                        break
+                    if maker in waiting:
+                        blocked = True
+                        break
+                if not blocked and t in queue:
+                    queue.remove(t)
+                    running[pool.submit(job, str(bench.work), asdict(bench.plan), threads, t)] = t
+            if errors and not running:
+                break
+            if not running:
+                if queue:  # nothing can start and nothing runs: a dependency cycle cannot happen; guard anyway
+                    raise RuntimeError(f"tasks cannot start: {queue}")
+                break
+            done_now, _ = wait(list(running), timeout=15, return_when=FIRST_COMPLETED)
+            for f in done_now:
+                t = running.pop(f)
+                finished.add(t)
+                try:
+                    say(f.result())
+                except Exception as e:  # noqa: BLE001 - reported, then raised once the running ones end
+                    say(f"error: {t[0]} {t[1]}: {type(e).__name__}: {e}")
+                    errors.append(e)
     bench.state.refresh()
     if errors:
         raise errors[0]
+    return dropped
 
 
 def main() -> None:
@@ -736,19 +785,16 @@ def main() -> None:
         (a.startswith("squad") if d == "squad" else not a.startswith("squad")) and a in ON_POLICY for a in plan.arms)]
     if args.jobs > 1 and not args.report_partial:
         # the phases every arm shares come first, in this process (oracle rollouts, the evaluation dtype),
-        # then the independent ones side by side: base, teachers, warm starts; then every other arm-seed
+        # then every task side by side, each as soon as what it needs is there (arms in the order above:
+        # the warm starts before the arms that start from them)
         per_job = max(1, threads // args.jobs)
         for d in {"squad" if a.startswith("squad") else "ladder" for a in plan.arms if a != "base"}:
             bench.oracle_runs(d)
         bench.eval_dtype()
         seeds = range(plan.seeds)
-        first = [("base", 0), *[("teacher", d) for d in domains],
-                 *[(a, s) for a in ("warm", "squad_warm") if a in plan.arms for s in seeds]]
-        run_jobs(bench, [t for t in first if not done(bench, *t)], args.jobs, per_job)
-        refused = refused_arms(bench, domains, quiet=True)
-        rest = [(a, s) for a in plan.arms if a not in ("base", "warm", "squad_warm") and a not in refused
-                for s in seeds]
-        run_jobs(bench, [t for t in rest if not done(bench, *t)], args.jobs, per_job)
+        tasks = [("base", 0), *[("teacher", d) for d in domains],
+                 *[(a, seed) for a in plan.arms if a != "base" for seed in seeds]]
+        run_jobs(bench, [t for t in tasks if not done(bench, *t)], args.jobs, per_job)
     results: dict = {}
     base = bench.base()
     results["base"] = {"evals": [bench.evaluate("base", 0, base, True, True)], "ladder": True, "real": True}
