@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from serve_helpers import running
-from tiny_models import save_tiny, tiny_tokenizer
+from tiny_models import save_tiny, tiny_tokenizer, tool_tokenizer
 
 from agentmem.config import ScoreConfig
 from agentmem.jobs.score import run_score
@@ -34,9 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where does Bob live?"}]
 
 
-def chat_ids(messages) -> list[int]:
-    tok = tiny_tokenizer()
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+WEATHER = [{"type": "function", "function": {"name": "weather", "description": "The weather in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}}}]
+
+
+def chat_ids(messages, tools=None, tok=None) -> list[int]:
+    tok = tok or tiny_tokenizer()
+    text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -349,6 +354,57 @@ def test_teacher_contexts_of_served_calls(store, model_dir):
     np.testing.assert_allclose(scores[TeacherContext.persistent_chat], _direct(model, chat_ids(chat), out), atol=1e-5)
     privileged = privileged_ids(tok, episode) + second.prompt_ids.tolist()
     np.testing.assert_allclose(scores[TeacherContext.privileged], _direct(model, privileged, out), atol=1e-5)
+
+
+def test_persistent_chat_of_a_multi_turn_served_call(store, tmp_path):
+    """A served call whose request is itself a multi-turn chat (with tools, which its template renders):
+    under persistent_chat the teacher reads this call's system message once, the earlier call's other
+    messages and its reply, then this call's messages after its system message, rendered with this call's
+    tools, as docs/serve.md says; each score equals a direct forward pass over that chat, and aligned still
+    reads the call's own prompt."""
+    from transformers import AutoModelForCausalLM
+
+    tok = tool_tokenizer()
+    model_dir = save_tiny(tmp_path / "tools", tokenizer=tok)
+    server = serve(store, model_dir)
+    first_messages = [{"role": "system", "content": "Keep a memory."},
+                      {"role": "user", "content": "Chunk 0: Bob lives in Oslo."}]
+    second_messages = [{"role": "system", "content": "Answer briefly."},
+                       {"role": "user", "content": "Where does Bob live?"},
+                       {"role": "assistant", "content": "In Oslo."},
+                       {"role": "user", "content": "And the weather there?"}]
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/episodes/talk/v1", api_key="unused", max_retries=0)
+        client.chat.completions.create(model=model_dir, messages=first_messages, max_tokens=6, temperature=0)
+        client.chat.completions.create(model=model_dir, messages=second_messages, tools=WEATHER, max_tokens=6,
+                                       temperature=0)
+    server.close("finished")
+    contexts = (TeacherContext.aligned, TeacherContext.persistent_chat)
+    for context in contexts:
+        run_score(store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir, context=context))
+    with store.session() as s:
+        first, second = repo.episode_invocations(s, episode_row_id(server.run_id, "talk"))
+        scores = {(c, inv.id): repo.get_teacher_scores(s, [inv.id], model_dir, c)[inv.id].token_logprobs
+                  for c in contexts for inv in (first, second)}
+    assert second.prompt_ids.tolist() == chat_ids(second_messages, WEATHER, tok)
+    with store.session() as s:  # as sent, key order included (the template renders it): Postgres too
+        assert json.dumps(serve_repo.get_serve_call(s, second.id).tools) == json.dumps(WEATHER)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    teacher_chat = [second_messages[0], first_messages[1], {"role": "assistant", "content": first.output_text},
+                    *second_messages[1:]]
+    teacher_ids = chat_ids(teacher_chat, WEATHER, tok)
+    assert tok.decode(teacher_ids).count("# Tools") == 1 and tok.decode(teacher_ids).count("Keep a memory.") == 0
+    out = second.output_ids.tolist()
+    assert len(out) > 0 and len(teacher_ids) > second.prompt_tokens
+    np.testing.assert_allclose(scores[TeacherContext.persistent_chat, second.id], _direct(model, teacher_ids, out),
+                               atol=1e-5)
+    np.testing.assert_allclose(scores[TeacherContext.aligned, second.id],
+                               _direct(model, second.prompt_ids.tolist(), out), atol=1e-5)
+    # the first call has no history: both contexts read exactly its own prompt
+    np.testing.assert_allclose(scores[TeacherContext.persistent_chat, first.id],
+                               _direct(model, chat_ids(first_messages, None, tok), first.output_ids.tolist()), atol=1e-5)
+    np.testing.assert_array_equal(scores[TeacherContext.persistent_chat, first.id],
+                                  scores[TeacherContext.aligned, first.id])
 
 
 def test_restart_with_the_same_run_name_continues_the_run(sqlite_store, model_dir):
