@@ -5,7 +5,8 @@ the path's, so an agent changes only its ``base_url``):
 - ``POST /v1/chat/completions``: messages (and tools) rendered by the model's chat template
   (``apply_chat_template(..., add_generation_prompt=True)``, tokenised without added special tokens, as
   the agent loop renders its prompts); non-streaming or SSE; ``n``, ``temperature``, ``top_p``,
-  ``max_tokens``/``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``/``top_logprobs``;
+  ``max_tokens``/``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``/``top_logprobs``; with
+  ``tools``, tool calls in the reply come back as ``tool_calls`` (``tool_calls.py``);
 - ``POST /v1/completions``: a text prompt (tokenised with the tokenizer's special tokens, as vLLM does) or
   token ids, used exactly; a list of prompts;
 - ``GET /v1/models``;
@@ -49,6 +50,7 @@ from agentmem.serve.protocol import (
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
 from agentmem.serve.responses import Formatter, usage
 from agentmem.serve.sampler import Choice, Job
+from agentmem.serve.tool_calls import ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,8 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         sent = Sent([text], [question], messages, req.tools, req.sampling(top_logprobs=req.top_logprobs,
                                                                      logprobs=req.logprobs))
         prep = await _prepare(request, req, body, episode, [ids], sent, "chat", req.top_k if req.logprobs else 0)
-        return await _respond(request, req, prep, chat=True, logprobs=req.logprobs, body=body)
+        parser = ToolCallParser.for_request(tokenizer, req.tools, req.tool_choice, text)
+        return await _respond(request, req, prep, chat=True, logprobs=req.logprobs, body=body, tool_calls=parser)
 
     async def completions(request: Request, episode: str | None) -> Any:
         body = await _json(request)
@@ -203,10 +206,11 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         job = Job(prompts, req.n, params, tuple(req.stops), top_k)
         return _Prepared(prompts, sent, job, ctx, recorder.plan(ctx, len(prompts), req.n))
 
-    async def _respond(request: Request, req, prep: _Prepared, *, chat: bool, logprobs: bool, body: dict) -> Any:
+    async def _respond(request: Request, req, prep: _Prepared, *, chat: bool, logprobs: bool, body: dict,
+                       tool_calls: ToolCallParser | None = None) -> Any:
         headers = {"X-Agentmem-Invocation": ",".join(prep.planned.invocation_ids),
                    "X-Agentmem-Episode": ",".join(prep.planned.episode_ids)}
-        shape = Formatter(tokenizer, settings.model_name, recorder.policy_version, chat, logprobs)
+        shape = Formatter(tokenizer, settings.model_name, recorder.policy_version, chat, logprobs, tool_calls)
         if req.stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(_stream(request, prep, shape, include_usage), headers=headers,

@@ -6,6 +6,12 @@ response carries ``text`` and the legacy ``logprobs`` object (``tokens``, ``toke
 ``top_logprobs``, ``text_offset``). ``id`` is the invocation id of the first choice. A stream sends, per
 choice, the role (chat), then one chunk per sampled token whose text deltas concatenate to the choice's
 text (``text_deltas``), then, once the call is stored, one chunk per choice with its finish reason.
+
+With a ``ToolCallParser`` (a chat request with ``tools``), a reply that calls tools has ``message.tool_calls``,
+``content`` only the text outside the calls (or null) and ``finish_reason: "tool_calls"``; streamed, it
+sends the role, its content (if any) in one delta, then per call one ``delta.tool_calls`` chunk with the
+call's ``index``, ``id``, ``type`` and name (arguments ``""``) and one with its arguments, as OpenAI streams
+them; the token log-probs ride on the first chunk after the role.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentmem.serve.sampler import Choice
+from agentmem.serve.tool_calls import Reply, ToolCallParser
 
 
 def text_deltas(tokenizer, c: Choice) -> list[str]:
@@ -49,13 +56,14 @@ class Formatter:
     fingerprint: str | None
     chat: bool
     logprobs: bool
+    tool_calls: ToolCallParser | None = None
 
     def response(self, call_id: str, created: int, prompts: list[list[int]], choices: list[Choice],
                  token_ids: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": call_id, "object": "chat.completion" if self.chat else "text_completion", "created": created,
             "model": self.model_name, "system_fingerprint": self.fingerprint,
-            "choices": [self._choice(i, c, token_ids) for i, c in enumerate(choices)],
+            "choices": [self._choice(i, c, token_ids, self._reply(call_id, i, c)) for i, c in enumerate(choices)],
             "usage": usage(prompts, choices),
         }
         if token_ids:
@@ -67,6 +75,10 @@ class Formatter:
             if self.chat:
                 yield self._chunk(call_id, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}])
+            reply = self._reply(call_id, i, c)
+            if reply is not None and reply.tool_calls:
+                yield from self._tool_call_chunks(call_id, created, i, c, reply)
+                continue
             for k, delta in enumerate(text_deltas(self.tokenizer, c)):
                 piece: dict[str, Any] = {"index": i, "finish_reason": None, "logprobs": None}
                 if self.chat:
@@ -82,7 +94,9 @@ class Formatter:
     def final_chunks(self, call_id: str, created: int, choices: list[Choice],
                      usage_of: dict[str, int] | None) -> Iterator[str]:
         for i, c in enumerate(choices):
-            last: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value, "logprobs": None}
+            reply = self._reply(call_id, i, c)
+            reason = (reply.finish_reason if reply is not None else None) or c.finish_reason.value
+            last: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": None}
             last.update({"delta": {}} if self.chat else {"text": ""})
             yield self._chunk(call_id, created, [last])
         if usage_of is not None:
@@ -95,10 +109,32 @@ class Formatter:
                 "choices": choices, **extra}
         return f"data: {json.dumps(data)}\n\n"
 
-    def _choice(self, i: int, c: Choice, token_ids: bool) -> dict[str, Any]:
+    def _reply(self, call_id: str, i: int, c: Choice) -> Reply | None:
+        return self.tool_calls.parse(c.text, f"{call_id}_{i}") if self.tool_calls is not None else None
+
+    def _tool_call_chunks(self, call_id: str, created: int, i: int, c: Choice, reply: Reply) -> Iterator[str]:
+        logprobs = {"content": self._chat_logprobs(c)} if self.logprobs else None
+        if reply.content is not None:
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"content": reply.content},
+                                                  "logprobs": logprobs, "finish_reason": None}])
+            logprobs = None
+        for k, call in enumerate(reply.tool_calls):
+            head = {"index": k, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"tool_calls": [head]},
+                                                  "logprobs": logprobs, "finish_reason": None}])
+            logprobs = None
+            body = {"index": k, "function": {"arguments": call["function"]["arguments"]}}
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"tool_calls": [body]},
+                                                  "logprobs": None, "finish_reason": None}])
+
+    def _choice(self, i: int, c: Choice, token_ids: bool, reply: Reply | None) -> dict[str, Any]:
         out: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value}
         if self.chat:
             out["message"] = {"role": "assistant", "content": c.text}
+            if reply is not None and reply.tool_calls:
+                out["message"] = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
+                out["finish_reason"] = reply.finish_reason
             out["logprobs"] = {"content": self._chat_logprobs(c)} if self.logprobs else None
         else:
             out["text"] = c.text
