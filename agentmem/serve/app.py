@@ -48,8 +48,8 @@ from agentmem.serve.protocol import (
     bad_request,
 )
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
-from agentmem.serve.responses import Formatter, usage
-from agentmem.serve.sampler import Choice, Job
+from agentmem.serve.responses import Formatter, LiveText, usage
+from agentmem.serve.sampler import Choice, Job, Tokens
 from agentmem.serve.tool_calls import ToolCallParser
 
 
@@ -226,13 +226,28 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
 
     async def _stream(request: Request, prep: _Prepared, shape: Formatter, include_usage: bool) -> AsyncIterator[str]:
         call_id, created = prep.planned.invocation_ids[0], int(time.time())
+        # tokens go out as the sampler produces them, unless the whole reply must be seen first (a stop string
+        # may cut it, tool calls are parsed from it)
+        live: dict[int, LiveText] | None = None if prep.job.stops or shape.tool_calls else {}
+        rows = prep.job.rows
         try:
-            choices = await asyncio.wrap_future(sampler.submit(prep.job))
+            async for event in sampler.stream(prep.job):
+                if isinstance(event, Tokens):
+                    if live is None:
+                        continue
+                    if event.index not in live:
+                        live[event.index] = LiveText(tokenizer, rows[event.index])
+                        for piece in shape.role_chunk(call_id, created, event.index):
+                            yield piece
+                    so_far, start, stop, delta = live[event.index].add(event)
+                    yield shape.piece(call_id, created, event.index, so_far, start, stop, delta)
+                else:
+                    choices = event
         except Exception as exc:  # noqa: BLE001  the stream has started: the error goes in it, nothing is stored
             err = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error")
             yield f"data: {json.dumps(err.body())}\n\n"
             return
-        for piece in shape.token_chunks(call_id, created, choices):
+        for piece in shape.token_chunks(call_id, created, choices, live):
             yield piece
             await asyncio.sleep(0)
         if await request.is_disconnected():

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentmem.serve.sampler import Choice
+from agentmem.records import FinishReason
+from agentmem.serve.sampler import Choice, Tokens
 from agentmem.serve.tool_calls import Reply, ToolCallParser
 
 
@@ -47,6 +48,36 @@ def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+class LiveText:
+    """One completion streamed as the engine samples it: its tokens so far, and the text sent so far. Text is
+    sent once it decodes to complete characters (a token ending inside a UTF-8 character is held back)."""
+
+    def __init__(self, tokenizer, prompt: list[int]):
+        self.tokenizer, self.prompt = tokenizer, prompt
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[list[tuple[int, float]]] = []
+        self.sent = ""
+
+    def add(self, tokens: Tokens) -> tuple[Choice, int, int, str]:
+        """(the completion so far, the new tokens' span, the new text) after ``tokens``."""
+        start = len(self.ids)
+        self.ids += tokens.ids
+        self.logprobs += tokens.logprobs
+        self.top += tokens.top or []
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        delta = ""
+        if not text.endswith("\ufffd") and text.startswith(self.sent):
+            delta, self.sent = text[len(self.sent):], text
+        so_far = Choice(self.prompt, list(self.ids), list(self.logprobs), FinishReason.length, self.sent, 0.0,
+                        list(self.top) or None)
+        return so_far, start, len(self.ids), delta
+
+    def rest(self, final_text: str) -> str:
+        """What of the completion's final text is still unsent."""
+        return final_text[len(self.sent):] if final_text.startswith(self.sent) else ""
+
+
 @dataclass(frozen=True)
 class Formatter:
     """Shapes one request's choices: ``chat`` or completions, with ``logprobs`` or not."""
@@ -70,26 +101,41 @@ class Formatter:
             out["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
         return out
 
-    def token_chunks(self, call_id: str, created: int, choices: list[Choice]) -> Iterator[str]:
+    def token_chunks(self, call_id: str, created: int, choices: list[Choice],
+                     live: dict[int, LiveText] | None = None) -> Iterator[str]:
+        """The chunks of whole choices; those already streamed as they were sampled (``live``, by index)
+        send only the text still held back."""
         for i, c in enumerate(choices):
-            if self.chat:
-                yield self._chunk(call_id, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                      "logprobs": None, "finish_reason": None}])
+            if live is not None and i in live:
+                rest = live[i].rest(c.text)
+                if rest:
+                    yield self.piece(call_id, created, i, c, 0, 0, rest)
+                continue
+            yield from self.role_chunk(call_id, created, i)
             reply = self._reply(call_id, i, c)
             if reply is not None and reply.tool_calls:
                 yield from self._tool_call_chunks(call_id, created, i, c, reply)
                 continue
             for k, delta in enumerate(text_deltas(self.tokenizer, c)):
-                piece: dict[str, Any] = {"index": i, "finish_reason": None, "logprobs": None}
-                if self.chat:
-                    piece["delta"] = {"content": delta}
-                    if self.logprobs:
-                        piece["logprobs"] = {"content": self._chat_logprobs(c, k, k + 1)}
-                else:
-                    piece["text"] = delta
-                    if self.logprobs:
-                        piece["logprobs"] = self._completion_logprobs(c, k, k + 1)
-                yield self._chunk(call_id, created, [piece])
+                yield self.piece(call_id, created, i, c, k, k + 1, delta)
+
+    def role_chunk(self, call_id: str, created: int, i: int) -> Iterator[str]:
+        if self.chat:
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}])
+
+    def piece(self, call_id: str, created: int, i: int, c: Choice, start: int, stop: int, delta: str) -> str:
+        """A chunk of choice ``i``: text ``delta`` and the log-probs of its tokens ``start:stop``."""
+        piece: dict[str, Any] = {"index": i, "finish_reason": None, "logprobs": None}
+        if self.chat:
+            piece["delta"] = {"content": delta}
+            if self.logprobs and stop > start:
+                piece["logprobs"] = {"content": self._chat_logprobs(c, start, stop)}
+        else:
+            piece["text"] = delta
+            if self.logprobs and stop > start:
+                piece["logprobs"] = self._completion_logprobs(c, start, stop)
+        return self._chunk(call_id, created, [piece])
 
     def final_chunks(self, call_id: str, created: int, choices: list[Choice],
                      usage_of: dict[str, int] | None) -> Iterator[str]:
