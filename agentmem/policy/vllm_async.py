@@ -41,9 +41,9 @@ class AsyncVLLMEngine:
         args = vllm.AsyncEngineArgs(model=str(model_path), dtype=dtype, logprobs_mode="processed_logprobs", seed=0,
                                     **{"enable_prefix_caching": True, **engine_kwargs})
         self.llm = vllm.AsyncLLMEngine.from_engine_args(args)
-        from agentmem.models import load_tokenizer
+        from transformers import AutoTokenizer
 
-        self.tokenizer = load_tokenizer(str(model_path))  # the chat template every backend renders with
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))  # the model's own chat template
         self.max_model_len = int(self.llm.model_config.max_model_len)
 
     async def stream(self, prompt: list[int], params: SamplingParams, *, index: int, top_k: int,
