@@ -196,9 +196,16 @@ def test_vllm_progress_reads_delta_outputs():
 def test_vllm_serves_with_continuous_batching(sqlite_store, tmp_path):
     """vLLM's async engine behind the server: concurrent clients, stored ids and log-probs are vLLM's own, and
     a seeded call equals the offline engine's sample of the same prompt."""
+    import torch
     from tiny_models import save_tiny
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    model_dir = save_tiny(tmp_path / "tiny")
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # head_dim 64: vLLM-CPU's kernels
+    model_dir = save_tiny(tmp_path / "tiny", LlamaForCausalLM(config))
     server = build_server(sqlite_store, ServeConfig(model=model_dir, backend="vllm", dtype="float32"))
     with running(server.app) as root:
         ids: dict[int, str] = {}
@@ -213,8 +220,13 @@ def test_vllm_serves_with_continuous_batching(sqlite_store, tmp_path):
             t.start()
         for t in threads:
             t.join()
+        again = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0).chat.completions.create(
+            model=model_dir, messages=QUESTION, max_tokens=8, seed=2, temperature=1.0,
+            extra_body={"return_token_ids": True})
     server.close("finished")
     with sqlite_store.session() as s:
         calls = [repo.episode_invocations(s, episode_row_id(server.run_id, f"v{i}"))[0] for i in range(4)]
     assert [c.id for c in calls] == [ids[i] for i in range(4)]
     assert all(0 < c.output_tokens <= 8 and np.isfinite(c.output_logprobs).all() for c in calls)
+    # seeded: the same ids whatever else ran in the engine at the time
+    assert again.choices[0].model_extra["token_ids"] == calls[2].output_ids.tolist()

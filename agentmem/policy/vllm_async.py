@@ -63,6 +63,7 @@ class AsyncVLLMEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+        del self.llm  # its __del__ shuts down again now, not at interpreter exit (when vLLM's modules are gone)
 
 
 def progress(output: Any, top_k: int) -> Progress:
