@@ -196,16 +196,9 @@ def test_vllm_progress_reads_delta_outputs():
 def test_vllm_serves_with_continuous_batching(sqlite_store, tmp_path):
     """vLLM's async engine behind the server: concurrent clients, stored ids and log-probs are vLLM's own, and
     a seeded call equals the offline engine's sample of the same prompt."""
-    import torch
-    from tiny_models import save_tiny
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny_models import save_tiny, tiny_llama_vllm
 
-    tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # head_dim 64: vLLM-CPU's kernels
-    model_dir = save_tiny(tmp_path / "tiny", LlamaForCausalLM(config))
+    model_dir = save_tiny(tmp_path / "tiny", tiny_llama_vllm())
     server = build_server(sqlite_store, ServeConfig(model=model_dir, backend="vllm", dtype="float32"))
     with running(server.app) as root:
         ids: dict[int, str] = {}

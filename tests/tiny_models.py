@@ -109,6 +109,16 @@ def tiny_qwen2(vocab_size: int | None = None, seed: int = 0, attn: str = "eager"
     return Qwen2ForCausalLM(cfg).eval().to(torch.float32)
 
 
+def tiny_llama_vllm(seed: int = 0) -> LlamaForCausalLM:
+    """A tiny Llama whose heads vLLM-CPU's attention kernels take (head_dim 64; ``tiny_llama``'s 8 they refuse)."""
+    tok = tiny_tokenizer()
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return LlamaForCausalLM(cfg).eval().to(torch.float32)
+
+
 def save_tiny(path, model=None, tokenizer=None) -> str:
     """Write a tiny model folder (weights + config + tokenizer), usable anywhere a model path is."""
     model = model or tiny_llama()
