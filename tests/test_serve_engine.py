@@ -38,6 +38,7 @@ class FakeEngine:
     def __init__(self, text: str = SAID, step_s: float = 0.02):
         self.tokenizer = tiny_tokenizer()
         self.max_model_len = 4096
+        self.nucleus = False  # as vLLM
         self.ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
         self.step_s = step_s
         self.started: list[tuple[list[int], SamplingParams, int]] = []
@@ -138,6 +139,8 @@ def test_the_server_streams_engine_tokens_as_they_come_and_stores_them(store):
             c = openai.OpenAI(base_url=f"{root}/episodes/par{i}/v1", api_key="unused", max_retries=0)
             answers[i] = c.chat.completions.create(model="fake", messages=QUESTION, max_tokens=4).id
 
+        with pytest.raises(openai.BadRequestError) as nucleus:
+            client.chat.completions.create(model="fake", messages=QUESTION, top_p=0.9)
         engine.most_live = 0
         threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
         for t in threads:
@@ -162,6 +165,7 @@ def test_the_server_streams_engine_tokens_as_they_come_and_stores_them(store):
     assert [e.top_logprobs[0].logprob for e in whole.choices[0].logprobs.content] == pytest.approx(
         [-0.1 * k for k in range(n)])
     assert len(answers) == 6 and engine.most_live == 6  # all six in the engine at once
+    assert nucleus.value.body["param"] == "top_p"
     assert json.loads(first_line[6:])["choices"][0]["delta"]["role"] == "assistant"
     assert engine.live == 0 and len(engine.aborted) == 1
 

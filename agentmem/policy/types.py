@@ -88,6 +88,7 @@ class AsyncEngine(Protocol):
 
     tokenizer: PreTrainedTokenizerBase
     max_model_len: int
+    nucleus: bool  # whether top_p < 1 keeps the full-vocabulary log-probs above (vLLM's do not)
 
     def stream(self, prompt: list[int], params: SamplingParams, *, index: int, top_k: int,
                request_id: str) -> AsyncIterator[Progress]:

@@ -29,6 +29,7 @@ TOP_P_REFUSED = ("vLLM returns nucleus-renormalised log-probs for top_p < 1, not
 
 class AsyncVLLMEngine:
     name = "vllm"
+    nucleus = False  # top_p < 1: vLLM's log-probs are renormalised over the nucleus
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
         """``engine_kwargs`` go to ``vllm.AsyncEngineArgs`` as they are (``max_model_len``, ...)."""

@@ -64,6 +64,7 @@ class ServeSettings:
     default_max_tokens: int = 256
     api_key: str | None = None
     top_logprobs: bool = True  # whether the sampler can list alternatives (a backend with a model)
+    nucleus: bool = True  # whether top_p < 1 keeps the stored log-probs full-vocabulary (not on vLLM)
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,9 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
             raise bad_request(f"n is {req.n}, the server allows at most {settings.max_n} (--max-n)", "n")
         if top_k and not settings.top_logprobs:
             raise bad_request("this backend cannot list top log-probs", "top_logprobs")
+        if req.top_p is not None and req.top_p < 1 and not settings.nucleus:
+            raise bad_request("top_p < 1 is not supported on this backend: its log-probs would be renormalised over "
+                              "the nucleus, not the full-vocabulary ones agentmem stores", "top_p")
         if any(len(p) == 0 for p in prompts):
             raise bad_request("empty prompt", "prompt")
         longest = max(len(p) for p in prompts)

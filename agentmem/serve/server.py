@@ -100,7 +100,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
     if engine is not None:  # continuous batching: every request goes to the engine as it arrives
         live = EngineSampler(engine)
         settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
-                                 config.default_max_tokens, api_key, top_logprobs=True)
+                                 config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus)
         return Server(create_app(live, recorder, live.tokenizer, settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
