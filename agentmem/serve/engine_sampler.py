@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
+from dataclasses import replace
 
 from agentmem.policy.types import AsyncEngine, Generation
 from agentmem.records import FinishReason
@@ -38,8 +39,11 @@ class EngineSampler:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentmem-serve-engine", daemon=True)
         self._thread.start()
-        self.requests = 0  # engine requests made (one per completion)
-        self.engine: AsyncEngine = self._call(_build(make_engine)).result()
+        try:
+            self.engine: AsyncEngine = self._call(_build(make_engine)).result()
+        except BaseException:
+            self._stop()
+            raise
         self.tokenizer = self.engine.tokenizer
 
     def _call(self, coro) -> Future:
@@ -71,12 +75,14 @@ class EngineSampler:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._call(_shutdown(self.engine)).result(timeout=60)
+        self._stop()
+
+    def _stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
     async def _run(self, job: Job, emit: Callable[[Tokens], None] | None) -> list[Choice]:
         rows = job.rows
-        self.requests += len(rows)
         return list(await asyncio.gather(*[self._one(job, i, row, emit) for i, row in enumerate(rows)]))
 
     async def _one(self, job: Job, index: int, prompt: list[int], emit: Callable[[Tokens], None] | None) -> Choice:
@@ -102,10 +108,7 @@ class EngineSampler:
                     break  # closing the stream aborts the engine request
         choice = to_choice(self.tokenizer, prompt, Generation(ids, logprobs, reason, time.perf_counter() - start),
                            job.stops)
-        if job.top_k:
-            choice = Choice(choice.prompt_ids, choice.output_ids, choice.logprobs, choice.finish_reason, choice.text,
-                            choice.latency_s, top[: len(choice.output_ids)])
-        return choice
+        return replace(choice, top=top[: len(choice.output_ids)]) if job.top_k else choice
 
 
 async def _build(make_engine: Callable[[], AsyncEngine]) -> AsyncEngine:
