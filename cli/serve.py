@@ -20,7 +20,8 @@ API_KEY_VAR = "AGENTMEM_API_KEY"
 def serve(
     model: Annotated[str | None, typer.Option(help="Model to serve: a checkpoint id, a model folder or `default`.",
                                               show_default=False)] = None,
-    backend: Annotated[BackendKind, typer.Option(help="Generation backend.")] = BackendKind.transformers,
+    backend: Annotated[BackendKind, typer.Option(
+        help="Generation backend (vllm: continuous batching on its async engine).")] = BackendKind.transformers,
     db: DbOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8000,

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from store.types import Blob, JSONType, UTCDateTime
+from store.types import Blob, JSONType, OrderedJSON, UTCDateTime
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -210,8 +210,8 @@ class ServeCallRow(Base):
 
     __tablename__ = "serve_calls"
     invocation_id: Mapped[str] = mapped_column(sa.ForeignKey("invocations.id"), primary_key=True)
-    messages: Mapped[list[Any] | None]
-    tools: Mapped[list[Any] | None]
+    messages: Mapped[list[Any] | None] = mapped_column(OrderedJSON)  # as sent: templates render key order
+    tools: Mapped[list[Any] | None] = mapped_column(OrderedJSON)
     sampling: Mapped[dict[str, Any]]
     client: Mapped[dict[str, Any]]
     prompt_logprobs: Mapped[bytes | None]

@@ -7,7 +7,7 @@ writes the call. One server process writes a run, and it serialises these transa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -66,6 +66,19 @@ def get_serve_call(session: Session, invocation_id: str) -> ServeCall:
     row = session.get(ServeCallRow, invocation_id)
     if row is None:
         raise NotFound(f"no served call with invocation id {invocation_id!r}")
+    return _serve_call(row)
+
+
+def chat_serve_calls(session: Session, run_ids: Sequence[str]) -> dict[str, ServeCall]:
+    """The served chat calls of ``run_ids`` (those that sent ``messages``), by invocation id."""
+    rows = session.scalars(sa.select(ServeCallRow)
+                           .join(InvocationRow, InvocationRow.id == ServeCallRow.invocation_id)
+                           .join(EpisodeRow, EpisodeRow.id == InvocationRow.episode_id)
+                           .where(EpisodeRow.run_id.in_(list(run_ids))))
+    return {row.invocation_id: _serve_call(row) for row in rows if row.messages}
+
+
+def _serve_call(row: ServeCallRow) -> ServeCall:
     return ServeCall(invocation_id=row.invocation_id, messages=row.messages, tools=row.tools, sampling=row.sampling,
                      client=row.client, created_at=row.created_at,
                      prompt_logprobs=None if row.prompt_logprobs is None

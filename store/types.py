@@ -30,4 +30,7 @@ class UTCDateTime(TypeDecorator):
 
 
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# JSON kept as written (``json`` on Postgres, whose ``jsonb`` reorders object keys): what a chat template
+# renders with ``tojson`` depends on the order of the keys.
+OrderedJSON = sa.JSON()
 Blob = sa.LargeBinary().with_variant(postgresql.BYTEA(), "postgresql")

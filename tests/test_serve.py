@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from serve_helpers import running
-from tiny_models import save_tiny, tiny_tokenizer
+from tiny_models import save_tiny, tiny_tokenizer, tool_tokenizer
 
 from agentmem.config import ScoreConfig
 from agentmem.jobs.score import run_score
@@ -34,9 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where does Bob live?"}]
 
 
-def chat_ids(messages) -> list[int]:
-    tok = tiny_tokenizer()
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+WEATHER = [{"type": "function", "function": {"name": "weather", "description": "The weather in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}}}]
+
+
+def chat_ids(messages, tools=None, tok=None) -> list[int]:
+    tok = tok or tiny_tokenizer()
+    text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -349,6 +354,150 @@ def test_teacher_contexts_of_served_calls(store, model_dir):
     np.testing.assert_allclose(scores[TeacherContext.persistent_chat], _direct(model, chat_ids(chat), out), atol=1e-5)
     privileged = privileged_ids(tok, episode) + second.prompt_ids.tolist()
     np.testing.assert_allclose(scores[TeacherContext.privileged], _direct(model, privileged, out), atol=1e-5)
+
+
+def test_persistent_chat_of_a_multi_turn_served_call(store, tmp_path):
+    """A served call whose request is itself a multi-turn chat (with tools, which its template renders):
+    under persistent_chat the teacher reads this call's system message once, the earlier call's other
+    messages and its reply, then this call's messages after its system message, rendered with this call's
+    tools, as docs/serve.md says; each score equals a direct forward pass over that chat, and aligned still
+    reads the call's own prompt."""
+    from transformers import AutoModelForCausalLM
+
+    tok = tool_tokenizer()
+    model_dir = save_tiny(tmp_path / "tools", tokenizer=tok)
+    server = serve(store, model_dir)
+    first_messages = [{"role": "system", "content": "Keep a memory."},
+                      {"role": "user", "content": "Chunk 0: Bob lives in Oslo."}]
+    second_messages = [{"role": "system", "content": "Answer briefly."},
+                       {"role": "user", "content": "Where does Bob live?"},
+                       {"role": "assistant", "content": "In Oslo."},
+                       {"role": "user", "content": "And the weather there?"}]
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/episodes/talk/v1", api_key="unused", max_retries=0)
+        client.chat.completions.create(model=model_dir, messages=first_messages, max_tokens=6, temperature=0)
+        client.chat.completions.create(model=model_dir, messages=second_messages, tools=WEATHER, max_tokens=6,
+                                       temperature=0)
+    server.close("finished")
+    contexts = (TeacherContext.aligned, TeacherContext.persistent_chat)
+    for context in contexts:
+        run_score(store, ScoreConfig(run_ids=[server.run_id], teacher=model_dir, context=context))
+    with store.session() as s:
+        first, second = repo.episode_invocations(s, episode_row_id(server.run_id, "talk"))
+        scores = {(c, inv.id): repo.get_teacher_scores(s, [inv.id], model_dir, c)[inv.id].token_logprobs
+                  for c in contexts for inv in (first, second)}
+    assert second.prompt_ids.tolist() == chat_ids(second_messages, WEATHER, tok)
+    with store.session() as s:  # as sent, key order included (the template renders it): Postgres too
+        assert json.dumps(serve_repo.get_serve_call(s, second.id).tools) == json.dumps(WEATHER)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    teacher_chat = [second_messages[0], first_messages[1], {"role": "assistant", "content": first.output_text},
+                    *second_messages[1:]]
+    teacher_ids = chat_ids(teacher_chat, WEATHER, tok)
+    assert tok.decode(teacher_ids).count("# Tools") == 1 and tok.decode(teacher_ids).count("Keep a memory.") == 0
+    out = second.output_ids.tolist()
+    assert len(out) > 0 and len(teacher_ids) > second.prompt_tokens
+    np.testing.assert_allclose(scores[TeacherContext.persistent_chat, second.id], _direct(model, teacher_ids, out),
+                               atol=1e-5)
+    np.testing.assert_allclose(scores[TeacherContext.aligned, second.id],
+                               _direct(model, second.prompt_ids.tolist(), out), atol=1e-5)
+    # the first call has no history: both contexts read exactly its own prompt
+    np.testing.assert_allclose(scores[TeacherContext.persistent_chat, first.id],
+                               _direct(model, chat_ids(first_messages, None, tok), first.output_ids.tolist()), atol=1e-5)
+    np.testing.assert_array_equal(scores[TeacherContext.persistent_chat, first.id],
+                                  scores[TeacherContext.aligned, first.id])
+
+
+def test_tool_calls_come_back_as_openai_tool_calls(store):
+    """A request with tools whose reply holds a Hermes <tool_call>: the response has message.tool_calls and
+    finish_reason tool_calls, streamed as delta.tool_calls; the stored ids stay the sampled ids; a follow-up
+    with the assistant's call and a tool message is rendered by the chat template (stored prompt ids)."""
+    from agentmem.policy.scripted import ScriptedBackend
+
+    tok = tool_tokenizer()
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    said = f"Let me look.\n{call}"
+    backend = ScriptedBackend(tok, lambda prompt: "It is sunny in Oslo." if "sunny" in tok.decode(prompt) else said)
+    server = build_server(store, ServeConfig(model="s"), backend=backend)
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/episodes/w/v1", api_key="unused", max_retries=0)
+        first = client.chat.completions.create(model="s", messages=ask, tools=WEATHER, logprobs=True)
+        chunks = list(client.chat.completions.create(model="s", messages=ask, tools=WEATHER, stream=True))
+        with client.chat.completions.stream(model="s", messages=ask, tools=WEATHER) as stream:
+            assembled = stream.get_final_completion()
+        plain = client.chat.completions.create(model="s", messages=ask)  # no tools: the reply is text
+        unasked = client.chat.completions.create(model="s", messages=ask, tools=WEATHER, tool_choice="none")
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="s", messages=ask, tools=WEATHER, tool_choice="required")
+        follow = [*ask, first.choices[0].message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": first.choices[0].message.tool_calls[0].id, "content": "sunny"}]
+        answer = client.chat.completions.create(model="s", messages=follow, tools=WEATHER)
+    server.close("finished")
+
+    choice = first.choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("tool_calls", "Let me look.")
+    [tool_call] = choice.message.tool_calls
+    assert (tool_call.type, tool_call.function.name) == ("function", "weather")
+    assert tool_call.function.arguments == '{"city": "Oslo"}' and tool_call.id == f"call_{first.id}_0_0"
+    assert len(choice.logprobs.content) == len(tok(said, add_special_tokens=False)["input_ids"]) + 1
+
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == "Let me look."
+    streamed = [t for d in deltas for t in d.tool_calls or []]
+    assert [(t.index, t.id, t.type, t.function.name) for t in streamed] == [
+        (0, f"call_{chunks[0].id}_0_0", "function", "weather"), (0, None, None, None)]
+    assert "".join(t.function.arguments for t in streamed) == '{"city": "Oslo"}'
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    got = assembled.choices[0]
+    assert got.finish_reason == "tool_calls" and got.message.content == "Let me look."
+    assert [(t.function.name, t.function.arguments) for t in got.message.tool_calls] == [("weather", '{"city": "Oslo"}')]
+
+    for reply in (plain, unasked):
+        assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == (said, "stop")
+        assert reply.choices[0].message.tool_calls is None
+    assert refused.value.body["param"] == "tool_choice"
+    assert answer.choices[0].message.content == "It is sunny in Oslo." and answer.choices[0].message.tool_calls is None
+
+    with store.session() as s:
+        calls = {c.id: c for c in repo.episode_invocations(s, episode_row_id(server.run_id, "w"))}
+        sent = serve_repo.get_serve_call(s, answer.id)
+    said_ids = tok(said, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert calls[first.id].output_ids.tolist() == said_ids and calls[first.id].output_text == said
+    assert calls[assembled.id].output_ids.tolist() == said_ids
+    # the follow-up: the assistant's call rendered with its arguments as an object, the tool result as the template says
+    rendered = [*ask, {"role": "assistant", "content": "Let me look.", "tool_calls": [
+        {"id": tool_call.id, "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]},
+        follow[2]]
+    assert calls[answer.id].prompt_ids.tolist() == chat_ids(rendered, WEATHER, tok)
+    assert f"Let me look.\n{call}<|im_end|>" in calls[answer.id].prompt_text
+    assert "<tool_response>\nsunny\n</tool_response>" in calls[answer.id].prompt_text
+    assert sent.messages == rendered
+
+
+def test_the_models_own_response_template_parses_tool_calls():
+    """A tokenizer with a response_template (transformers' response parsing) is parsed with it, the rendered
+    prompt as its prefix; a template without tool-call markup and without one gets no parsing."""
+    import copy
+
+    from agentmem.serve.tool_calls import ToolCallParser
+
+    tok = copy.deepcopy(tool_tokenizer())
+    tok.response_template = {"version": 1, "start_anchor": "<|im_start|>assistant\n", "defaults": {"role": "assistant"},
+                             "fields": {"content": {"content": "text"},
+                                        "tool_calls": {"open": "[CALL]", "close": "[/CALL]", "content": "json",
+                                                       "repeats": True,
+                                                       "transform": {"type": "function", "function": "{content}"}}}}
+    parser = ToolCallParser.for_request(tok, WEATHER, "auto", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    reply = parser.parse('[CALL]{"name": "weather", "arguments": {"city": "Lyon"}}[/CALL]', "x")
+    assert (reply.content, reply.finish_reason) == (None, "tool_calls")
+    assert reply.tool_calls == [{"id": "call_x_0", "type": "function",
+                                 "function": {"name": "weather", "arguments": '{"city": "Lyon"}'}}]
+    hermes = ToolCallParser.for_request(tool_tokenizer(), WEATHER, None, "")
+    assert hermes.parse('<tool_call>{"name": "weather", "arguments": {"city": "Lyon"}}</tool_call>', "y") \
+        .tool_calls[0]["function"]["arguments"] == '{"city": "Lyon"}'
+    assert hermes.parse('<tool_call>{"name": "weather", "argu', "y").tool_calls == []  # cut short: text
+    assert ToolCallParser.for_request(tiny_tokenizer(), WEATHER, None, "") is None  # no tool-call format known
+    assert ToolCallParser.for_request(tool_tokenizer(), None, None, "") is None
 
 
 def test_restart_with_the_same_run_name_continues_the_run(sqlite_store, model_dir):

@@ -15,6 +15,7 @@ log-prob is taken at T = 1. A sampled end-of-sequence token is included in ``out
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -67,3 +68,32 @@ class Backend(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One ``Generation`` per prompt, same order."""
         ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one request of an async engine sampled since its last ``Progress``: ``ids``, their ``logprobs``
+    (the semantics above), and when asked, per id the ``top`` alternatives (id, log-prob), most likely
+    first; ``finish_reason`` is set on the request's last one."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]] | None = None
+    finish_reason: FinishReason | None = None
+
+
+class AsyncEngine(Protocol):
+    """An engine that batches continuously (vLLM's ``AsyncLLM``): every request is submitted on its own,
+    as it arrives, and streams what it samples. Used inside one event loop."""
+
+    tokenizer: PreTrainedTokenizerBase
+    max_model_len: int
+    nucleus: bool  # whether top_p < 1 keeps the full-vocabulary log-probs above (vLLM's do not)
+
+    def stream(self, prompt: list[int], params: SamplingParams, *, index: int, top_k: int,
+               request_id: str) -> AsyncIterator[Progress]:
+        """Sample one completion of ``prompt`` (``index``: its place in the caller's request, which offsets
+        the seed); closing the iterator early aborts the request."""
+        ...
+
+    def shutdown(self) -> None: ...

@@ -116,7 +116,8 @@ Conversation = Callable[[Seq[Invocation], Invocation], Seq[int]]
 
 def rebuild_persistent_chat(history: Seq[Invocation], inv: Invocation, conversation: Conversation) -> Sequence:
     """The faithful full-history baseline: one well-formed multi-turn chat (system once, each earlier call's
-    user turn answered by its output, then this call's user turn and the generation prompt), followed by
+    user turn, or for a served chat the messages its client sent, answered by its output, then this call's
+    and the generation prompt), followed by
     this call's stored outputs, positions ``0..len-1``. Only this call's outputs are actions, unchanged.
 
     ``conversation(history, inv)`` gives the chat's ids up to the generation prompt: the training layer,

@@ -3,6 +3,9 @@
 - ``protocol``: the request bodies (pydantic) and OpenAI-style error bodies;
 - ``sampler``: batches concurrent requests into backend calls (a short collection window), applies stop
   strings and computes OpenAI log-prob fields;
+- ``engine_sampler``: continuous batching on an async engine (vLLM's): each request to the engine as it
+  arrives, its tokens streamed as sampled;
+- ``tool_calls``: a reply's tool calls parsed into OpenAI ``tool_calls`` (transformers' response parsing);
 - ``recorder``: the store side: the ``serve`` run, episodes from the client, one transaction per call;
 - ``app``: the FastAPI routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, the
   ``/episodes/{id}/v1`` prefix, reward and privileged endpoints);

@@ -5,7 +5,8 @@ the path's, so an agent changes only its ``base_url``):
 - ``POST /v1/chat/completions``: messages (and tools) rendered by the model's chat template
   (``apply_chat_template(..., add_generation_prompt=True)``, tokenised without added special tokens, as
   the agent loop renders its prompts); non-streaming or SSE; ``n``, ``temperature``, ``top_p``,
-  ``max_tokens``/``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``/``top_logprobs``;
+  ``max_tokens``/``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``/``top_logprobs``; with
+  ``tools``, tool calls in the reply come back as ``tool_calls`` (``tool_calls.py``);
 - ``POST /v1/completions``: a text prompt (tokenised with the tokenizer's special tokens, as vLLM does) or
   token ids, used exactly; a list of prompts;
 - ``GET /v1/models``;
@@ -47,8 +48,9 @@ from agentmem.serve.protocol import (
     bad_request,
 )
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
-from agentmem.serve.responses import Formatter, usage
-from agentmem.serve.sampler import Choice, Job
+from agentmem.serve.responses import Formatter, LiveText, usage
+from agentmem.serve.sampler import Choice, Job, Tokens
+from agentmem.serve.tool_calls import ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class ServeSettings:
     default_max_tokens: int = 256
     api_key: str | None = None
     top_logprobs: bool = True  # whether the sampler can list alternatives (a backend with a model)
+    nucleus: bool = True  # whether top_p < 1 keeps the stored log-probs full-vocabulary (not on vLLM)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         sent = Sent([text], [question], messages, req.tools, req.sampling(top_logprobs=req.top_logprobs,
                                                                      logprobs=req.logprobs))
         prep = await _prepare(request, req, body, episode, [ids], sent, "chat", req.top_k if req.logprobs else 0)
-        return await _respond(request, req, prep, chat=True, logprobs=req.logprobs, body=body)
+        parser = ToolCallParser.for_request(tokenizer, req.tools, req.tool_choice, text)
+        return await _respond(request, req, prep, chat=True, logprobs=req.logprobs, body=body, tool_calls=parser)
 
     async def completions(request: Request, episode: str | None) -> Any:
         body = await _json(request)
@@ -184,6 +188,9 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
             raise bad_request(f"n is {req.n}, the server allows at most {settings.max_n} (--max-n)", "n")
         if top_k and not settings.top_logprobs:
             raise bad_request("this backend cannot list top log-probs", "top_logprobs")
+        if req.top_p is not None and req.top_p < 1 and not settings.nucleus:
+            raise bad_request("top_p < 1 is not supported on this backend: its log-probs would be renormalised over "
+                              "the nucleus, not the full-vocabulary ones agentmem stores", "top_p")
         if any(len(p) == 0 for p in prompts):
             raise bad_request("empty prompt", "prompt")
         longest = max(len(p) for p in prompts)
@@ -203,10 +210,11 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         job = Job(prompts, req.n, params, tuple(req.stops), top_k)
         return _Prepared(prompts, sent, job, ctx, recorder.plan(ctx, len(prompts), req.n))
 
-    async def _respond(request: Request, req, prep: _Prepared, *, chat: bool, logprobs: bool, body: dict) -> Any:
+    async def _respond(request: Request, req, prep: _Prepared, *, chat: bool, logprobs: bool, body: dict,
+                       tool_calls: ToolCallParser | None = None) -> Any:
         headers = {"X-Agentmem-Invocation": ",".join(prep.planned.invocation_ids),
                    "X-Agentmem-Episode": ",".join(prep.planned.episode_ids)}
-        shape = Formatter(tokenizer, settings.model_name, recorder.policy_version, chat, logprobs)
+        shape = Formatter(tokenizer, settings.model_name, recorder.policy_version, chat, logprobs, tool_calls)
         if req.stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(_stream(request, prep, shape, include_usage), headers=headers,
@@ -222,13 +230,28 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
 
     async def _stream(request: Request, prep: _Prepared, shape: Formatter, include_usage: bool) -> AsyncIterator[str]:
         call_id, created = prep.planned.invocation_ids[0], int(time.time())
+        # tokens go out as the sampler produces them, unless the whole reply must be seen first (a stop string
+        # may cut it, tool calls are parsed from it)
+        live: dict[int, LiveText] | None = None if prep.job.stops or shape.tool_calls else {}
+        rows = prep.job.rows
         try:
-            choices = await asyncio.wrap_future(sampler.submit(prep.job))
+            async for event in sampler.stream(prep.job):
+                if isinstance(event, Tokens):
+                    if live is None:
+                        continue
+                    if event.index not in live:
+                        live[event.index] = LiveText(tokenizer, rows[event.index])
+                        for piece in shape.role_chunk(call_id, created, event.index):
+                            yield piece
+                    so_far, start, stop, delta = live[event.index].add(event)
+                    yield shape.piece(call_id, created, event.index, so_far, start, stop, delta)
+                else:
+                    choices = event
         except Exception as exc:  # noqa: BLE001  the stream has started: the error goes in it, nothing is stored
             err = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error")
             yield f"data: {json.dumps(err.body())}\n\n"
             return
-        for piece in shape.token_chunks(call_id, created, choices):
+        for piece in shape.token_chunks(call_id, created, choices, live):
             yield piece
             await asyncio.sleep(0)
         if await request.is_disconnected():

@@ -8,6 +8,7 @@ an OpenAI client expects (the ``openai`` package raises ``BadRequestError`` for 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -102,15 +103,34 @@ class ChatMessage(_Body):
                 raise bad_request("only text content parts are supported", "messages")
             content = "".join(str(part.get("text", "")) for part in content)
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_call_id"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.tool_calls is not None:
+            out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
         return out
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool call as chat templates read it: OpenAI sends ``function.arguments`` as a
+    JSON string, templates render an object (``arguments | tojson``), so a string holding a JSON object is
+    parsed (as vLLM does before rendering)."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | None = None  # "required" or a named function would need constrained decoding
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

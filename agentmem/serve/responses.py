@@ -6,6 +6,12 @@ response carries ``text`` and the legacy ``logprobs`` object (``tokens``, ``toke
 ``top_logprobs``, ``text_offset``). ``id`` is the invocation id of the first choice. A stream sends, per
 choice, the role (chat), then one chunk per sampled token whose text deltas concatenate to the choice's
 text (``text_deltas``), then, once the call is stored, one chunk per choice with its finish reason.
+
+With a ``ToolCallParser`` (a chat request with ``tools``), a reply that calls tools has ``message.tool_calls``,
+``content`` only the text outside the calls (or null) and ``finish_reason: "tool_calls"``; streamed, it
+sends the role, its content (if any) in one delta, then per call one ``delta.tool_calls`` chunk with the
+call's ``index``, ``id``, ``type`` and name (arguments ``""``) and one with its arguments, as OpenAI streams
+them; the token log-probs ride on the first chunk after the role.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentmem.serve.sampler import Choice
+from agentmem.records import FinishReason
+from agentmem.serve.sampler import Choice, Tokens
+from agentmem.serve.tool_calls import Reply, ToolCallParser
 
 
 def text_deltas(tokenizer, c: Choice) -> list[str]:
@@ -40,6 +48,36 @@ def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+class LiveText:
+    """One completion streamed as the engine samples it: its tokens so far, and the text sent so far. Text is
+    sent once it decodes to complete characters (a token ending inside a UTF-8 character is held back)."""
+
+    def __init__(self, tokenizer, prompt: list[int]):
+        self.tokenizer, self.prompt = tokenizer, prompt
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[list[tuple[int, float]]] = []
+        self.sent = ""
+
+    def add(self, tokens: Tokens) -> tuple[Choice, int, int, str]:
+        """(the completion so far, the new tokens' span, the new text) after ``tokens``."""
+        start = len(self.ids)
+        self.ids += tokens.ids
+        self.logprobs += tokens.logprobs
+        self.top += tokens.top or []
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        delta = ""
+        if not text.endswith("\ufffd") and text.startswith(self.sent):
+            delta, self.sent = text[len(self.sent):], text
+        so_far = Choice(self.prompt, list(self.ids), list(self.logprobs), FinishReason.length, self.sent, 0.0,
+                        list(self.top) or None)
+        return so_far, start, len(self.ids), delta
+
+    def rest(self, final_text: str) -> str:
+        """What of the completion's final text is still unsent."""
+        return final_text[len(self.sent):] if final_text.startswith(self.sent) else ""
+
+
 @dataclass(frozen=True)
 class Formatter:
     """Shapes one request's choices: ``chat`` or completions, with ``logprobs`` or not."""
@@ -49,40 +87,62 @@ class Formatter:
     fingerprint: str | None
     chat: bool
     logprobs: bool
+    tool_calls: ToolCallParser | None = None
 
     def response(self, call_id: str, created: int, prompts: list[list[int]], choices: list[Choice],
                  token_ids: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": call_id, "object": "chat.completion" if self.chat else "text_completion", "created": created,
             "model": self.model_name, "system_fingerprint": self.fingerprint,
-            "choices": [self._choice(i, c, token_ids) for i, c in enumerate(choices)],
+            "choices": [self._choice(i, c, token_ids, self._reply(call_id, i, c)) for i, c in enumerate(choices)],
             "usage": usage(prompts, choices),
         }
         if token_ids:
             out["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
         return out
 
-    def token_chunks(self, call_id: str, created: int, choices: list[Choice]) -> Iterator[str]:
+    def token_chunks(self, call_id: str, created: int, choices: list[Choice],
+                     live: dict[int, LiveText] | None = None) -> Iterator[str]:
+        """The chunks of whole choices; those already streamed as they were sampled (``live``, by index)
+        send only the text still held back."""
         for i, c in enumerate(choices):
-            if self.chat:
-                yield self._chunk(call_id, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                      "logprobs": None, "finish_reason": None}])
+            if live is not None and i in live:
+                rest = live[i].rest(c.text)
+                if rest:
+                    yield self.piece(call_id, created, i, c, 0, 0, rest)
+                continue
+            yield from self.role_chunk(call_id, created, i)
+            reply = self._reply(call_id, i, c)
+            if reply is not None and reply.tool_calls:
+                yield from self._tool_call_chunks(call_id, created, i, c, reply)
+                continue
             for k, delta in enumerate(text_deltas(self.tokenizer, c)):
-                piece: dict[str, Any] = {"index": i, "finish_reason": None, "logprobs": None}
-                if self.chat:
-                    piece["delta"] = {"content": delta}
-                    if self.logprobs:
-                        piece["logprobs"] = {"content": self._chat_logprobs(c, k, k + 1)}
-                else:
-                    piece["text"] = delta
-                    if self.logprobs:
-                        piece["logprobs"] = self._completion_logprobs(c, k, k + 1)
-                yield self._chunk(call_id, created, [piece])
+                yield self.piece(call_id, created, i, c, k, k + 1, delta)
+
+    def role_chunk(self, call_id: str, created: int, i: int) -> Iterator[str]:
+        if self.chat:
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}])
+
+    def piece(self, call_id: str, created: int, i: int, c: Choice, start: int, stop: int, delta: str) -> str:
+        """A chunk of choice ``i``: text ``delta`` and the log-probs of its tokens ``start:stop``."""
+        piece: dict[str, Any] = {"index": i, "finish_reason": None, "logprobs": None}
+        if self.chat:
+            piece["delta"] = {"content": delta}
+            if self.logprobs and stop > start:
+                piece["logprobs"] = {"content": self._chat_logprobs(c, start, stop)}
+        else:
+            piece["text"] = delta
+            if self.logprobs and stop > start:
+                piece["logprobs"] = self._completion_logprobs(c, start, stop)
+        return self._chunk(call_id, created, [piece])
 
     def final_chunks(self, call_id: str, created: int, choices: list[Choice],
                      usage_of: dict[str, int] | None) -> Iterator[str]:
         for i, c in enumerate(choices):
-            last: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value, "logprobs": None}
+            reply = self._reply(call_id, i, c)
+            reason = (reply.finish_reason if reply is not None else None) or c.finish_reason.value
+            last: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": None}
             last.update({"delta": {}} if self.chat else {"text": ""})
             yield self._chunk(call_id, created, [last])
         if usage_of is not None:
@@ -95,10 +155,32 @@ class Formatter:
                 "choices": choices, **extra}
         return f"data: {json.dumps(data)}\n\n"
 
-    def _choice(self, i: int, c: Choice, token_ids: bool) -> dict[str, Any]:
+    def _reply(self, call_id: str, i: int, c: Choice) -> Reply | None:
+        return self.tool_calls.parse(c.text, f"{call_id}_{i}") if self.tool_calls is not None else None
+
+    def _tool_call_chunks(self, call_id: str, created: int, i: int, c: Choice, reply: Reply) -> Iterator[str]:
+        logprobs = {"content": self._chat_logprobs(c)} if self.logprobs else None
+        if reply.content is not None:
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"content": reply.content},
+                                                  "logprobs": logprobs, "finish_reason": None}])
+            logprobs = None
+        for k, call in enumerate(reply.tool_calls):
+            head = {"index": k, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"tool_calls": [head]},
+                                                  "logprobs": logprobs, "finish_reason": None}])
+            logprobs = None
+            body = {"index": k, "function": {"arguments": call["function"]["arguments"]}}
+            yield self._chunk(call_id, created, [{"index": i, "delta": {"tool_calls": [body]},
+                                                  "logprobs": None, "finish_reason": None}])
+
+    def _choice(self, i: int, c: Choice, token_ids: bool, reply: Reply | None) -> dict[str, Any]:
         out: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason.value}
         if self.chat:
             out["message"] = {"role": "assistant", "content": c.text}
+            if reply is not None and reply.tool_calls:
+                out["message"] = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
+                out["finish_reason"] = reply.finish_reason
             out["logprobs"] = {"content": self._chat_logprobs(c)} if self.logprobs else None
         else:
             out["text"] = c.text

@@ -16,9 +16,10 @@ each output position under the same distribution, from one extra forward pass ov
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -51,6 +52,22 @@ class Choice:
     latency_s: float
     top: list[list[tuple[int, float]]] | None = None  # per output token: (id, log-prob), most likely first
     prompt_logprobs: list[float | None] | None = None  # gateway mode: the upstream's prompt log-probs
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """What completion ``index`` of a request sampled since the previous event, from a sampler that streams
+    (``engine_sampler``): ids, their log-probs, and when asked their top alternatives."""
+
+    index: int
+    ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]] | None = None
+
+
+async def whole(future: Future) -> AsyncIterator[list[Choice]]:
+    """``stream`` of a sampler that only answers whole requests: its choices, once."""
+    yield await asyncio.wrap_future(future)
 
 
 @dataclass
@@ -121,6 +138,10 @@ class Sampler:
             self._pending.append(item)
             self._cv.notify()
         return item.future
+
+    def stream(self, job: Job) -> AsyncIterator[list[Choice]]:
+        """The request's choices once generated (this sampler answers whole batches)."""
+        return whole(self.submit(job))
 
     def close(self) -> None:
         with self._cv:

@@ -7,6 +7,8 @@ used before continues its run); then the backend loads and the app is built.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -14,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentmem import models as model_refs
 from agentmem.config import BackendKind, DType
-from agentmem.policy.types import Backend
+from agentmem.policy.types import AsyncEngine, Backend
 from agentmem.runtime import CPU, Runtime
 from agentmem.serve.app import ServeSettings, create_app
+from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.recorder import Recorder, open_run
 from agentmem.serve.sampler import Sampler
 from agentmem.serve.upstream import UpstreamSampler
@@ -57,7 +60,7 @@ class ServeConfig(BaseModel):
 @dataclass
 class Server:
     app: FastAPI
-    sampler: Sampler | UpstreamSampler
+    sampler: Sampler | UpstreamSampler | EngineSampler
     recorder: Recorder
 
     @property
@@ -81,21 +84,36 @@ def context_length(backend: Backend) -> int:
 
 
 def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, api_key: str | None = None,
-                 backend: Backend | None = None, policy_version: str | None = None) -> Server:
-    """A ready server. ``backend`` injects a loaded backend (tests; ``policy_version`` then names it)."""
+                 backend: Backend | None = None, engine: Callable[[], AsyncEngine] | None = None,
+                 policy_version: str | None = None) -> Server:
+    """A ready server. ``backend`` injects a loaded backend, ``engine`` a factory of an async engine (tests;
+    ``policy_version`` then names it)."""
     if config.upstream is not None:
         return _gateway(store, config, api_key)
-    if backend is None:
+    if backend is None and engine is None:
         ref = model_refs.resolve(store, config.model)
         policy_version = model_refs.register(store, ref).id
+        if config.backend is BackendKind.vllm:
+            engine = functools.partial(_vllm_engine, ref.path, config.dtype.value)
     recorder_run = open_run(store, config.model_dump(mode="json"), config.run_name)
+    recorder = Recorder(store, recorder_run, policy_version)
+    if engine is not None:  # continuous batching: every request goes to the engine as it arrives
+        live = EngineSampler(engine)
+        settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
+                                 config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus)
+        return Server(create_app(live, recorder, live.tokenizer, settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
     sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch)
-    recorder = Recorder(store, recorder_run, policy_version)
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
                              config.default_max_tokens, api_key, top_logprobs=hasattr(backend, "model"))
     return Server(create_app(sampler, recorder, backend.tokenizer, settings), sampler, recorder)
+
+
+def _vllm_engine(path: str, dtype: str) -> AsyncEngine:
+    from agentmem.policy.vllm_async import AsyncVLLMEngine
+
+    return AsyncVLLMEngine(path, dtype=dtype)
 
 
 def _gateway(store: Store, config: ServeConfig, api_key: str | None) -> Server:

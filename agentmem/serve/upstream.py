@@ -14,12 +14,13 @@ its log-probs are the temperature-scaled ones every agentmem backend stores (``p
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from agentmem.policy.http import HttpError, request_json
 from agentmem.records import FinishReason
 from agentmem.serve.protocol import ApiError
-from agentmem.serve.sampler import Choice, Job, cut_at_stop
+from agentmem.serve.sampler import Choice, Job, cut_at_stop, whole
 
 
 def _call(url: str, body: dict | None, api_key: str | None, timeout_s: float) -> dict:
@@ -50,6 +51,9 @@ class UpstreamSampler:
 
     def submit(self, job: Job) -> Future:
         return self._pool.submit(self._generate, job)
+
+    def stream(self, job: Job) -> AsyncIterator[list[Choice]]:
+        return whole(self.submit(job))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -13,23 +13,36 @@ its ``prompt_text`` (the rendered ``[system, user]`` + generation prompt the mod
 into its system and user contents with the same template, and checked by rendering them again; an
 earlier call's reply is its ``output_text`` (decoded, special tokens dropped: the template closes the
 turn). The system message is the current call's.
+
+A call recorded by ``agentmem serve`` from a chat carries the messages its client sent (``serve_calls``),
+which may be a whole multi-turn chat (``[system?, user, assistant, tool, ..., user]``). Its "user turn" is
+then those messages without a leading system message, used as they were sent, so user_k above stands for
+all of call k's messages after its system message: the teacher reads
+
+    system of call t (once) | call 0's messages | assistant: output_0 | ... | call t's messages
+    | generation prompt | the stored output ids of call t
+
+rendered with call t's ``tools``. A one-turn call gives the same chat either way. An agent that resends its
+history in every call has that history twice here: ``aligned`` is its own full-history context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
-from agentmem.records import Invocation
+from agentmem.records import Invocation, ServeCall
 
 _SYSTEM, _USER = "\ue000", "\ue001"  # private-use characters: probes no stored prompt contains
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+            tools: list[dict[str, Any]] | None = None) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
 
 
 def _turns(system: str | None, user: str) -> list[dict[str, str]]:
@@ -39,23 +52,38 @@ def _turns(system: str | None, user: str) -> list[dict[str, str]]:
 
 class ChatHistory:
     """``conversation(history, inv) -> ids`` for ``replay.rebuild(..., conversation=...)``, caching each
-    call's split prompt (every later call of the episode reads it again)."""
+    call's split prompt (every later call of the episode reads it again). ``chats``: the served chat calls'
+    messages and tools by invocation id (``Selection.chats``); other calls are read from their prompt text."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chats: Mapping[str, ServeCall] | None = None):
         self.tokenizer = tokenizer
+        self.chats = chats or {}
         self._split: dict[str, tuple[str | None, str]] = {}
 
-    def messages(self, history: Sequence[Invocation], inv: Invocation) -> list[dict[str, str]]:
-        """The chat of ``inv`` under ``persistent_chat``, up to its user turn."""
-        system, _ = self.split(inv)
-        out = [{"role": "system", "content": system}] if system is not None else []
+    def messages(self, history: Sequence[Invocation], inv: Invocation) -> list[dict[str, Any]]:
+        """The chat of ``inv`` under ``persistent_chat``, up to its last sent message."""
+        system, turn = self.turn(inv)
+        out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
         for h in history:
-            out += [{"role": "user", "content": self.split(h)[1]}, {"role": "assistant", "content": h.output_text}]
-        return out + [{"role": "user", "content": self.split(inv)[1]}]
+            out += [*self.turn(h)[1], {"role": "assistant", "content": h.output_text}]
+        return out + turn
 
     def __call__(self, history: Sequence[Invocation], inv: Invocation) -> list[int]:
-        text = _render(self.tokenizer, self.messages(history, inv))
+        chat = self.chats.get(inv.id)
+        text = _render(self.tokenizer, self.messages(history, inv), chat.tools if chat is not None else None)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def turn(self, inv: Invocation) -> tuple[str | None, list[dict[str, Any]]]:
+        """(system content or None, the call's other messages): a served chat's messages as its client sent
+        them, else the split of its stored prompt text."""
+        chat = self.chats.get(inv.id)
+        if chat is None or not chat.messages:
+            system, user = self.split(inv)
+            return system, [{"role": "user", "content": user}]
+        first, *rest = chat.messages
+        if first.get("role") == "system":
+            return first.get("content"), [dict(m) for m in rest]
+        return None, [dict(m) for m in chat.messages]
 
     def split(self, inv: Invocation) -> tuple[str | None, str]:
         """(system content or None, user content) of a stored prompt rendered as one ``[system?, user]``

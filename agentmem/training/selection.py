@@ -17,16 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
-from agentmem.records import Episode, Invocation, InvocationKind, TeacherContext
+from agentmem.records import Episode, Invocation, InvocationKind, ServeCall, TeacherContext
 from agentmem.replay import Sequence, rebuild
 from agentmem.replay.privileged import privileged_ids
 from agentmem.training.chat_history import ChatHistory
 from store import repository as repo
+from store import serve as serve_repo
 from store.engine import Store
 
 __all__ = ["Selection", "select", "student_sequences", "teacher_sequences"]
@@ -36,10 +37,13 @@ __all__ = ["Selection", "select", "student_sequences", "teacher_sequences"]
 class Selection:
     """Invocations in (run, task, sample, step) order and the episodes they belong to. The order is a
     function of what was stored, not of the random ids rows got, so two rollouts that stored the same calls
-    (a loop round redone after a kill, the same config run twice) give a training job the same data order."""
+    (a loop round redone after a kill, the same config run twice) give a training job the same data order.
+    ``chats``: what the client sent with each selected call that ``agentmem serve`` recorded from a chat
+    (its messages and tools, which ``persistent_chat`` renders), by invocation id."""
 
     invocations: list[Invocation]
     episodes: dict[str, Episode]
+    chats: dict[str, ServeCall] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
@@ -70,6 +74,8 @@ def select(
         invocations = [i for i in repo.stream_invocations(s, run_ids=run_ids, kinds=kinds,
                                                           policy_versions=policy_versions)
                        if i.episode_id in episodes]
+        wanted = {i.id for i in invocations}
+        chats = {k: c for k, c in serve_repo.chat_serve_calls(s, run_ids).items() if k in wanted}
     run_index = {rid: n for n, rid in enumerate(run_ids)}
 
     def order(inv: Invocation) -> tuple:
@@ -81,7 +87,7 @@ def select(
         raise TrainingError(f"no stored invocations match run(s) {', '.join(run_ids)}"
                             + (f" and kinds {[str(k) for k in kinds]}" if kinds else "")
                             + (f" in episodes with f1 >= {min_f1} (--min-f1)" if min_f1 is not None else ""))
-    return Selection(invocations, episodes)
+    return Selection(invocations, episodes, chats)
 
 
 def teacher_sequences(
@@ -102,7 +108,7 @@ def teacher_sequences(
         return cache[inv.episode_id]
 
     return _grouped(selection, rebuild(selection.invocations, context, privileged=privileged,
-                                       conversation=ChatHistory(tokenizer)))
+                                       conversation=ChatHistory(tokenizer, selection.chats)))
 
 
 def student_sequences(selection: Selection) -> list[Sequence]:
