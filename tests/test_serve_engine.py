@@ -227,3 +227,15 @@ def test_vllm_serves_with_continuous_batching(sqlite_store, tmp_path):
     assert all(0 < c.output_tokens <= 8 and np.isfinite(c.output_logprobs).all() for c in calls)
     # seeded: the same ids whatever else ran in the engine at the time
     assert again.choices[0].model_extra["token_ids"] == calls[2].output_ids.tolist()
+
+
+def test_an_engine_that_cannot_start_leaves_no_run(store):
+    """The engine (vLLM: its package, the model) loads before the serve run is opened: a failure raises
+    and stores nothing, so no run is left `running`."""
+    def broken():
+        raise RuntimeError("no engine here")
+
+    with pytest.raises(RuntimeError, match="no engine here"):
+        build_server(store, ServeConfig(model="fake"), engine=broken)
+    with store.session() as s:
+        assert repo.list_runs(s) == []

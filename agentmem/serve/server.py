@@ -95,18 +95,19 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
         policy_version = model_refs.register(store, ref).id
         if config.backend is BackendKind.vllm:
             engine = functools.partial(_vllm_engine, ref.path, config.dtype.value)
-    recorder_run = open_run(store, config.model_dump(mode="json"), config.run_name)
-    recorder = Recorder(store, recorder_run, policy_version)
+    # the model or engine loads before the run is opened: a backend that cannot load leaves no run behind
     if engine is not None:  # continuous batching: every request goes to the engine as it arrives
         live = EngineSampler(engine)
         settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
                                  config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus)
+        recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
         return Server(create_app(live, recorder, live.tokenizer, settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
     sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch)
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
                              config.default_max_tokens, api_key, top_logprobs=hasattr(backend, "model"))
+    recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
     return Server(create_app(sampler, recorder, backend.tokenizer, settings), sampler, recorder)
 
 
