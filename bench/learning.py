@@ -99,6 +99,11 @@ from store.engine import open_store  # noqa: E402
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "opd_persistent", "opd_persistent_update",
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off", "reopd")
 ARMS = ("base", "warm", *LADDER_ARMS, "squad_warm", "squad_opd")
+# the order --jobs starts them in: the last line's arms first (a partial run answers the goals),
+# then the other comparisons
+RUN_ORDER = ("warm", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd", "sft_more",
+             "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
+             "reopd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
@@ -793,7 +798,7 @@ def main() -> None:
         bench.eval_dtype()
         seeds = range(plan.seeds)
         tasks = [("base", 0), *[("teacher", d) for d in domains],
-                 *[(a, seed) for a in plan.arms if a != "base" for seed in seeds]]
+                 *[(a, seed) for a in RUN_ORDER if a in plan.arms for seed in seeds]]
         run_jobs(bench, [t for t in tasks if not done(bench, *t)], args.jobs, per_job)
     results: dict = {}
     base = bench.base()
