@@ -67,3 +67,10 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     ids = {"teacher", "eval_run_id"}
     pick = "teacher/ladder/pick"  # the same teacher check, in its own process
     assert {x: v for x, v in one[pick].items() if x not in ids} == {x: v for x, v in two[pick].items() if x not in ids}
+
+
+def test_run_order_covers_every_arm_once():
+    import bench.learning as learning
+
+    assert sorted(learning.RUN_ORDER) == sorted(a for a in learning.ARMS if a != "base")
+    assert len(set(learning.RUN_ORDER)) == len(learning.RUN_ORDER)
