@@ -675,6 +675,18 @@ def done(bench: Bench, kind: str, arg: str | int) -> bool:
     return trained and state.get(f"eval/{kind}/{arg}/{int(ladder)}{int(real)}") is not None
 
 
+def die_with_parent() -> None:
+    """A ``--jobs`` worker ends when the benchmark's process does (Linux ``PR_SET_PDEATHSIG``), so a killed
+    run leaves no worker training on; elsewhere a no-op. Its finished phases are in the state file."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str | int]]:
     """The state phases ``task`` reads before it can start, each with the task that makes it."""
     kind, arg = task
@@ -705,7 +717,8 @@ def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, thread
     finished: set[tuple[str, str | int]] = set()
     dropped: list[str] = []
     errors: list[Exception] = []
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                             initializer=die_with_parent) as pool:
         while queue or running:
             bench.state.refresh()
             waiting = set(queue) | set(running.values())
