@@ -8,6 +8,7 @@ warmup + cosine schedule at ``lr``, AdamW carried across rounds), for each of ``
 
   base                  the default model, untrained (once);
   warm                  the warm start itself (the yardstick of the methods: each must add to it);
+  teacher_ladder        the validated ladder teacher itself (once): how far a student could follow it;
   sft_more              SFT continued on the oracle calls;
   opd_aligned           on-policy distillation, the teacher in the student's own state (MemOPD);
   opd_persistent        the teacher on the flattened episode history, every call;
@@ -98,10 +99,10 @@ from store.engine import open_store  # noqa: E402
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "opd_persistent", "opd_persistent_update",
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off", "reopd")
-ARMS = ("base", "warm", *LADDER_ARMS, "squad_warm", "squad_opd")
+ARMS = ("base", "warm", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
-RUN_ORDER = ("warm", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd", "sft_more",
+RUN_ORDER = ("warm", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd", "sft_more",
              "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
              "reopd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
@@ -199,6 +200,13 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("heldout_real", args.heldout_real),
                                        ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
                                        ("warm_lr", args.warm_lr)) if v is not None}
+    if args.teacher_steps:
+        try:
+            updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
+        except ValueError:
+            raise SystemExit(f"--teacher-steps: comma-separated integers, got {args.teacher_steps!r}") from None
+        if not updates["teacher_steps"] or min(updates["teacher_steps"]) < 1:
+            raise SystemExit(f"--teacher-steps: positive integers, got {args.teacher_steps!r}")
     if args.arms:
         arms = [a for a in args.arms.split(",") if a]
         unknown = sorted(set(arms) - set(ARMS))
@@ -428,6 +436,8 @@ class Bench:
                 return [self.warm("ladder", seed)]
             if arm == "squad_warm":
                 return [self.warm("squad", seed)]
+            if arm == "teacher_ladder":  # the validated teacher itself: how far a student could follow it
+                return [ckpt_json(self.ckpt(self.teacher("ladder")))]
             if arm == "sft_more":
                 return self.sft_more(seed)
             return self.on_policy(arm, seed)
@@ -623,6 +633,11 @@ def open_bench(work: Path, plan: Plan, threads: int) -> Bench:
     return Bench(store, runtime, plan, work, state)
 
 
+def arm_seeds(plan: Plan, arm: str) -> range:
+    """The training seeds of an arm: one for a model that is not trained per seed (base, the teacher)."""
+    return range(1) if arm in ("base", "teacher_ladder") else range(plan.seeds)
+
+
 def arm_flags(arm: str) -> tuple[bool, bool]:
     """(evaluated on the ladder, evaluated on real text)"""
     return not arm.startswith("squad"), arm in REAL_ARMS
@@ -659,7 +674,8 @@ def refused_arms(bench: Bench, domains: list[str], quiet: bool = False) -> dict[
             if not quiet:
                 say(f"warning: {e}")
             refused |= {a: str(e) for a in bench.plan.arms
-                        if ON_POLICY.get(a, {}).get("kd") and a.startswith("squad") == (domain == "squad")}
+                        if (ON_POLICY.get(a, {}).get("kd") or a == f"teacher_{domain}")
+                        and a.startswith("squad") == (domain == "squad")}
     return refused
 
 
@@ -692,6 +708,8 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
     kind, arg = task
     if kind in ("base", "teacher", "warm", "squad_warm"):
         return {}
+    if kind == "teacher_ladder":
+        return {"teacher/ladder/pick": ("teacher", "ladder")}
     domain = "squad" if kind.startswith("squad") else "ladder"
     out: dict[str, tuple[str, str | int]] = {f"warm/{domain}/{arg}": ("squad_warm" if domain == "squad" else "warm", arg)}
     if ON_POLICY.get(kind, {}).get("kd"):
@@ -776,6 +794,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
     ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 16)")
     ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")
+    ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 16,24,32)")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],
@@ -809,9 +828,8 @@ def main() -> None:
         for d in {"squad" if a.startswith("squad") else "ladder" for a in plan.arms if a != "base"}:
             bench.oracle_runs(d)
         bench.eval_dtype()
-        seeds = range(plan.seeds)
         tasks = [("base", 0), *[("teacher", d) for d in domains],
-                 *[(a, seed) for a in RUN_ORDER if a in plan.arms for seed in seeds]]
+                 *[(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]]
         run_jobs(bench, [t for t in tasks if not done(bench, *t)], args.jobs, per_job)
     results: dict = {}
     base = bench.base()
@@ -821,10 +839,10 @@ def main() -> None:
     for arm in [a for a in plan.arms if a != "base" and a not in refused]:
         evals, runs = [], []
         ladder, real = arm_flags(arm)
-        if args.report_partial and not all(done(bench, arm, seed) for seed in range(plan.seeds)):
+        if args.report_partial and not all(done(bench, arm, seed) for seed in arm_seeds(plan, arm)):
             missing.append(arm)
             continue
-        for seed in range(plan.seeds):
+        for seed in arm_seeds(plan, arm):
             trained = bench.train(arm, seed)
             evals.append(bench.evaluate(arm, seed, bench.ckpt(trained["final"]["id"]), ladder, real))
             runs.append(trained["distill_runs"])
