@@ -69,6 +69,7 @@ from agentmem.config import (  # noqa: E402
     HELD_OUT_SEED,
     AgentConfig,
     DistillConfig,
+    Divergence,
     DType,
     EvalConfig,
     LrSchedule,
@@ -158,6 +159,9 @@ class Plan:
     squad_memory_tokens: int = 96
     answer_tokens: int = 16
     temperature: float = 1.0
+    # the teacher term's divergence at the student's sampled tokens (reverse KL: MemOPD's; forward KL and JSD
+    # cover the teacher's modes instead of picking one)
+    loss: str = "reverse_kl"
     max_teacher_empty: float = 0.02
     # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
     # step 16 against 0.16 at step 24, at the same F1); ties on F1 go to the one that drops less
@@ -199,7 +203,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("heldout_per_level", args.heldout_per_level),
                                        ("heldout_real", args.heldout_real),
                                        ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
-                                       ("warm_lr", args.warm_lr)) if v is not None}
+                                       ("warm_lr", args.warm_lr), ("loss", args.loss)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -415,7 +419,7 @@ class Bench:
                 schedule_offset=r * p.steps_per_round, schedule_steps=p.steps, carry_optimizer=r > 0,
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
-                teacher_truncation=TeacherTruncation.left, **spec)
+                teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss), **spec)
             done = run_distill(self.store, distill, self.runtime)
             if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
                 prune(policy.path, weights=True)
@@ -794,6 +798,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
     ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 16)")
     ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")
+    ap.add_argument("--loss", choices=[d.value for d in Divergence],
+                    help="divergence of the teacher term (default reverse_kl, MemOPD's)")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 16,24,32)")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
