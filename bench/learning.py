@@ -669,7 +669,7 @@ def job(work: str, plan: dict, threads: int, task: tuple[str, str | int]) -> str
     return f"{kind} {arg} done"
 
 
-def refused_arms(bench: Bench, domains: list[str], quiet: bool = False) -> dict[str, str]:
+def refused_arms(bench: Bench, domains: list[str]) -> dict[str, str]:
     """Arm -> why it may not run: the distilling arms of a domain whose teacher failed its check (the
     teacher is validated here, before any arm distils from it; the other arms of the domain still run)."""
     refused: dict[str, str] = {}
@@ -677,8 +677,7 @@ def refused_arms(bench: Bench, domains: list[str], quiet: bool = False) -> dict[
         try:
             bench.teacher(domain)
         except NoTeacher as e:
-            if not quiet:
-                say(f"warning: {e}")
+            say(f"warning: {e}")
             refused |= {a: str(e) for a in bench.plan.arms
                         if (ON_POLICY.get(a, {}).get("kd") or a == f"teacher_{domain}")
                         and a.startswith("squad") == (domain == "squad")}
@@ -723,23 +722,22 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
     return out
 
 
-def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> list[str]:
+def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> None:
     """Run ``tasks`` in ``jobs`` processes of ``threads`` threads each. A task starts as soon as a process is
     free and the phases it needs (``needs``) are in the state file, the first such in list order (an arm
     starts once its warm start's checkpoint is saved, while that warm start is still being evaluated); a
     phase whose maker is not in the list is made by the task itself. A task whose teacher was refused is
     dropped (the report names it). Every finished phase is in the state file, so a killed run goes on where
-    it stopped. Raises the first failure after every running task has ended; returns the dropped tasks."""
+    it stopped. Raises the first failure after every running task has ended."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     queue = list(tasks)
     if not queue:
-        return []
+        return
     say(f"{len(queue)} tasks in {jobs} processes of {threads} thread(s): {', '.join(f'{a}/{b}' for a, b in queue)}")
     running: dict = {}
     finished: set[tuple[str, str | int]] = set()
-    dropped: list[str] = []
     errors: list[Exception] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
                              initializer=die_with_parent) as pool:
@@ -755,7 +753,6 @@ def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, thread
                         continue
                     if maker in finished and maker[0] == "teacher":  # checked, and refused: no pick
                         queue.remove(t)
-                        dropped.append(f"{t[0]}/{t[1]}")
                         blocked = True
                         break
                     if maker in waiting:
@@ -782,7 +779,6 @@ def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, thread
     bench.state.refresh()
     if errors:
         raise errors[0]
-    return dropped
 
 
 def main() -> None:
