@@ -205,7 +205,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("heldout_per_level", args.heldout_per_level),
                                        ("heldout_real", args.heldout_real),
                                        ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
-                                       ("warm_lr", args.warm_lr), ("loss", args.loss)) if v is not None}
+                                       ("warm_lr", args.warm_lr), ("loss", args.loss),
+                                       ("teacher_val", args.teacher_val)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -213,6 +214,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
             raise SystemExit(f"--teacher-steps: comma-separated integers, got {args.teacher_steps!r}") from None
         if not updates["teacher_steps"] or min(updates["teacher_steps"]) < 1:
             raise SystemExit(f"--teacher-steps: positive integers, got {args.teacher_steps!r}")
+    if args.teacher_val is not None and args.teacher_val < 1:
+        raise SystemExit(f"--teacher-val: a positive number of episodes, got {args.teacher_val}")
     if args.arms:
         arms = [a for a in args.arms.split(",") if a]
         unknown = sorted(set(arms) - set(ARMS))
@@ -799,6 +802,9 @@ def main() -> None:
     ap.add_argument("--loss", choices=[d.value for d in Divergence],
                     help="divergence of the teacher term (default forward_kl; reverse_kl is MemOPD's)")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 16,24,32)")
+    ap.add_argument("--teacher-val", type=int,
+                    help="validation episodes per teacher candidate (default 12, or 8 with --quick): the pick is by "
+                         "their F1, so few episodes tie candidates of different strength")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],
