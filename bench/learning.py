@@ -206,7 +206,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("heldout_real", args.heldout_real),
                                        ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
                                        ("warm_lr", args.warm_lr), ("loss", args.loss),
-                                       ("teacher_val", args.teacher_val)) if v is not None}
+                                       ("teacher_val", args.teacher_val), ("group", args.group)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -214,6 +214,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
             raise SystemExit(f"--teacher-steps: comma-separated integers, got {args.teacher_steps!r}") from None
         if not updates["teacher_steps"] or min(updates["teacher_steps"]) < 1:
             raise SystemExit(f"--teacher-steps: positive integers, got {args.teacher_steps!r}")
+    if args.group is not None and args.group < 2:
+        raise SystemExit(f"--group: at least 2 samples per task (an advantage needs a group), got {args.group}")
     if args.teacher_val is not None and args.teacher_val < 1:
         raise SystemExit(f"--teacher-val: a positive number of episodes, got {args.teacher_val}")
     if args.arms:
@@ -802,6 +804,9 @@ def main() -> None:
     ap.add_argument("--loss", choices=[d.value for d in Divergence],
                     help="divergence of the teacher term (default forward_kl; reverse_kl is MemOPD's)")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 16,24,32)")
+    ap.add_argument("--group", type=int,
+                    help="samples per training task in each on-policy rollout (default 4): the GRPO group, so more "
+                         "samples give more groups with a non-zero advantage when most tasks score 0")
     ap.add_argument("--teacher-val", type=int,
                     help="validation episodes per teacher candidate (default 12, or 8 with --quick): the pick is by "
                          "their F1, so few episodes tie candidates of different strength")
