@@ -74,3 +74,16 @@ def test_run_order_covers_every_arm_once():
 
     assert sorted(learning.RUN_ORDER) == sorted(a for a in learning.ARMS if a != "base")
     assert len(set(learning.RUN_ORDER)) == len(learning.RUN_ORDER)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--group", "1", "--group: at least 2 samples per task"),
+    ("--teacher-val", "0", "--teacher-val: a positive number of episodes"),
+])
+def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--work", str(work), flag, value],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not (work / "state.json").exists() and not (work / "learning.db").exists()
