@@ -103,8 +103,8 @@ LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "opd_persistent", 
 ARMS = ("base", "warm", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 # the order --jobs starts them in: the last line's arms first (a partial run answers the goals),
 # then the other comparisons
-RUN_ORDER = ("warm", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd", "sft_more",
-             "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
+RUN_ORDER = ("warm", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
+             "sft_more", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
              "reopd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
