@@ -137,7 +137,7 @@ class Plan:
     warm_steps: int
     steps: int
     steps_per_round: int
-    calls_per_step: int
+    calls_per_step: int  # stored calls per optimiser step of the methods after the warm start
     rollout_tasks: int  # training tasks per on-policy round (each sampled ``group`` times)
     group: int
     heldout_per_level: int
@@ -151,6 +151,9 @@ class Plan:
     lr: float = 5e-5
     warm_lr: float = 5e-5  # 8 steps at 2e-5 left the warm start writing `(empty)` and the RL term dead (probe)
     warmup: int = 1
+    # stored calls per SFT step of the warm start and the teacher (kept apart from ``calls_per_step``, so a
+    # recipe that changes the methods' batch starts from the same warm start and teacher)
+    warm_calls_per_step: int = 8
     chunk_tokens: int = 128
     memory_tokens: int = 48
     # SQuAD arms: single-paragraph reading (the gold paragraph alone) with room for a whole evidence sentence
@@ -193,7 +196,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
     if args.smoke:  # every phase on a tiny random model; its numbers mean nothing
         plan = Plan(seeds=1, warm_steps=1, steps=2, steps_per_round=1, calls_per_step=4, rollout_tasks=2, group=2,
                     heldout_per_level=2, heldout_real=1, teacher_steps=[1, 2], teacher_val=2, train_levels=[1, 2],
-                    heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4,
+                    heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4, warm_calls_per_step=4,
                     max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", **common)
     elif args.quick:
         plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
@@ -206,7 +209,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("heldout_real", args.heldout_real),
                                        ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
                                        ("warm_lr", args.warm_lr), ("loss", args.loss),
-                                       ("teacher_val", args.teacher_val), ("group", args.group)) if v is not None}
+                                       ("teacher_val", args.teacher_val), ("group", args.group),
+                                       ("calls_per_step", args.calls_per_step)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -216,6 +220,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
             raise SystemExit(f"--teacher-steps: positive integers, got {args.teacher_steps!r}")
     if args.group is not None and args.group < 2:
         raise SystemExit(f"--group: at least 2 samples per task (an advantage needs a group), got {args.group}")
+    if args.calls_per_step is not None and args.calls_per_step < 1:
+        raise SystemExit(f"--calls-per-step: a positive number of stored calls, got {args.calls_per_step}")
     if args.teacher_val is not None and args.teacher_val < 1:
         raise SystemExit(f"--teacher-val: a positive number of episodes, got {args.teacher_val}")
     if args.arms:
@@ -292,7 +298,7 @@ class Bench:
     def oracle_runs(self, domain: str) -> list[str]:
         """The oracle rollouts SFT trains on: one per training level (ladder) or one on SQuAD."""
         p = self.plan
-        tasks = max(16, (max(p.teacher_steps) * p.calls_per_step) // 3)
+        tasks = max(16, (max(p.teacher_steps) * p.warm_calls_per_step) // 3)
         out = []
         for level in (p.train_levels if domain == "ladder" else [0]):
             def make(level=level) -> str:
@@ -311,9 +317,9 @@ class Bench:
             out.append(self.state.once(f"oracle/{domain}/{level}", make))
         return out
 
-    def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int,
+    def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int, calls: int,
             save_every: int | None = None) -> list[dict]:
-        config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=self.plan.calls_per_step,
+        config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls,
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
@@ -327,7 +333,7 @@ class Bench:
         def train() -> list[dict]:
             say(f"teacher ({domain}): SFT on oracle calls, candidates at steps {p.teacher_steps}")
             ckpts = self.sft(f"teacher-{domain}", self.oracle_runs(domain), p.model, max(p.teacher_steps), p.warm_lr,
-                             0, save_every=int(np.gcd.reduce(p.teacher_steps)))
+                             0, p.warm_calls_per_step, save_every=int(np.gcd.reduce(p.teacher_steps)))
             return [c for c in ckpts if c["step"] in p.teacher_steps]
 
         candidates = self.state.once(f"teacher/{domain}/candidates", train)
@@ -368,7 +374,8 @@ class Bench:
     def warm(self, domain: str, seed: int) -> dict:
         p = self.plan
         return self.state.once(f"warm/{domain}/{seed}", lambda: self.sft(
-            f"warm-{domain}-{seed}", self.oracle_runs(domain), p.model, p.warm_steps, p.warm_lr, seed)[-1])
+            f"warm-{domain}-{seed}", self.oracle_runs(domain), p.model, p.warm_steps, p.warm_lr, seed,
+            p.warm_calls_per_step)[-1])
 
     def rollout(self, policy: Checkpoint, config: RolloutConfig, key: str) -> str:
         def make() -> dict:
@@ -396,7 +403,7 @@ class Bench:
     def sft_more(self, seed: int) -> list[dict]:
         warm = self.warm("ladder", seed)
         return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm["id"], self.plan.steps, self.plan.lr,
-                        seed)[-1:]
+                        seed, self.plan.calls_per_step)[-1:]
 
     def on_policy(self, arm: str, seed: int) -> list[dict]:
         """Rounds of (rollout of the current student on fresh training tasks, ``steps_per_round`` distill
@@ -810,6 +817,10 @@ def main() -> None:
     ap.add_argument("--teacher-val", type=int,
                     help="validation episodes per teacher candidate (default 12, or 8 with --quick): the pick is by "
                          "their F1, so few episodes tie candidates of different strength")
+    ap.add_argument("--calls-per-step", type=int,
+                    help="stored calls per optimiser step of every method after the warm start (default 8; the "
+                         "warm start and the teacher keep 8): more calls give a less noisy step at the same rate, "
+                         "and an on-policy round uses more of its rollout")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
     ap.add_argument("--heldout-real", type=int, help="questions per real-text held-out set")
     ap.add_argument("--eval-dtype", choices=["auto", "float32", "bfloat16"],
