@@ -409,6 +409,10 @@ class DistillConfig(Frozen):
     """Generalised JSD interpolation (TRL semantics)."""
     temperature: float = Field(1.0, gt=0)
     """Temperature of both distributions in the divergence."""
+    teacher_temperature: float = Field(1.0, gt=0)
+    """Sharpen (below 1) or flatten (above 1) the teacher's distribution before the divergence: its log-probs
+    are divided by this, so the target is p_t^(1/tau) renormalised (towards the teacher's greedy choice as tau
+    goes to 0). Full-distribution teachers only (not teacher_source scores)."""
     rl: RLKind = RLKind.grpo
     """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)
@@ -555,6 +559,15 @@ class DistillConfig(Frozen):
                              "sampled token's log-prob (use teacher_source model or shards)")
         if not (info.data.get("teacher") and info.data.get("kd_weight")):
             raise ValueError(f"{name} shapes the distillation term: it needs a teacher and kd_weight > 0")
+        return value
+
+    @field_validator("teacher_temperature")
+    @classmethod
+    def _tempered_needs_full_teacher(cls, value: float, info: ValidationInfo) -> float:
+        if value != 1.0 and info.data.get("teacher_source") is TeacherSourceKind.scores:
+            raise ValueError(f"teacher_temperature={value} re-tempers the teacher's full distribution: "
+                             "teacher_source=scores stores only the sampled token's log-prob (use teacher_source "
+                             "model or shards)")
         return value
 
     @field_validator("alpha_tau", "alpha_topk", "alpha_min", "alpha_max", "alpha_ema", "prob_floor")

@@ -167,6 +167,9 @@ class Plan:
     # after evidence it drove every update to `(empty)` within one step (quick run: F1 0.000, against 0.250
     # with forward KL from the same warm start, teacher and rollouts: docs/learning.md)
     loss: str = "forward_kl"
+    # the teacher's log-probs divided by this before the divergence (below 1: towards its greedy choice, which is
+    # what the greedy evaluation measures; DistillConfig.teacher_temperature)
+    teacher_temperature: float = 1.0
     max_teacher_empty: float = 0.02
     # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
     # step 16 against 0.16 at step 24, at the same F1); ties on F1 go to the one that drops less
@@ -210,7 +213,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
                                        ("warm_lr", args.warm_lr), ("loss", args.loss),
                                        ("teacher_val", args.teacher_val), ("group", args.group),
-                                       ("calls_per_step", args.calls_per_step)) if v is not None}
+                                       ("calls_per_step", args.calls_per_step),
+                                       ("teacher_temperature", args.teacher_temperature)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -220,6 +224,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
             raise SystemExit(f"--teacher-steps: positive integers, got {args.teacher_steps!r}")
     if args.group is not None and args.group < 2:
         raise SystemExit(f"--group: at least 2 samples per task (an advantage needs a group), got {args.group}")
+    if args.teacher_temperature is not None and not args.teacher_temperature > 0:
+        raise SystemExit(f"--teacher-temperature: a positive number, got {args.teacher_temperature}")
     if args.calls_per_step is not None and args.calls_per_step < 1:
         raise SystemExit(f"--calls-per-step: a positive number of stored calls, got {args.calls_per_step}")
     if args.teacher_val is not None and args.teacher_val < 1:
@@ -433,7 +439,8 @@ class Bench:
                 schedule_offset=r * p.steps_per_round, schedule_steps=p.steps, carry_optimizer=r > 0,
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
-                teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss), **spec)
+                teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
+                teacher_temperature=p.teacher_temperature, **spec)
             done = run_distill(self.store, distill, self.runtime)
             if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
                 prune(policy.path, weights=True)
@@ -810,6 +817,9 @@ def main() -> None:
     ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")
     ap.add_argument("--loss", choices=[d.value for d in Divergence],
                     help="divergence of the teacher term (default forward_kl; reverse_kl is MemOPD's)")
+    ap.add_argument("--teacher-temperature", type=float,
+                    help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
+                         "target leans to the teacher's greedy choice)")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 16,24,32)")
     ap.add_argument("--group", type=int,
                     help="samples per training task in each on-policy rollout (default 4): the GRPO group, so more "

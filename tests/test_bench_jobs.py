@@ -49,7 +49,8 @@ def _run(work: Path, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,grpo", *extra], env=env, capture_output=True, text=True, timeout=600)
+                           "--arms", "opd_aligned,grpo", "--calls-per-step", "2", *extra],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((work / "state.json").read_text())["phases"]
 
@@ -64,6 +65,13 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     for k in evals:  # the same greedy F1 per question, and the same output statistics
         assert one[k]["scores"] == two[k]["scores"], k
         assert one[k]["length"] == two[k]["length"], k
+    # --calls-per-step sets the methods' batch; the warm start and the teacher keep warm_calls_per_step (4)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "two" / "learning.db") as db:
+        batch = {(kind, json.loads(config)["invocations_per_step"])
+                 for kind, config in db.execute("select kind, config from runs where kind in ('sft', 'distill')")}
+    assert batch == {("sft", 4), ("distill", 2)}
     ids = {"teacher", "eval_run_id"}
     pick = "teacher/ladder/pick"  # the same teacher check, in its own process
     assert {x: v for x, v in one[pick].items() if x not in ids} == {x: v for x, v in two[pick].items() if x not in ids}
@@ -79,6 +87,8 @@ def test_run_order_covers_every_arm_once():
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--group", "1", "--group: at least 2 samples per task"),
     ("--teacher-val", "0", "--teacher-val: a positive number of episodes"),
+    ("--calls-per-step", "0", "--calls-per-step: a positive number of stored calls"),
+    ("--teacher-temperature", "0", "--teacher-temperature: a positive number"),
 ])
 def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
     work = tmp_path / "work"

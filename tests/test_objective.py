@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_models import tiny_llama
 
-from agentmem.config import DistillConfig, TeacherSourceKind, Weighting
+from agentmem.config import DistillConfig, Divergence, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
 from agentmem.replay import Sequence, pack
 from agentmem.runtime import Runtime
@@ -365,3 +365,38 @@ def test_clip_and_barycenter_need_full_vocabulary_targets():
         DistillTerm(clip=0.5)(mb)
     with pytest.raises(TrainingError, match="full distribution"):
         barycenter_term()(mb)
+
+
+# -- the teacher's own temperature -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd"])
+def test_teacher_temperature_is_the_divergence_to_the_tempered_teacher(loss):
+    gen = torch.Generator().manual_seed(5)
+    teacher = torch.randn(4, 6, generator=gen) * 2
+    mb = micro_batch(teacher=teacher)
+    tau = 0.5
+    got = DistillTerm(Divergence(loss), teacher_temperature=tau)(mb).loss
+    sharp = torch.softmax(teacher, -1) ** (1 / tau)  # p_t^(1/tau), renormalised: by hand
+    sharp = sharp / sharp.sum(-1, keepdim=True)
+    expected = DistillTerm(Divergence(loss))(micro_batch(teacher=sharp.log())).loss
+    assert got.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert got.item() != pytest.approx(DistillTerm(Divergence(loss))(mb).loss.item(), abs=1e-3)
+
+
+def test_a_cold_teacher_makes_forward_kl_the_cross_entropy_of_its_greedy_token():
+    gen = torch.Generator().manual_seed(6)
+    teacher = torch.randn(4, 6, generator=gen) * 2
+    mb = micro_batch(teacher=teacher)
+    got = DistillTerm(Divergence.forward_kl, teacher_temperature=0.01)(mb).loss
+    greedy = teacher.argmax(-1)
+    expected = -(mb.weights * sampled_logprobs(mb.logits, greedy)).sum()
+    assert got.item() == pytest.approx(expected.item(), abs=1e-4)
+
+
+def test_teacher_temperature_needs_full_vocabulary_targets():
+    with pytest.raises(TrainingError, match="full distribution"):
+        DistillTerm(teacher_temperature=0.5)(micro_batch(teacher=torch.full((4,), -1.0)))
+    with pytest.raises(ValueError, match="teacher_source=scores stores only"):
+        config(teacher_source=TeacherSourceKind.scores, teacher_temperature=0.5)
+    assert objective_from_config(config(teacher_temperature=0.5)).terms[0][1].teacher_temperature == 0.5

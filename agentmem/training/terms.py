@@ -101,6 +101,7 @@ class DistillTerm:
     temperature: float = 1.0
     clip: float | None = None
     barycenter: BarycenterTarget | None = None
+    teacher_temperature: float = 1.0  # the teacher's log-probs divided by it first (below 1: sharper)
     name: str = "kd"
     needs_teacher: bool = True
     needs_reference: bool = False
@@ -113,13 +114,15 @@ class DistillTerm:
             if self.divergence != Divergence.reverse_kl:
                 raise TrainingError(f"loss={self.divergence}: needs the teacher's full distribution; sampled-token "
                                     "teacher log-probs support only reverse_kl")
-            if self.clip is not None or self.barycenter is not None:
-                raise TrainingError("jsd_clip and target=barycenter need the teacher's full distribution; "
-                                    "sampled-token teacher log-probs (teacher_source=scores) have none")
+            if self.clip is not None or self.barycenter is not None or self.teacher_temperature != 1.0:
+                raise TrainingError("jsd_clip, target=barycenter and teacher_temperature need the teacher's full "
+                                    "distribution; sampled-token teacher log-probs (teacher_source=scores) have none")
             loss = sampled_reverse_kl_loss(batch.logits, batch.action_ids, teacher, batch.weights, self.temperature)
             return TermValue(loss, {})
         w = batch.weights
         metrics: dict[str, float] = {}
+        if self.teacher_temperature != 1.0:  # log p_t / tau: the logits of p_t^(1/tau), renormalised by the softmax
+            teacher = torch.log_softmax(teacher.float(), dim=-1) / self.teacher_temperature
         if self.barycenter is not None:
             target = self.barycenter(batch.logits, teacher, self.temperature)
             teacher = target.logprobs * self.temperature  # T=1-equivalent logits of q: softmax(. / T) is q
@@ -223,10 +226,15 @@ def objective_from_config(config: DistillConfig) -> Objective:
             and config.loss != Divergence.reverse_kl):
         raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
                             "log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
+    if (config.teacher_source == TeacherSourceKind.scores and config.effective_kd_weight
+            and config.teacher_temperature != 1.0):
+        raise TrainingError(f"teacher_temperature={config.teacher_temperature}: teacher_source=scores stores only the "
+                            "sampled token's teacher log-prob, which cannot be re-tempered (use teacher_source=model "
+                            "or shards)")
     barycenter = BarycenterTarget.from_config(config)
     candidates: list[tuple[float, LossTerm]] = [
         (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
-                                                 config.jsd_clip, barycenter)),
+                                                 config.jsd_clip, barycenter, config.teacher_temperature)),
         (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),
