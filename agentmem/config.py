@@ -715,11 +715,23 @@ class SftConfig(Frozen):
     anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
     """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (the starting
     weights, without LoRA adapters)."""
+    carry_optimizer: bool = False
+    """Start AdamW from the state saved in the student's checkpoint folder (an earlier sft's or distill's),
+    when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
+    of size lr on every weight. Full-parameter training only (not with lora_rank)."""
 
     @field_validator("kinds", mode="before")
     @classmethod
     def _kind_names(cls, value: Any) -> Any:
         return kind_names(value)
+
+    @field_validator("carry_optimizer")
+    @classmethod
+    def _carry_full_parameters(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("lora_rank") is not None:
+            raise ValueError("carry_optimizer restores a full-parameter AdamW state: it cannot start LoRA adapters "
+                             "(leave out --lora-rank or --carry-optimizer)")
+        return value
 
     def distill_config(self) -> DistillConfig:
         """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
@@ -731,7 +743,8 @@ class SftConfig(Frozen):
             warmup_steps=self.warmup_steps, schedule=self.schedule, min_lr_ratio=self.min_lr_ratio,
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
             save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
-            oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight)
+            oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight,
+            carry_optimizer=self.carry_optimizer)
 
 
 class WarmStartConfig(SftConfig):

@@ -154,6 +154,9 @@ class Plan:
     # stored calls per SFT step of the warm start and the teacher (kept apart from ``calls_per_step``, so a
     # recipe that changes the methods' batch starts from the same warm start and teacher)
     warm_calls_per_step: int = 8
+    # every method after the warm start goes on with the warm start's AdamW state (moments and step count) instead
+    # of a fresh one, whose first step moves every weight by about the learning rate whatever its gradient
+    carry_warm_optimizer: bool = True
     chunk_tokens: int = 128
     memory_tokens: int = 48
     # SQuAD arms: single-paragraph reading (the gold paragraph alone) with room for a whole evidence sentence
@@ -324,8 +327,8 @@ class Bench:
         return out
 
     def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int, calls: int,
-            save_every: int | None = None) -> list[dict]:
-        config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls,
+            save_every: int | None = None, carry: bool = False) -> list[dict]:
+        config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
@@ -409,7 +412,7 @@ class Bench:
     def sft_more(self, seed: int) -> list[dict]:
         warm = self.warm("ladder", seed)
         return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm["id"], self.plan.steps, self.plan.lr,
-                        seed, self.plan.calls_per_step)[-1:]
+                        seed, self.plan.calls_per_step, carry=self.plan.carry_warm_optimizer)[-1:]
 
     def on_policy(self, arm: str, seed: int) -> list[dict]:
         """Rounds of (rollout of the current student on fresh training tasks, ``steps_per_round`` distill
@@ -436,7 +439,8 @@ class Bench:
                 run_ids=runs, student=policy.id, teacher=teacher.id if teacher else None, kd_weight=1.0 if kd else 0.0,
                 rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=p.steps_per_round,
                 invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
-                schedule_offset=r * p.steps_per_round, schedule_steps=p.steps, carry_optimizer=r > 0,
+                schedule_offset=r * p.steps_per_round, schedule_steps=p.steps,
+                carry_optimizer=r > 0 or p.carry_warm_optimizer,
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
@@ -467,7 +471,8 @@ class Bench:
                 return self.sft_more(seed)
             return self.on_policy(arm, seed)
         ckpts = self.state.once(f"arm/{arm}/{seed}", make)
-        prune(ckpts[-1]["path"], weights=False)  # the optimizer state of a finished arm is never read again
+        if not (arm in ("warm", "squad_warm") and self.plan.carry_warm_optimizer):  # the methods go on from it
+            prune(ckpts[-1]["path"], weights=False)  # the optimizer state of a finished arm is never read again
         return {"final": ckpts[-1], "distill_runs": [c["distill_run"] for c in ckpts if "distill_run" in c]}
 
     def evaluate(self, arm: str, seed: int, ckpt: Checkpoint, ladder: bool, real: bool) -> dict:

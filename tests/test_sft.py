@@ -158,6 +158,27 @@ def test_resume_two_plus_two_equals_four(stored, tmp_path, lora_rank):
         assert [t.step for t in repo.list_train_steps(s, first.run_id)] == [1, 2, 3, 4]
 
 
+def test_carried_optimizer_makes_one_plus_one_equal_two(stored, tmp_path):
+    """Every step takes every stored call (so the data order plays no part) at a constant rate: one step, then
+    one more from its checkpoint with ``carry_optimizer``, equals two steps in one run; without it the second
+    step is a fresh AdamW's and lands elsewhere."""
+    store, run_id, folder = stored
+    straight = run_sft(store, sft_config(run_id, folder, tmp_path, steps=2))
+    first = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1))
+    start = first.last_checkpoint.id
+    carried = run_sft(store, sft_config(run_id, start, tmp_path, steps=1, carry_optimizer=True))
+    fresh = run_sft(store, sft_config(run_id, start, tmp_path, steps=1))
+    assert carried.history[0].loss == pytest.approx(straight.history[1].loss, abs=1e-6)
+    p = AutoModelForCausalLM.from_pretrained(straight.last_checkpoint.path).state_dict()
+    q = AutoModelForCausalLM.from_pretrained(carried.last_checkpoint.path).state_dict()
+    r = AutoModelForCausalLM.from_pretrained(fresh.last_checkpoint.path).state_dict()
+    for name in p:
+        torch.testing.assert_close(p[name], q[name], atol=1e-6, rtol=0, msg=name)
+    assert sum(not torch.allclose(p[n], r[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
+    with pytest.raises(ValueError, match="cannot start LoRA adapters"):
+        sft_config(run_id, start, tmp_path, carry_optimizer=True, lora_rank=4)
+
+
 def test_bad_run_ids_fail_before_any_model_loads(stored, tmp_path, monkeypatch):
     store, run_id, folder = stored
 
