@@ -10,6 +10,7 @@ warmup + cosine schedule at ``lr``, AdamW carried across rounds), for each of ``
   warm                  the warm start itself (the yardstick of the methods: each must add to it);
   teacher_ladder        the validated ladder teacher itself (once): how far a student could follow it;
   sft_more              SFT continued on the oracle calls;
+  seqkd                 off-policy distillation: SFT on the teacher's own samples of the same tasks, each round;
   opd_aligned           on-policy distillation, the teacher in the student's own state (MemOPD);
   opd_persistent        the teacher on the flattened episode history, every call;
   opd_persistent_update the persistent teacher on update calls only (answer calls aligned);
@@ -98,13 +99,13 @@ from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
 # in the order they run (the paper's questions first, so a partial run answers them)
-LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "opd_persistent", "opd_persistent_update",
+LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off", "reopd")
 ARMS = ("base", "warm", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
 RUN_ORDER = ("warm", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
-             "sft_more", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
+             "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
              "reopd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
@@ -118,6 +119,7 @@ ON_POLICY: dict[str, dict] = {
     "opd_grpo": {"kd": True, "rl": True},
     "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
     "reopd": {"kd": True},
+    "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
     "squad_opd": {"kd": True},
 }
 RL_ARMS = ("grpo", "opd_grpo")
@@ -420,8 +422,8 @@ class Bench:
         p = self.plan
         domain = "squad" if arm.startswith("squad") else "ladder"
         spec = dict(ON_POLICY[arm])
-        kd, rl = spec.pop("kd", False), spec.pop("rl", False)
-        teacher = self.ckpt(self.teacher(domain)) if kd else None
+        kd, rl, seqkd = spec.pop("kd", False), spec.pop("rl", False), spec.pop("seqkd", False)
+        teacher = self.ckpt(self.teacher(domain)) if kd or seqkd else None
         policy = self.ckpt(self.warm(domain, seed)["id"])
         oracles = self.oracle_runs(domain)
         out = []
@@ -433,10 +435,13 @@ class Bench:
                 runs = [self.psd_data(teacher, config)]
             elif arm == "reopd":
                 runs = [self.reopd_data(policy, oracles[r % len(oracles)], rollout_seed)]
+            elif seqkd and teacher is not None:  # the teacher's samples of the round's tasks (the same for every seed's round)
+                runs = [self.rollout(teacher, config, f"data/seqkd/{teacher.id}/{rollout_seed}/{level}")]
             else:
                 runs = [self.rollout(policy, config, f"rollout/{policy.id}/{rollout_seed}/{level}")]
             distill = DistillConfig(
-                run_ids=runs, student=policy.id, teacher=teacher.id if teacher else None, kd_weight=1.0 if kd else 0.0,
+                run_ids=runs, student=policy.id, teacher=teacher.id if teacher and kd else None,
+                kd_weight=1.0 if kd else 0.0, ce_weight=1.0 if seqkd else 0.0,
                 rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=p.steps_per_round,
                 invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
                 schedule_offset=r * p.steps_per_round, schedule_steps=p.steps,
@@ -595,7 +600,11 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("aligned_minus_persistent", d("opd_aligned", "opd_persistent")),
         ("aligned_minus_persistent_update (context on update calls only)", d("opd_aligned", "opd_persistent_update")),
         ("aligned_minus_persistent_answer (context on answer calls only)", d("opd_aligned", "opd_persistent_answer")),
-        ("opd_rl_minus_rl", d("opd_grpo", "grpo")), ("hotpot_trained_minus_base", hotpot_d)))
+        ("opd_rl_minus_rl", d("opd_grpo", "grpo")), ("hotpot_trained_minus_base", hotpot_d),
+        ("aligned_minus_sft_more (on-policy distillation against SFT continued on oracle calls)",
+         d("opd_aligned", "sft_more")),
+        ("aligned_minus_seqkd (on-policy against off-policy distillation from the same teacher)",
+         d("opd_aligned", "seqkd"))))
     text = (f"## Held-out ladder\n\n{table}\n\n{p.heldout_per_level} questions per level, {p.seeds} training seed(s); "
             "intervals resample questions and seeds. Max empty rate: the largest greedy end-of-sequence-only share of "
             "any call kind over the arm's evaluations (above 0.02: collapsed). (empty) after evidence: the largest share, "

@@ -49,7 +49,7 @@ def _run(work: Path, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,grpo", "--calls-per-step", "2", *extra],
+                           "--arms", "opd_aligned,grpo,seqkd", "--calls-per-step", "2", *extra],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((work / "state.json").read_text())["phases"]
@@ -61,7 +61,8 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     two = _run(tmp_path / "two", "--jobs", "2")
     evals = sorted(k for k in one if k.startswith("eval/"))
     assert evals == sorted(k for k in two if k.startswith("eval/"))
-    assert {"eval/base/0/11", "eval/warm/0/11", "eval/opd_aligned/0/11", "eval/grpo/0/10"} <= set(evals)
+    assert {"eval/base/0/11", "eval/warm/0/11", "eval/opd_aligned/0/11", "eval/grpo/0/10",
+            "eval/seqkd/0/10"} <= set(evals)
     for k in evals:  # the same greedy F1 per question, and the same output statistics
         assert one[k]["scores"] == two[k]["scores"], k
         assert one[k]["length"] == two[k]["length"], k
@@ -71,7 +72,16 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     with sqlite3.connect(tmp_path / "two" / "learning.db") as db:
         batch = {(kind, json.loads(config)["invocations_per_step"])
                  for kind, config in db.execute("select kind, config from runs where kind in ('sft', 'distill')")}
+        # seqkd: cross-entropy on the teacher's own samples (no teacher term), each round's rollout by the teacher
+        seqkd = [json.loads(c) for (c,) in db.execute("select config from runs where kind = 'distill'")
+                 if json.loads(c)["ce_weight"] == 1.0]
+        teacher = two["teacher/ladder/pick"]["teacher"]
+        policies = {p for (p,) in db.execute(
+            "select distinct i.policy_version from invocations i join episodes e on e.id = i.episode_id "
+            "where e.run_id in (" + ",".join("?" * len(seqkd)) + ")", [r for c in seqkd for r in c["run_ids"]])}
     assert batch == {("sft", 4), ("distill", 2)}
+    assert len(seqkd) == 2 and all(c["teacher"] is None and c["kd_weight"] == 0.0 for c in seqkd)
+    assert policies == {teacher}
     ids = {"teacher", "eval_run_id"}
     pick = "teacher/ladder/pick"  # the same teacher check, in its own process
     assert {x: v for x, v in one[pick].items() if x not in ids} == {x: v for x, v in two[pick].items() if x not in ids}
