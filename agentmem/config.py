@@ -818,7 +818,10 @@ class TrainConfig(Frozen):
         seed = self.seed + round_index
         rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
         steps = self.distill.steps
-        # round 1 starts AdamW fresh (its student is the base or warm-start model), later rounds carry it
+        # every round carries AdamW from its student's folder when that kept a state: from round 2 on the previous
+        # round's; in round 1 the warm start's or --init's (a base model folder keeps none: a fresh AdamW, whose
+        # first step moves every weight by about lr; carrying the warm start's took the first step's KL to the
+        # start from 0.24 to 0.015 in the learning benchmark, docs/learning.md)
         return rollout, self.distill.model_copy(update={
             "student": policy_id, "seed": seed, "schedule_offset": round_index * steps,
-            "schedule_steps": self.rounds * steps, "carry_optimizer": self.distill.carry_optimizer and round_index > 0})
+            "schedule_steps": self.rounds * steps})

@@ -197,7 +197,7 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
     oracle = run_rollout(sqlite_store, RolloutConfig(model=folder, policy="oracle", env_knobs={"level": 1},
                                                      chunk_tokens=48, episodes=3,
                                                      agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=4)))
-    config = tiny_train(folder, tmp_path)
+    config = tiny_train(folder, tmp_path, carry_optimizer=True)
     config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], steps=2, invocations_per_step=4,
                                                                lr=1e-3, out="ignored"),
                                        "teacher_check_episodes": 0})
@@ -223,6 +223,16 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
         (warm,) = [c for c in repo.list_checkpoints(s, sft.id) if c.step == 2]
     assert len(sfts) == 1  # the warm start was not redone
     assert rounds[0].policy == warm and rounds[1].policy == rounds[0].checkpoint
+    # round 1 went on with the warm start's AdamW state: its moments counted the warm start's 2 steps, then
+    # the round's 1 (a fresh AdamW would count 1), and round 2 the 4th
+    from agentmem.training.checkpoints import TRAINER_STATE
+
+    def adam_steps(ckpt) -> set[int]:
+        state = torch.load(f"{ckpt.path}/{TRAINER_STATE}", weights_only=True)["optimizer"]["state"]
+        return {int(v["step"]) for v in state.values()}
+
+    assert adam_steps(warm) == {2}
+    assert adam_steps(rounds[0].checkpoint) == {3} and adam_steps(rounds[1].checkpoint) == {4}
 
 
 def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):  # noqa: F811

@@ -118,7 +118,7 @@ def train(
     ``done + 1 .. config.steps``. ``carry_optimizer``: a new run takes the optimizer state its starting
     checkpoint kept, when it kept one. ``on_start(steps, done)`` and ``on_step`` report progress;
     ``report_to`` are trackers (rank 0 only), under ``<config.out>/<run id>``."""
-    from agentmem.training.checkpoints import has_trainer_state, load_objective_state, load_trainer_state
+    from agentmem.training.checkpoints import carry_trainer_state, load_objective_state, load_trainer_state
     from agentmem.training.distill import Trainer
 
     report_to = report_to if runtime.is_main else ()
@@ -131,8 +131,8 @@ def train(
             done = load_trainer_state(folder, trainer.optimizer, models.student)
             trainer.objective.load_state_dict(load_objective_state(folder))
             parent = resumed.checkpoint
-        elif carry_optimizer and has_trainer_state(Path(models.student_checkpoint.path)):
-            load_trainer_state(Path(models.student_checkpoint.path), trainer.optimizer, models.student)
+        elif carry_optimizer:
+            carry_trainer_state(Path(models.student_checkpoint.path), trainer.optimizer, models.student)
         if on_start:
             on_start(config.steps, done)
         with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:

@@ -97,7 +97,10 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: to
     """Restore the optimizer from a checkpoint folder; return the number of steps it had done. A state saved
     from a sharded (FSDP2) run is keyed by parameter name and needs ``model`` (sharded or not: every process
     calls this; ``set_optimizer_state_dict`` shards it as the model is)."""
-    state = _state(folder)
+    return _restore(_state(folder), folder, optimizer, model)
+
+
+def _restore(state: dict, folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> int:
     if state.get("optimizer_format") == "by_name":
         if model is None:
             raise TrainingError(f"{folder}: an FSDP checkpoint's optimizer state needs the model to restore it")
@@ -108,6 +111,19 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: to
     else:
         optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])
+
+
+def carry_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> bool:
+    """Start ``optimizer`` from the state a checkpoint folder kept, when it kept a full-parameter one; False
+    (nothing loaded) for a folder without a state (a base model) or with a LoRA run's (adapters only: it does
+    not fit a full-parameter optimizer)."""
+    if not has_trainer_state(folder):
+        return False
+    state = _state(folder)
+    if "adapter" in state:
+        return False
+    _restore(state, folder, optimizer, model)
+    return True
 
 
 def load_objective_state(folder: Path) -> dict[str, float]:
