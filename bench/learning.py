@@ -4,7 +4,8 @@ matter, and does any of it transfer to real text?
 Every trained arm starts from the same **warm start** (the default model after ``--warm-steps`` SFT steps on
 oracle calls of the synthetic ladder, levels ``train_levels``) and then gets the same budget (``steps``
 optimiser steps of ``calls_per_step`` stored calls, fresh rollouts every ``steps_per_round`` steps, one
-warmup + cosine schedule at ``lr``, AdamW carried across rounds), for each of ``--seeds`` training seeds:
+warmup + cosine schedule at ``lr``, AdamW going on from the warm start's state and carried across rounds), for
+each of ``--seeds`` training seeds:
 
   base                  the default model, untrained (once);
   warm                  the warm start itself (the yardstick of the methods: each must add to it);
