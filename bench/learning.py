@@ -220,7 +220,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("warm_lr", args.warm_lr), ("loss", args.loss),
                                        ("teacher_val", args.teacher_val), ("group", args.group),
                                        ("calls_per_step", args.calls_per_step),
-                                       ("teacher_temperature", args.teacher_temperature)) if v is not None}
+                                       ("teacher_temperature", args.teacher_temperature),
+                                       ("carry_warm_optimizer", args.carry_warm_optimizer)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -832,6 +833,9 @@ def main() -> None:
     ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")
     ap.add_argument("--loss", choices=[d.value for d in Divergence],
                     help="divergence of the teacher term (default forward_kl; reverse_kl is MemOPD's)")
+    ap.add_argument("--carry-warm-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                    help="every method goes on with the warm start's AdamW state (default on); --no-carry-warm-optimizer "
+                         "starts each with a fresh AdamW, whose first step moves every weight by about the lr")
     ap.add_argument("--teacher-temperature", type=float,
                     help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
                          "target leans to the teacher's greedy choice)")
