@@ -226,11 +226,6 @@ def objective_from_config(config: DistillConfig) -> Objective:
             and config.loss != Divergence.reverse_kl):
         raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
                             "log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
-    if (config.teacher_source == TeacherSourceKind.scores and config.effective_kd_weight
-            and config.teacher_temperature != 1.0):
-        raise TrainingError(f"teacher_temperature={config.teacher_temperature}: teacher_source=scores stores only the "
-                            "sampled token's teacher log-prob, which cannot be re-tempered (use teacher_source=model "
-                            "or shards)")
     barycenter = BarycenterTarget.from_config(config)
     candidates: list[tuple[float, LossTerm]] = [
         (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
