@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -67,8 +68,6 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
         assert one[k]["scores"] == two[k]["scores"], k
         assert one[k]["length"] == two[k]["length"], k
     # --calls-per-step sets the methods' batch; the warm start and the teacher keep warm_calls_per_step (4)
-    import sqlite3
-
     with sqlite3.connect(tmp_path / "two" / "learning.db") as db:
         batch = {(kind, json.loads(config)["invocations_per_step"])
                  for kind, config in db.execute("select kind, config from runs where kind in ('sft', 'distill')")}

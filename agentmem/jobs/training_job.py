@@ -116,7 +116,7 @@ def train(
     build a ``Trainer`` on ``trainer_config`` (and ``selection``: the calls, when the job chose them), restore
     its state from ``resumed.checkpoint`` (``load`` must give the student with its weights), and run steps
     ``done + 1 .. config.steps``. ``carry_optimizer``: a new run takes the optimizer state its starting
-    checkpoint kept, when it kept one. ``on_start(steps, done)`` and ``on_step`` report progress;
+    checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``). ``on_start(steps, done)`` and ``on_step`` report progress;
     ``report_to`` are trackers (rank 0 only), under ``<config.out>/<run id>``."""
     from agentmem.training.checkpoints import carry_trainer_state, load_objective_state, load_trainer_state
     from agentmem.training.distill import Trainer
