@@ -1,9 +1,11 @@
 """Rollout workers killed with SIGKILL at random points, on Postgres: nothing lost, duplicated or mixed.
 
 Three worker processes (``scripted_worker.py``: the scripted backend, so every process answers a prompt
-alike) share one run; a random live worker is killed (kill -9) whenever new calls were stored since the
-last kill, and a fresh one started in its place, ``AGENTMEM_FAULT_KILLS`` times (default 6). Each process
-stores its own number as every call's ``latency_s``. Then:
+alike) share one run; a live worker that stored the latest call of an unfinished episode is killed (kill -9)
+whenever new calls were stored since the last kill, and a fresh one started in its place,
+``AGENTMEM_FAULT_KILLS`` times (default 6). Choosing the victim that way makes every kill land mid-episode, so
+another process must take an episode over (a random victim could be one still starting up, and six such
+misses in a row left nothing taken over in one CI run). Each process stores its own number as every call's ``latency_s``. Then:
 
 - lost = 0 and duplicates = 0: every episode's stored calls equal, row for row, those of an uninterrupted
   single-process run of the same config (the run is finished, every episode answered);
@@ -86,6 +88,17 @@ def test_killed_workers_lose_duplicate_and_mix_nothing(store):
             return c.execute(sa.text("select count(*) from invocations i join episodes e on e.id = i.episode_id "
                                      "where e.run_id = :r"), {"r": run_id}).scalar()
 
+    def mid_episode() -> set[int]:
+        """The processes that stored the latest call of an episode still running: killing one of them
+        leaves an episode half done for another process to take over."""
+        with engine.connect() as c:
+            tags = c.execute(sa.text(
+                "select i.latency_s from invocations i join episodes e on e.id = i.episode_id "
+                "where e.run_id = :r and e.status = 'running' "
+                "and i.step = (select max(j.step) from invocations j where j.episode_id = e.id)"),
+                {"r": run_id}).scalars().all()
+        return {int(t) for t in tags}
+
     workers = {tag: start(tag) for tag in range(3)}
     next_tag, kills, last = 3, 0, 0
     deadline = time.time() + 400
@@ -95,8 +108,10 @@ def test_killed_workers_lose_duplicate_and_mix_nothing(store):
         live = [t for t, p in workers.items() if p.poll() is None]
         if not live:
             break
-        if now > last:  # kill only while calls are being stored: a kill at start-up tests nothing
-            victim = rng.choice(live)
+        busy = sorted(set(live) & mid_episode())
+        if now > last and busy:  # kill only mid-episode, while calls are being stored: a kill at start-up
+            victim = rng.choice(busy)  # or between episodes tests no takeover
+
             workers[victim].send_signal(signal.SIGKILL)
             workers[victim].wait(30)
             kills, last = kills + 1, now
