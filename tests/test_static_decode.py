@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_prefix_rollout import chat, fresh_logprobs
-from tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
+from tiny_models import tiny_llama, tiny_llama_vllm, tiny_qwen2, tiny_tokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
 
 from agentmem.policy import SamplingParams, TransformersBackend
@@ -51,6 +51,34 @@ def test_greedy_equals_the_generic_step(make, attn, share_prefix, tok, prompts):
     got = static.generate(prompts, params)
     assert static.last_stats.shared_groups == (1 if share_prefix else 0)
     assert_same(got, generic.generate(prompts, params))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_power_of_two_scale_rides_on_the_rotary_bitwise(dtype, tok, prompts):
+    """head_dim 64: the softmax scale 1/8 is folded into the queries' rotary factors; the step's logits
+    equal, bit for bit, those of the same step with the scale applied to the scores (head_dim 8 in the
+    other tests takes that path: 1/sqrt(8) is not a power of two)."""
+    from transformers import DynamicCache
+
+    model = tiny_llama_vllm().to(dtype)
+    ids = torch.tensor([prompts[1][:40], prompts[2][:40]])
+    mask = torch.ones_like(ids)
+    logits = []
+    with torch.inference_mode():
+        for fold in (True, False):
+            cache = DynamicCache()
+            out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            dec = StaticDecoder(model)
+            assert dec._scale_in_rotary == 0.125
+            if not fold:
+                dec._scale_in_rotary = None
+            dec.start(cache, mask, 4)
+            tokens, pos, steps = out.logits[:, -1].argmax(-1), torch.tensor([40, 40]), []
+            for _ in range(4):
+                steps.append(dec.step(tokens, pos))
+                tokens, pos = steps[-1].argmax(-1), pos + 1
+            logits.append(torch.stack(steps))
+    assert torch.equal(logits[0], logits[1])
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_qwen2])

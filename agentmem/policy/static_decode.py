@@ -31,6 +31,7 @@ additive attention mask (0 visible, the dtype's minimum hidden) over all columns
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -53,6 +54,9 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     layer = model.model.layers[0]
     if hasattr(layer.self_attn, "q_norm"):
         return "query/key norms"
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm, model.model.norm):
+        if not hasattr(norm, "variance_epsilon") or not type(norm).__name__.endswith("RMSNorm"):
+            return f"{type(norm).__name__} is not a llama-style RMSNorm"
     return None
 
 
@@ -71,6 +75,9 @@ class StaticDecoder:
         self.heads = model.config.num_attention_heads
         self.kv_heads = model.config.num_key_value_heads
         self.scaling = attn.scaling
+        # The softmax scale folds into the queries' rotary factors exactly only when it is a power of two.
+        self._scale_in_rotary = attn.scaling if math.frexp(attn.scaling)[0] == 0.5 else None
+        self._norms: list[tuple[tuple[torch.Tensor, float, torch.Tensor, float], Any]] = []
         self._fused: list[tuple[Linear, Linear, Linear, Linear]] = []
         self._head: Linear | None = None
         self._fused_key: tuple[Any, ...] | None = None
@@ -87,6 +94,7 @@ class StaticDecoder:
                 out.append(lin.weight)
                 if lin.bias is not None:
                     out.append(lin.bias)
+            out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         return [*out, self.model.lm_head.weight]
 
     def refresh(self) -> bool:
@@ -107,6 +115,11 @@ class StaticDecoder:
                 Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None),
                 Linear(m.down_proj.weight, m.down_proj.bias),
             ))
+        self._norms = [((layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon,
+                         layer.post_attention_layernorm.weight.detach(),
+                         layer.post_attention_layernorm.variance_epsilon),
+                        F.silu if isinstance(layer.mlp.act_fn, torch.nn.SiLU) else layer.mlp.act_fn)
+                       for layer in self.layers]
         head = self.model.lm_head
         self._fused, self._head, self._fused_key = fused, Linear(head.weight, head.bias), key
         self.pack_seconds += time.perf_counter() - start
@@ -138,44 +151,62 @@ class StaticDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits [batch, vocab] (model dtype) of the next token after ``tokens`` [batch] at
-        ``positions`` [batch]; the tokens' keys and values enter the cache."""
+        ``positions`` [batch]; the tokens' keys and values enter the cache.
+
+        The per-layer work is kept to about 25 tensor ops, since at small batch each op's dispatch costs
+        as much as its arithmetic: the queries and keys rotate together (one ``roll`` against a sine
+        with the first half negated, instead of slicing, negating and concatenating: the same products and
+        sums, so the same values); the softmax scale rides on the queries' rotary factors when it is a
+        power of two (exact); norms are ``F.rms_norm`` (llama's RMSNorm in one call in float32, three in bfloat16, bitwise);
+        and the cache's per-layer views are taken once per step."""
         col = self.column
         self.bias[:, :, :, col] = 0.0
         bias = self.bias[:, :, :, : col + 1]
         model = self.model.model
         x = model.embed_tokens(tokens)  # [batch, hidden]
         cos, sin = model.rotary_emb(x, positions[:, None])  # [batch, 1, head dim]
-        batch, hd, kvh = len(tokens), self.head_dim, self.kv_heads
-        groups = self.heads // kvh
-        q_size, kv_size = self.heads * hd, kvh * hd
-        for i, (layer, (qkv_proj, o_proj, gate_up_proj, down_proj)) in enumerate(
-            zip(self.layers, self._fused, strict=True)
+        batch, hd, kvh, heads = len(tokens), self.head_dim, self.kv_heads, self.heads
+        groups = heads // kvh
+        half = hd // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        scale_scores = self._scale_in_rotary is None
+        if not scale_scores:  # q x (cos s) + roll(q) x (sin s) == (q x cos + roll(q) x sin) x s, s = 2^k
+            s = self.scaling
+            cos = torch.cat((cos.expand(batch, heads, hd) * s, cos.expand(batch, kvh, hd)), dim=1)
+            sin = torch.cat((sin.expand(batch, heads, hd) * s, sin.expand(batch, kvh, hd)), dim=1)
+        key_cols = self.keys[:, :, :, :, col].unbind(0)  # per layer [batch, kv heads, head dim]
+        value_cols = self.values[:, :, :, col].unbind(0)
+        key_views = self.keys[:, :, :, :, : col + 1].unbind(0)  # per layer [batch, kv heads, head dim, length]
+        value_views = self.values[:, :, :, : col + 1].unbind(0)  # per layer [batch, kv heads, length, head dim]
+        q_size, qk_heads = heads * hd, heads + kvh
+        for i, (norms, (qkv_proj, o_proj, gate_up_proj, down_proj)) in enumerate(
+            zip(self._norms, self._fused, strict=True)
         ):
-            h = layer.input_layernorm(x)
-            qkv = qkv_proj(h)
-            q = qkv[:, :q_size].view(batch, self.heads, hd)
-            k = qkv[:, q_size : q_size + kv_size].view(batch, kvh, hd)
-            v = qkv[:, q_size + kv_size :].view(batch, kvh, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.keys[i, :, :, :, col] = k
-            self.values[i, :, :, col] = v
-            keys = self.keys[i, :, :, :, : col + 1]  # [batch, kv heads, head dim, length]
-            values = self.values[i, :, :, : col + 1]  # [batch, kv heads, length, head dim]
-            scores = torch.matmul(q.view(batch, kvh, groups, hd), keys) * self.scaling
+            (w_in, eps_in, w_post, eps_post), act = norms
+            h = _rms_norm(x, w_in, eps_in)
+            qk, v = qkv_proj(h).view(batch, qk_heads + kvh, hd).split((qk_heads, kvh), dim=1)
+            qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
+            q, k = qk.split((heads, kvh), dim=1)
+            key_cols[i].copy_(k)
+            value_cols[i].copy_(v)
+            scores = torch.matmul(q.view(batch, kvh, groups, hd), key_views[i])
+            if scale_scores:
+                scores = scores * self.scaling
             probs = torch.softmax(scores + bias, dim=-1, dtype=torch.float32).to(q.dtype)
-            attn = torch.matmul(probs, values).view(batch, q_size)
-            x = x + o_proj(attn)
-            h = layer.post_attention_layernorm(x)
+            x = x + o_proj(torch.matmul(probs, value_views[i]).view(batch, q_size))
+            h = _rms_norm(x, w_post, eps_post)
             gate, up = gate_up_proj(h).chunk(2, dim=-1)
-            x = x + down_proj(layer.mlp.act_fn(gate) * up)
+            x = x + down_proj(act(gate) * up)
         self.column = col + 1
-        return self._head(model.norm(x))  # type: ignore[misc]  # start() built it
+        return self._head(_rms_norm(x, model.norm.weight, model.norm.variance_epsilon))  # type: ignore[misc]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm in one or three ops, bitwise: normalised in float32, cast back to the input's dtype,
+    then scaled by the weight in that dtype (``F.rms_norm`` with the weight would scale before the cast)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class Linear:
