@@ -149,9 +149,10 @@ class Plan:
     teacher_val: int  # validation episodes of each teacher candidate
     train_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     heldout_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
-    # 1e-5 left the student within KL 0.01 of its warm start after 8 steps, on a knife edge where F1 moved
-    # either way by chance (full run, 3 seeds: aligned - warm -0.076); 5e-5 follows the teacher (probe)
-    lr: float = 5e-5
+    # with the warm start's AdamW carried, 2e-5 was best or equal for opd_aligned on every seed (full plan, 3
+    # seeds: aligned - warm +0.032, against -0.004 at 5e-5) and equal for sft_more (+0.060 against +0.062);
+    # grpo at 2e-5 with groups of 8: +0.082 [+0.021, +0.157] over warm (docs/learning.md, sessions 28-29)
+    lr: float = 2e-5
     warm_lr: float = 5e-5  # 8 steps at 2e-5 left the warm start writing `(empty)` and the RL term dead (probe)
     warmup: int = 1
     # stored calls per SFT step of the warm start and the teacher (kept apart from ``calls_per_step``, so a
@@ -208,11 +209,14 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                     heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4, warm_calls_per_step=4,
                     max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", **common)
     elif args.quick:
-        plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
+        plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=8,
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8, **common)
     else:
-        plan = Plan(seeds=3, warm_steps=16, steps=8, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=4,
-                    heldout_per_level=32, heldout_real=40, teacher_steps=[16, 24, 32], teacher_val=12, **common)
+        # the recipe measured best on three seeds (docs/learning.md, sessions 28-29): 24 calls per method step
+        # (8: the first step's noise decided the seed), groups of 8 (RL live 0.60, against 0.33 with 4), and a
+        # teacher chosen among 32/64/96 SFT steps on 32 validation episodes (16/24/32 on 12 left none with headroom)
+        plan = Plan(seeds=3, warm_steps=16, steps=8, steps_per_round=2, calls_per_step=24, rollout_tasks=4, group=8,
+                    heldout_per_level=32, heldout_real=40, teacher_steps=[32, 64, 96], teacher_val=32, **common)
     updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
                                        ("heldout_per_level", args.heldout_per_level),
                                        ("heldout_real", args.heldout_real),
@@ -828,7 +832,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, help="training seeds (default: 3, or 1 with --quick)")
     ap.add_argument("--steps", type=int, help="method steps after the warm start")
     ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
-    ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start")
+    ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start (default 2e-5)")
     ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 16)")
     ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")
     ap.add_argument("--loss", choices=[d.value for d in Divergence],
@@ -839,15 +843,17 @@ def main() -> None:
     ap.add_argument("--teacher-temperature", type=float,
                     help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
                          "target leans to the teacher's greedy choice)")
-    ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 16,24,32)")
+    ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 32,64,96, "
+                    "or 16,24,32 with --quick)")
     ap.add_argument("--group", type=int,
-                    help="samples per training task in each on-policy rollout (default 4): the GRPO group, so more "
+                    help="samples per training task in each on-policy rollout (default 8): the GRPO group, so more "
                          "samples give more groups with a non-zero advantage when most tasks score 0")
     ap.add_argument("--teacher-val", type=int,
-                    help="validation episodes per teacher candidate (default 12, or 8 with --quick): the pick is by "
+                    help="validation episodes per teacher candidate (default 32, or 8 with --quick): the pick is by "
                          "their F1, so few episodes tie candidates of different strength")
     ap.add_argument("--calls-per-step", type=int,
-                    help="stored calls per optimiser step of every method after the warm start (default 8; the "
+                    help="stored calls per optimiser step of every method after the warm start (default 24, 8 with "
+                         "--quick; the "
                          "warm start and the teacher keep 8): more calls give a less noisy step at the same rate, "
                          "and an on-policy round uses more of its rollout")
     ap.add_argument("--heldout-per-level", type=int, help="held-out questions per ladder level")
