@@ -413,6 +413,10 @@ class DistillConfig(Frozen):
     """Sharpen (below 1) or flatten (above 1) the teacher's distribution before the divergence: its log-probs
     are divided by this, so the target is p_t^(1/tau) renormalised (towards the teacher's greedy choice as tau
     goes to 0). Full-distribution teachers only (not teacher_source scores)."""
+    teacher_min_confidence: float = Field(0.0, ge=0, lt=1)
+    """Distil only where the teacher is decided: a sampled position whose teacher top probability is below this
+    gets no distillation term (the other terms, e.g. the RL term, still apply there). 0: every position.
+    Full-distribution teachers only. The share of weight left out is logged as kd_gated_fraction."""
     rl: RLKind = RLKind.grpo
     """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)
@@ -561,11 +565,12 @@ class DistillConfig(Frozen):
             raise ValueError(f"{name} shapes the distillation term: it needs a teacher and kd_weight > 0")
         return value
 
-    @field_validator("teacher_temperature")
+    @field_validator("teacher_temperature", "teacher_min_confidence")
     @classmethod
     def _tempered_needs_full_teacher(cls, value: float, info: ValidationInfo) -> float:
-        if value != 1.0 and info.data.get("teacher_source") is TeacherSourceKind.scores:
-            raise ValueError(f"teacher_temperature={value} re-tempers the teacher's full distribution: "
+        default = cls.model_fields[str(info.field_name)].default
+        if value != default and info.data.get("teacher_source") is TeacherSourceKind.scores:
+            raise ValueError(f"{info.field_name}={value} reads the teacher's full distribution: "
                              "teacher_source=scores stores only the sampled token's log-prob (use teacher_source "
                              "model or shards)")
         return value

@@ -177,6 +177,9 @@ class Plan:
     # the teacher's log-probs divided by this before the divergence (below 1: towards its greedy choice, which is
     # what the greedy evaluation measures; DistillConfig.teacher_temperature)
     teacher_temperature: float = 1.0
+    # positions where the teacher's top probability is below this get no teacher term (the RL term still
+    # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
+    teacher_min_confidence: float = 0.0
     max_teacher_empty: float = 0.02
     # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
     # step 16 against 0.16 at step 24, at the same F1); ties on F1 go to the one that drops less
@@ -225,6 +228,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("teacher_val", args.teacher_val), ("group", args.group),
                                        ("calls_per_step", args.calls_per_step),
                                        ("teacher_temperature", args.teacher_temperature),
+                                       ("teacher_min_confidence", args.teacher_min_confidence),
                                        ("carry_warm_optimizer", args.carry_warm_optimizer)) if v is not None}
     if args.teacher_steps:
         try:
@@ -237,6 +241,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         raise SystemExit(f"--group: at least 2 samples per task (an advantage needs a group), got {args.group}")
     if args.teacher_temperature is not None and not args.teacher_temperature > 0:
         raise SystemExit(f"--teacher-temperature: a positive number, got {args.teacher_temperature}")
+    if args.teacher_min_confidence is not None and not 0 <= args.teacher_min_confidence < 1:
+        raise SystemExit(f"--teacher-min-confidence: a probability in [0, 1), got {args.teacher_min_confidence}")
     if args.calls_per_step is not None and args.calls_per_step < 1:
         raise SystemExit(f"--calls-per-step: a positive number of stored calls, got {args.calls_per_step}")
     if args.teacher_val is not None and args.teacher_val < 1:
@@ -455,7 +461,8 @@ class Bench:
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
-                teacher_temperature=p.teacher_temperature, **spec)
+                teacher_temperature=p.teacher_temperature,
+                teacher_min_confidence=p.teacher_min_confidence if kd else 0.0, **spec)
             done = run_distill(self.store, distill, self.runtime)
             if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
                 prune(policy.path, weights=True)
@@ -843,6 +850,9 @@ def main() -> None:
     ap.add_argument("--teacher-temperature", type=float,
                     help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
                          "target leans to the teacher's greedy choice)")
+    ap.add_argument("--teacher-min-confidence", type=float,
+                    help="distil only at positions where the teacher's top probability is at least this (default "
+                         "0: everywhere); the RL term still applies at the others")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 32,64,96, "
                     "or 16,24,32 with --quick)")
     ap.add_argument("--group", type=int,

@@ -46,6 +46,26 @@ def test_state_merges_the_phases_of_concurrent_writers(tmp_path):
         State(path, _Plan("q"))
 
 
+@dataclass(frozen=True)
+class _NewerPlan:
+    name: str
+    knob: float = 0.0  # added after the folder was made
+
+
+def test_a_knob_newer_than_the_folder_matches_only_at_its_default(tmp_path):
+    path = tmp_path / "state.json"
+    State(path, _Plan("p")).put("a", 1)
+    assert "knob" not in json.loads(path.read_text())["plan"]
+    with pytest.raises(SystemExit, match="another plan"):
+        State(path, _NewerPlan("p", knob=0.5))  # the folder's phases were made as knob=0.0 does
+    state = State(path, _NewerPlan("p"))
+    assert state.get("a") == 1
+    state.put("b", 2)
+    assert json.loads(path.read_text())["plan"] == {"name": "p", "knob": 0.0}
+    with pytest.raises(SystemExit, match="another plan"):
+        State(path, _NewerPlan("p", knob=0.5))
+
+
 def _run(work: Path, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
@@ -58,8 +78,8 @@ def _run(work: Path, *extra: str) -> dict:
 
 @pytest.mark.bench_smoke
 def test_jobs_give_the_phases_of_one_process(tmp_path):
-    one = _run(tmp_path / "one")
-    two = _run(tmp_path / "two", "--jobs", "2")
+    one = _run(tmp_path / "one", "--teacher-min-confidence", "0.5")
+    two = _run(tmp_path / "two", "--jobs", "2", "--teacher-min-confidence", "0.5")
     evals = sorted(k for k in one if k.startswith("eval/"))
     assert evals == sorted(k for k in two if k.startswith("eval/"))
     assert {"eval/base/0/11", "eval/warm/0/11", "eval/opd_aligned/0/11", "eval/grpo/0/10",
@@ -78,6 +98,14 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
         policies = {p for (p,) in db.execute(
             "select distinct i.policy_version from invocations i join episodes e on e.id = i.episode_id "
             "where e.run_id in (" + ",".join("?" * len(seqkd)) + ")", [r for c in seqkd for r in c["run_ids"]])}
+        # --teacher-min-confidence reaches the teacher term only, which logs the share it left out
+        gates = {(c["kd_weight"], c["teacher_min_confidence"]) for (c,) in
+                 ((json.loads(c),) for (c,) in db.execute("select config from runs where kind = 'distill'"))}
+        gated = [json.loads(m) for (m,) in db.execute(
+            "select t.metrics from train_steps t join runs r on r.id = t.run_id where r.kind = 'distill' "
+            "and json_extract(r.config, '$.kd_weight') > 0")]
+    assert gates == {(1.0, 0.5), (0.0, 0.0)}
+    assert gated and all(0.0 <= m["kd_gated_fraction"] <= 1.0 for m in gated)
     assert batch == {("sft", 4), ("distill", 2)}
     assert len(seqkd) == 2 and all(c["teacher"] is None and c["kd_weight"] == 0.0 for c in seqkd)
     assert policies == {teacher}
@@ -98,6 +126,7 @@ def test_run_order_covers_every_arm_once():
     ("--teacher-val", "0", "--teacher-val: a positive number of episodes"),
     ("--calls-per-step", "0", "--calls-per-step: a positive number of stored calls"),
     ("--teacher-temperature", "0", "--teacher-temperature: a positive number"),
+    ("--teacher-min-confidence", "1", "--teacher-min-confidence: a probability in [0, 1)"),
 ])
 def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
     work = tmp_path / "work"

@@ -400,3 +400,37 @@ def test_teacher_temperature_needs_full_vocabulary_targets():
     with pytest.raises(ValueError, match="teacher_source=scores stores only"):
         config(teacher_source=TeacherSourceKind.scores, teacher_temperature=0.5)
     assert objective_from_config(config(teacher_temperature=0.5)).terms[0][1].teacher_temperature == 0.5
+
+
+# -- distilling only where the teacher is decided ---------------------------------------------------
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl"])
+def test_min_confidence_leaves_out_the_positions_where_the_teacher_is_split(loss):
+    # rows 0 and 2: the teacher puts 0.9 on one token; rows 1 and 3: 0.45 / 0.45 / 0.1 over three (split)
+    decided = torch.log(torch.tensor([0.9, 0.02, 0.02, 0.02, 0.02, 0.02]))
+    split = torch.log(torch.tensor([0.45, 0.45, 0.025, 0.025, 0.025, 0.025]))
+    teacher = torch.stack([decided, split, decided.roll(2), split.roll(3)])
+    mb = micro_batch(teacher=teacher)
+    per_row = [DistillTerm(Divergence(loss))(micro_batch(teacher=teacher, weights=torch.eye(4)[i])).loss.item()
+               for i in range(4)]
+    gated = DistillTerm(Divergence(loss), min_confidence=0.5)(mb)
+    expected = 0.1 * per_row[0] + 0.3 * per_row[2]  # the split rows' weights (0.2, 0.4) get no term
+    assert gated.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert gated.metrics["kd_gated_fraction"] == pytest.approx(0.2 + 0.4)
+    gated.loss.backward()
+    assert mb.logits.grad is not None
+    assert mb.logits.grad[[1, 3]].abs().max().item() == 0.0 and mb.logits.grad[[0, 2]].abs().max().item() > 0
+    ungated = DistillTerm(Divergence(loss), min_confidence=0.0)(micro_batch(teacher=teacher))
+    assert ungated.loss.item() == pytest.approx(sum(w * v for w, v in zip([0.1, 0.2, 0.3, 0.4], per_row, strict=True)), abs=1e-6)
+    assert "kd_gated_fraction" not in ungated.metrics
+
+
+def test_min_confidence_needs_full_vocabulary_targets_and_comes_from_the_config():
+    with pytest.raises(TrainingError, match="full distribution"):
+        DistillTerm(min_confidence=0.5)(micro_batch(teacher=torch.full((4,), -1.0)))
+    with pytest.raises(ValueError, match="teacher_min_confidence=0.5 reads the teacher's full distribution"):
+        config(teacher_source=TeacherSourceKind.scores, teacher_min_confidence=0.5)
+    with pytest.raises(ValueError, match="less than 1"):
+        config(teacher_min_confidence=1.0)
+    assert objective_from_config(config(teacher_min_confidence=0.6)).terms[0][1].min_confidence == 0.6

@@ -102,6 +102,8 @@ class DistillTerm:
     clip: float | None = None
     barycenter: BarycenterTarget | None = None
     teacher_temperature: float = 1.0  # the teacher's log-probs divided by it first (below 1: sharper)
+    # positions where the teacher's own top probability is below this get no distillation (0: every position)
+    min_confidence: float = 0.0
     name: str = "kd"
     needs_teacher: bool = True
     needs_reference: bool = False
@@ -114,13 +116,19 @@ class DistillTerm:
             if self.divergence != Divergence.reverse_kl:
                 raise TrainingError(f"loss={self.divergence}: needs the teacher's full distribution; sampled-token "
                                     "teacher log-probs support only reverse_kl")
-            if self.clip is not None or self.barycenter is not None or self.teacher_temperature != 1.0:
-                raise TrainingError("jsd_clip, target=barycenter and teacher_temperature need the teacher's full "
+            if (self.clip is not None or self.barycenter is not None or self.teacher_temperature != 1.0
+                    or self.min_confidence > 0):
+                raise TrainingError("jsd_clip, target=barycenter, teacher_temperature and teacher_min_confidence "
+                                    "need the teacher's full "
                                     "distribution; sampled-token teacher log-probs (teacher_source=scores) have none")
             loss = sampled_reverse_kl_loss(batch.logits, batch.action_ids, teacher, batch.weights, self.temperature)
             return TermValue(loss, {})
         w = batch.weights
         metrics: dict[str, float] = {}
+        confident = None
+        if self.min_confidence > 0:  # the teacher's own (untempered) top probability at each position
+            confident = torch.softmax(teacher.float(), dim=-1).amax(dim=-1) >= self.min_confidence
+            metrics["kd_gated_fraction"] = float((w * (~confident).to(w.dtype)).sum())
         if self.teacher_temperature != 1.0:  # log p_t / tau: the logits of p_t^(1/tau), renormalised by the softmax
             teacher = torch.log_softmax(teacher.float(), dim=-1) / self.teacher_temperature
         if self.barycenter is not None:
@@ -134,6 +142,8 @@ class DistillTerm:
         if self.clip is not None:
             per_token, over = clipped(per_token, self.clip)
             metrics["kd_clip_fraction"] = float((w * over.to(w.dtype)).sum())
+        if confident is not None:
+            per_token = per_token * confident.to(per_token.dtype)
         return TermValue((per_token * w.to(per_token.dtype)).sum(), metrics)
 
 
@@ -229,7 +239,8 @@ def objective_from_config(config: DistillConfig) -> Objective:
     barycenter = BarycenterTarget.from_config(config)
     candidates: list[tuple[float, LossTerm]] = [
         (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
-                                                 config.jsd_clip, barycenter, config.teacher_temperature)),
+                                                 config.jsd_clip, barycenter, config.teacher_temperature,
+                                                 config.teacher_min_confidence)),
         (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),

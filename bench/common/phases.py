@@ -3,7 +3,9 @@
 A benchmark with long phases (the learning and memory benchmarks) keeps ``{"plan": ..., "phases": {...}}`` in
 ``WORK/state.json``, written atomically after every phase; run again on the same folder, a killed run goes on
 at its first unfinished phase. A folder made by another plan is refused; the plan's ``free`` fields (the
-learning benchmark's arm subset) may differ, since phases are named by what they depend on.
+learning benchmark's arm subset) may differ, since phases are named by what they depend on. A knob added to
+the plan after the folder was made matches when the new plan leaves it at its default (the folder's phases
+were made without it, i.e. as the default does).
 
 Several processes may share one state file (the learning benchmark's ``--jobs``): every ``put`` takes an
 exclusive lock on ``state.json.lock``, re-reads the file and merges its one phase in, so no process's phase
@@ -16,7 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ class State:
         self.plan = asdict(plan)
         with self._locked():
             self.data = self._read()
+            for f in fields(plan):  # knobs newer than the folder, left at their default
+                if f.name not in self.data["plan"] and self.plan[f.name] == _default(f):
+                    self.data["plan"][f.name] = self.plan[f.name]
             if _without(self.data["plan"], free) != _without(self.plan, free):
                 raise SystemExit(f"{path} was made by another plan; use a new --work folder")
 
@@ -65,6 +70,12 @@ class State:
         if self.get(name) is None:
             self.put(name, make())
         return self.get(name)
+
+
+def _default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else MISSING
 
 
 def _without(plan: dict, keys: tuple[str, ...]) -> dict:
