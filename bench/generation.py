@@ -202,7 +202,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="a tiny random llama, short calls, batches 1 and 8")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--batches", help="comma-separated batch sizes (default 1,8,32; 1,8 with --smoke); "
+                    "bandwidth_fraction_b1 is left empty without batch 1")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--chunk-tokens", type=int, default=512)
     ap.add_argument("--memory-tokens", type=int, default=200)
@@ -211,10 +212,10 @@ def main() -> None:
     folder = str(prepare_default_model())
     fp32_model, tokenizer = load_model(folder, dtype="float32")
     if args.smoke:
-        args.batches, args.new_tokens, args.chunk_tokens, args.memory_tokens = "1,8", 8, 64, 16
+        args.batches, args.new_tokens, args.chunk_tokens, args.memory_tokens = args.batches or "1,8", 8, 64, 16
         fp32_model = tiny_model(len(tokenizer))
     threads = [int(t) for t in args.threads.split(",")]
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in (args.batches or "1,8,32").split(",")]
     torch.set_num_threads(threads[0])
     if args.dtype == "auto":
         choice = choose_dtype(fp32_model)
@@ -280,15 +281,17 @@ def main() -> None:
               + ", ".join(f"{d} {v:.2f}" for d, v in same.items()))
     vllm8 = pick("vllm", new_dtype, b8)
     b1 = pick("new", new_dtype, 1)
-    model = models[new_dtype]
-    length = max(map(len, by_batch[1])) + args.new_tokens // 2
-    step_bytes = weight_bytes(model) + kv_bytes(model, length, 1, next(model.parameters()).element_size())
-    fraction = step_bytes / (b1["decode_cpu"] / b1["decode_tokens"] / threads[0]) / bandwidth[threads[0]]
+    fraction = ""  # the batch-1 step's share of the copy bandwidth: only when batch 1 was measured
+    if b1 is not None:
+        model = models[new_dtype]
+        length = max(map(len, by_batch[1])) + args.new_tokens // 2
+        step_bytes = weight_bytes(model) + kv_bytes(model, length, 1, next(model.parameters()).element_size())
+        fraction = f"{step_bytes / (b1['decode_cpu'] / b1['decode_tokens'] / threads[0]) / bandwidth[threads[0]]:.2f}"
     vs_vllm = "" if vllm8 is None else f"{new8['ctps'] / vllm8['ctps']:.2f}"
     print(f"new_vs_old_b8={new8['ctps'] / pick('old', 'float32', b8)['ctps']:.2f} "
           f"new_vs_vllm_cpu_b8={vs_vllm} "
           f"new_vs_generate_b8={new8['ctps'] / pick('generate', 'float32', b8)['ctps']:.2f} "
-          f"bandwidth_fraction_b1={fraction:.2f}")
+          f"bandwidth_fraction_b1={fraction}")
 
 
 if __name__ == "__main__":

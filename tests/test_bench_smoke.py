@@ -41,3 +41,14 @@ def test_bench_smoke_runs(name, tmp_path):
         keys = [kv.split("=")[0] for kv in last.split()]
         assert keys == ["warm_minus_base", "aligned_minus_warm", "aligned_minus_persistent", "opd_rl_minus_rl",
                         "rl_live_fraction", "hotpot_trained_minus_base", "seeds"], last
+
+
+@pytest.mark.bench_smoke
+def test_generation_without_batch_one_leaves_the_bandwidth_fraction_empty(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "generation.py"), "--smoke", "--batches", "8"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("new_vs_old_b8=") and last.endswith(" bandwidth_fraction_b1="), last
