@@ -61,7 +61,6 @@ def test_a_knob_newer_than_the_folder_matches_only_at_its_default(tmp_path):
     state = State(path, _NewerPlan("p"))
     assert state.get("a") == 1
     state.put("b", 2)
-    assert json.loads(path.read_text())["plan"] == {"name": "p", "knob": 0.0}
     with pytest.raises(SystemExit, match="another plan"):
         State(path, _NewerPlan("p", knob=0.5))
 
