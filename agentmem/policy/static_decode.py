@@ -7,8 +7,9 @@ onto a new tensor (it copies the whole cache), GQA expands the keys and values t
 ``[layers, batch, kv heads, prompt width + max new tokens, head dim]`` per keys and values, writes each
 step's key and value in place, computes grouped-query attention by broadcasting the query groups against
 the shared key head (no copy), and runs the layer's projections as two fused matmuls (q|k|v and
-gate|up). The math is the model's own (its RMSNorm, rotary embedding and activation modules are
-called), so logits equal the generic path's to float round-off.
+gate|up). The math is the model's own (its rotary embedding and activation are used; RMSNorm is
+``F.rms_norm`` in llama's order of operations, bitwise equal), so logits equal the generic path's to float
+round-off.
 
 Supported models (``unsupported_reason`` says why not): llama, qwen2 and mistral without sliding-window
 attention, i.e. pre-norm decoder layers of ``q/k/v/o_proj`` + gated MLP, no q/k norms. Anything else
