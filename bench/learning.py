@@ -556,6 +556,15 @@ def live_fraction(store, runs: list[str]) -> float | None:
     return live / groups if groups else None
 
 
+def gated_fraction(store, runs: list[str]) -> float | None:
+    """The teacher term's token weight left out by ``teacher_min_confidence``, mean over every step of the runs
+    (``kd_gated_fraction``; None when no step gated)."""
+    with store.session() as s:
+        shares = [st.metrics["kd_gated_fraction"] for rid in runs for st in repo.list_train_steps(s, rid)
+                  if "kd_gated_fraction" in st.metrics]
+    return float(np.mean(shares)) if shares else None
+
+
 def report(bench: Bench, results: dict) -> tuple[str, str]:
     """The tables (markdown) and the last line."""
     p = bench.plan
@@ -564,8 +573,8 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
     base = scores["base"]
     lines = ["| arm | seeds | held-out F1, levels " + ",".join(map(str, p.heldout_levels)) + " [95%] | "
              + " | ".join(ladder) + " | vs warm (paired) | vs base (paired) | max empty rate | (empty) after "
-             "evidence | RL live |",
-             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|---:|"]
+             "evidence | RL live | teacher gated |",
+             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|---:|---:|"]
     for arm in [a for a in ARMS if a in scores]:
         s = scores[arm]
         mean = cluster_bootstrap(s, n=2000)
@@ -578,8 +587,10 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         forgot_s = f"{max(forgot):.2f}" if forgot else ""
         live = results[arm].get("live")
         live_s = "" if live is None else (f"{live:.2f}" + (" (dead: no signal)" if live == 0 else ""))
+        gated = results[arm].get("gated")
+        gated_s = "" if gated is None else f"{gated:.2f}"
         lines.append(f"| {arm} | {len(results[arm]['evals'])} | {mean[0]:.3f} [{mean[1]:.3f}, {mean[2]:.3f}] | {per} | "
-                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {forgot_s} | {live_s} |")
+                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {forgot_s} | {live_s} | {gated_s} |")
     table = "\n".join(lines)
     real = {arm: r for arm, r in results.items() if r["real"]}
     real_table = ""
@@ -623,7 +634,8 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             "any call kind over the arm's evaluations (above 0.02: collapsed). (empty) after evidence: the largest share, "
             "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
             "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
-            f"non-zero advantage over every step.\n\n## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
+            "non-zero advantage over every step. Teacher gated: the share of the teacher term's token weight that "
+            f"`teacher_min_confidence` left out, mean over the steps.\n\n## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
             f"## Differences (paired, 95%)\n\n{intervals}\n\n{split}\n")
     (bench.work / "learning.md").write_text(text)
     return text, last
@@ -918,7 +930,8 @@ def main() -> None:
             evals.append(bench.evaluate(arm, seed, bench.ckpt(trained["final"]["id"]), ladder, real))
             runs.append(trained["distill_runs"])
         results[arm] = {"evals": evals, "ladder": ladder, "real": real, "distill_runs_seed0": runs[0],
-                        "live": live_fraction(store, [r for rs in runs for r in rs]) if arm in RL_ARMS else None}
+                        "live": live_fraction(store, [r for rs in runs for r in rs]) if arm in RL_ARMS else None,
+                        "gated": gated_fraction(store, [r for rs in runs for r in rs])}
         empty = max((v for e in evals for c in e["empty"].values() for v in c.values()), default=0.0)
         if empty > EMPTY_WARN:
             say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")
