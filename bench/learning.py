@@ -180,6 +180,10 @@ class Plan:
     # positions where the teacher's top probability is below this get no teacher term (the RL term still
     # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
     teacher_min_confidence: float = 0.0
+    # the teacher term's weight in an arm that also has the RL term (opd_grpo); the RL term keeps weight 1. Alone a
+    # term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
+    # gradient norm was 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
+    rl_kd_weight: float = 1.0
     max_teacher_empty: float = 0.02
     # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
     # step 16 against 0.16 at step 24, at the same F1); ties on F1 go to the one that drops less
@@ -229,6 +233,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("calls_per_step", args.calls_per_step),
                                        ("teacher_temperature", args.teacher_temperature),
                                        ("teacher_min_confidence", args.teacher_min_confidence),
+                                       ("rl_kd_weight", args.rl_kd_weight),
                                        ("carry_warm_optimizer", args.carry_warm_optimizer)) if v is not None}
     if args.teacher_steps:
         try:
@@ -243,6 +248,9 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         raise SystemExit(f"--teacher-temperature: a positive number, got {args.teacher_temperature}")
     if args.teacher_min_confidence is not None and not 0 <= args.teacher_min_confidence < 1:
         raise SystemExit(f"--teacher-min-confidence: a probability in [0, 1), got {args.teacher_min_confidence}")
+    if args.rl_kd_weight is not None and not args.rl_kd_weight > 0:
+        raise SystemExit(f"--rl-kd-weight: a positive weight, got {args.rl_kd_weight} (opd_grpo without the teacher "
+                         "term is grpo)")
     if args.calls_per_step is not None and args.calls_per_step < 1:
         raise SystemExit(f"--calls-per-step: a positive number of stored calls, got {args.calls_per_step}")
     if args.teacher_val is not None and args.teacher_val < 1:
@@ -453,7 +461,7 @@ class Bench:
                 runs = [self.rollout(policy, config, f"rollout/{policy.id}/{rollout_seed}/{level}")]
             distill = DistillConfig(
                 run_ids=runs, student=policy.id, teacher=teacher.id if teacher and kd else None,
-                kd_weight=1.0 if kd else 0.0, ce_weight=1.0 if seqkd else 0.0,
+                kd_weight=(p.rl_kd_weight if rl else 1.0) if kd else 0.0, ce_weight=1.0 if seqkd else 0.0,
                 rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=p.steps_per_round,
                 invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
                 schedule_offset=r * p.steps_per_round, schedule_steps=p.steps,
@@ -865,6 +873,9 @@ def main() -> None:
     ap.add_argument("--teacher-min-confidence", type=float,
                     help="distil only at positions where the teacher's top probability is at least this (default "
                          "0: everywhere); the RL term still applies at the others")
+    ap.add_argument("--rl-kd-weight", type=float,
+                    help="the teacher term's weight in arms that also have the RL term, opd_grpo (default 1; the RL "
+                         "term keeps 1): below 1 the reward leads and the teacher follows")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 32,64,96, "
                     "or 16,24,32 with --quick)")
     ap.add_argument("--group", type=int,

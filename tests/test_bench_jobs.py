@@ -133,6 +133,7 @@ def test_run_order_covers_every_arm_once():
     ("--calls-per-step", "0", "--calls-per-step: a positive number of stored calls"),
     ("--teacher-temperature", "0", "--teacher-temperature: a positive number"),
     ("--teacher-min-confidence", "1", "--teacher-min-confidence: a probability in [0, 1)"),
+    ("--rl-kd-weight", "0", "--rl-kd-weight: a positive weight"),
 ])
 def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
     work = tmp_path / "work"
@@ -141,3 +142,18 @@ def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (work / "state.json").exists() and not (work / "learning.db").exists()
+
+
+@pytest.mark.bench_smoke
+def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "AGENTMEM_DB": ""}
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
+                           "--arms", "opd_aligned,opd_grpo", "--calls-per-step", "2", "--rl-kd-weight", "0.25"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with sqlite3.connect(work / "learning.db") as db:
+        weights = {(c["kd_weight"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
+            "select config from runs where kind = 'distill'"))}
+    assert weights == {(1.0, 0.0), (0.25, 1.0)}  # opd_aligned keeps 1 (alone a weight is moot); opd_grpo 0.25
