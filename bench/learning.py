@@ -553,23 +553,23 @@ def fmt(d: tuple[float, float, float]) -> str:
     return f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
 
 
-def live_fraction(store, runs: list[str]) -> float | None:
-    """Groups with a non-zero advantage over every step of the runs (None when no step had RL groups)."""
-    groups = live = 0.0
+def step_metrics(store, runs: list[str]) -> list[dict]:
+    """The metrics of every training step of the runs, in order (one read for the report's step statistics)."""
     with store.session() as s:
-        for rid in runs:
-            for step in repo.list_train_steps(s, rid):
-                groups += step.metrics.get("rl_groups", 0.0)
-                live += step.metrics.get("rl_groups_live", 0.0)
+        return [st.metrics for rid in runs for st in repo.list_train_steps(s, rid)]
+
+
+def live_fraction(steps: list[dict]) -> float | None:
+    """Groups with a non-zero advantage over every step (None when no step had RL groups)."""
+    groups = sum(m.get("rl_groups", 0.0) for m in steps)
+    live = sum(m.get("rl_groups_live", 0.0) for m in steps)
     return live / groups if groups else None
 
 
-def gated_fraction(store, runs: list[str]) -> float | None:
-    """The teacher term's token weight left out by ``teacher_min_confidence``, mean over every step of the runs
+def gated_fraction(steps: list[dict]) -> float | None:
+    """The teacher term's token weight left out by ``teacher_min_confidence``, mean over the steps
     (``kd_gated_fraction``; None when no step gated)."""
-    with store.session() as s:
-        shares = [st.metrics["kd_gated_fraction"] for rid in runs for st in repo.list_train_steps(s, rid)
-                  if "kd_gated_fraction" in st.metrics]
+    shares = [m["kd_gated_fraction"] for m in steps if "kd_gated_fraction" in m]
     return float(np.mean(shares)) if shares else None
 
 
@@ -940,9 +940,9 @@ def main() -> None:
             trained = bench.train(arm, seed)
             evals.append(bench.evaluate(arm, seed, bench.ckpt(trained["final"]["id"]), ladder, real))
             runs.append(trained["distill_runs"])
+        steps = step_metrics(store, [r for rs in runs for r in rs])
         results[arm] = {"evals": evals, "ladder": ladder, "real": real, "distill_runs_seed0": runs[0],
-                        "live": live_fraction(store, [r for rs in runs for r in rs]) if arm in RL_ARMS else None,
-                        "gated": gated_fraction(store, [r for rs in runs for r in rs])}
+                        "live": live_fraction(steps) if arm in RL_ARMS else None, "gated": gated_fraction(steps)}
         empty = max((v for e in evals for c in e["empty"].values() for v in c.values()), default=0.0)
         if empty > EMPTY_WARN:
             say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")
