@@ -724,6 +724,13 @@ class SftConfig(Frozen):
     """Start AdamW from the state saved in the student's checkpoint folder (an earlier sft's or distill's),
     when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
     of size lr on every weight. Full-parameter training only (not with lora_rank)."""
+    # privileged: the model learns the stored outputs under the privileged message (gold answer and evidence)
+    # spliced before each prompt, exactly what the ``privileged`` teacher context reads: a privileged teacher
+    # fine-tuned in its own context. Never a student's recipe: a student reads only its own prompt
+    context: SamplingContext = SamplingContext.aligned
+    """Prompt the model is trained under: aligned (the stored prompt, what a student reads) or privileged (the
+    episode's gold answer and evidence as a system message before every prompt: the SFT of a privileged
+    teacher for `distill --context privileged`, which reads the same splice)."""
 
     @field_validator("kinds", mode="before")
     @classmethod
@@ -764,6 +771,14 @@ class WarmStartConfig(SftConfig):
     """Linear warmup steps of the warm start."""
     schedule: LrSchedule = LrSchedule.cosine
     """Learning rate after warmup: cosine decay to min_lr_ratio x lr at the last step, or constant."""
+
+    @field_validator("context")
+    @classmethod
+    def _student_reads_its_own_prompt(cls, value: SamplingContext) -> SamplingContext:
+        if value is not SamplingContext.aligned:
+            raise ValueError("the warm start trains the student, which reads only its own prompt: context must be "
+                             "aligned (a privileged SFT is a privileged teacher's: `agentmem sft --context privileged`)")
+        return value
 
 
 def _train_rollout() -> RolloutConfig:

@@ -184,6 +184,12 @@ class Plan:
     # term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
     # gradient norm was 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
     rl_kd_weight: float = 1.0
+    # the privileged arms' teacher (opd_privileged, psd_off): True, the default model fine-tuned on the oracle calls
+    # under the privileged prompt it distils with (gold answer and evidence spliced before every prompt), picked on
+    # validation under that prompt; False, the ladder teacher (fine-tuned on the plain prompt) reading a splice it
+    # never saw in training (sessions <= 31: its students wrote `(empty)` at evidence reads as often as
+    # opd_aligned's)
+    privileged_teacher_sft: bool = False
     max_teacher_empty: float = 0.02
     # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
     # step 16 against 0.16 at step 24, at the same F1); ties on F1 go to the one that drops less
@@ -234,6 +240,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("teacher_temperature", args.teacher_temperature),
                                        ("teacher_min_confidence", args.teacher_min_confidence),
                                        ("rl_kd_weight", args.rl_kd_weight),
+                                       ("privileged_teacher_sft", args.privileged_teacher_sft),
                                        ("carry_warm_optimizer", args.carry_warm_optimizer)) if v is not None}
     if args.teacher_steps:
         try:
@@ -349,25 +356,31 @@ class Bench:
         return out
 
     def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int, calls: int,
-            save_every: int | None = None, carry: bool = False) -> list[dict]:
+            save_every: int | None = None, carry: bool = False,
+            context: SamplingContext = SamplingContext.aligned) -> list[dict]:
         config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
+                           context=context,
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
         with self.store.session() as s:
             return [ckpt_json(c) for c in repo.list_checkpoints(s, result.run_id)]
 
-    def teacher(self, domain: str) -> str:
-        """The validated teacher's checkpoint id: the best candidate whose empty rate is within bounds."""
+    def teacher(self, key: str) -> str:
+        """The validated teacher's checkpoint id: the best candidate whose empty rate is within bounds. ``key``
+        is a domain (``ladder``, ``squad``), or ``ladder-privileged``: the teacher fine-tuned and validated under
+        the privileged prompt (``teacher_key``)."""
         p = self.plan
+        domain, _, privileged = key.partition("-")
+        context = SamplingContext.privileged if privileged else SamplingContext.aligned
 
         def train() -> list[dict]:
-            say(f"teacher ({domain}): SFT on oracle calls, candidates at steps {p.teacher_steps}")
-            ckpts = self.sft(f"teacher-{domain}", self.oracle_runs(domain), p.model, max(p.teacher_steps), p.warm_lr,
-                             0, p.warm_calls_per_step, save_every=int(np.gcd.reduce(p.teacher_steps)))
+            say(f"teacher ({key}): SFT on oracle calls ({context.value} prompt), candidates at steps {p.teacher_steps}")
+            ckpts = self.sft(f"teacher-{key}", self.oracle_runs(domain), p.model, max(p.teacher_steps), p.warm_lr,
+                             0, p.warm_calls_per_step, save_every=int(np.gcd.reduce(p.teacher_steps)), context=context)
             return [c for c in ckpts if c["step"] in p.teacher_steps]
 
-        candidates = self.state.once(f"teacher/{domain}/candidates", train)
+        candidates = self.state.once(f"teacher/{key}/candidates", train)
         reports = []
         for c in candidates:
             def validate(c=c) -> dict:
@@ -380,11 +393,11 @@ class Bench:
                     config = EvalConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.teacher_val,
                                         seed=VALIDATION_SEED + level, chunk_tokens=p.chunk_tokens,
                                         agent=p.agent(0.0, VALIDATION_SEED))
-                config = config.model_copy(update={"dtype": DType(self.eval_dtype())})
+                config = config.model_copy(update={"dtype": DType(self.eval_dtype()), "context": context})
                 report = check_teacher(self.store, self.ckpt(c["id"]), config, self.runtime)
                 say(f"teacher candidate step {c['step']}: {report.line()}")
                 return {**asdict(report), "step": c["step"]}
-            reports.append(self.state.once(f"teacher/{domain}/check/{c['id']}", validate))
+            reports.append(self.state.once(f"teacher/{key}/check/{c['id']}", validate))
         def forgot(r: dict) -> float:
             return r.get("empty_after_evidence") or 0.0
 
@@ -393,11 +406,14 @@ class Bench:
         if not ok:
             worst = ", ".join(f"step {r['step']}: empty {max(r['empty_by_kind'].values(), default=0):.2f}, "
                               f"(empty) after evidence {forgot(r):.2f}" for r in reports)
-            raise NoTeacher(f"no {domain} teacher candidate has an empty-output rate within {p.max_teacher_empty} on "
+            raise NoTeacher(f"no {key} teacher candidate has an empty-output rate within {p.max_teacher_empty} on "
                              f"every call kind and writes (empty) after evidence on at most {p.max_teacher_forgot} of "
                              f"its updates ({worst}): refusing to distil from a teacher that stops or drops evidence")
-        best = max(ok, key=lambda r: (r["f1"], -forgot(r), -r["step"]))
-        self.state.put(f"teacher/{domain}/pick", best)
+        # under the privileged prompt the answer call reads the gold answer, so F1 says little: that teacher is
+        # picked by what it does at memory updates (the fewest `(empty)` after evidence), then by F1
+        best = max(ok, key=lambda r: (-forgot(r), r["f1"], -r["step"]) if privileged else
+                   (r["f1"], -forgot(r), -r["step"]))
+        self.state.put(f"teacher/{key}/pick", best)
         for c in candidates:
             prune(c["path"], weights=c["id"] != best["teacher"])
         return best["teacher"]
@@ -443,7 +459,7 @@ class Bench:
         domain = "squad" if arm.startswith("squad") else "ladder"
         spec = dict(ON_POLICY[arm])
         kd, rl, seqkd = spec.pop("kd", False), spec.pop("rl", False), spec.pop("seqkd", False)
-        teacher = self.ckpt(self.teacher(domain)) if kd or seqkd else None
+        teacher = self.ckpt(self.teacher(teacher_key(p, arm))) if kd or seqkd else None
         policy = self.ckpt(self.warm(domain, seed)["id"])
         oracles = self.oracle_runs(domain)
         out = []
@@ -637,13 +653,23 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
          d("opd_aligned", "sft_more")),
         ("aligned_minus_seqkd (on-policy against off-policy distillation from the same teacher)",
          d("opd_aligned", "seqkd"))))
+    picks = [(key, pick) for key in teacher_keys(p) if (pick := bench.state.get(f"teacher/{key}/pick"))]
+    teachers = "\n".join(
+        ["| teacher | prompt | picked at SFT step | validation F1 | (empty) after evidence | max empty rate |",
+         "|---|---|---:|---:|---:|---:|"]
+        + [f"| {key} | {'privileged' if key.endswith('-privileged') else 'plain'} | {pick['step']} | {pick['f1']:.3f} | "
+           f"{pick.get('empty_after_evidence') or 0:.2f} | {max(pick['empty_by_kind'].values(), default=0):.3f} |"
+           for key, pick in picks])
     text = (f"## Held-out ladder\n\n{table}\n\n{p.heldout_per_level} questions per level, {p.seeds} training seed(s); "
             "intervals resample questions and seeds. Max empty rate: the largest greedy end-of-sequence-only share of "
             "any call kind over the arm's evaluations (above 0.02: collapsed). (empty) after evidence: the largest share, "
             "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
             "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
             "non-zero advantage over every step. Teacher gated: the share of the teacher term's token weight that "
-            f"`teacher_min_confidence` left out, mean over the steps.\n\n## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
+            f"`teacher_min_confidence` left out, mean over the steps.\n\n## Teachers\n\n{teachers}\n\nValidation on "
+            f"{p.teacher_val} training-name episodes, under the prompt each teacher reads (a privileged teacher's F1 is "
+            "high by construction: its answer call reads the gold answer).\n\n"
+            f"## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
             f"## Differences (paired, 95%)\n\n{intervals}\n\n{split}\n")
     (bench.work / "learning.md").write_text(text)
     return text, last
@@ -705,6 +731,21 @@ def open_bench(work: Path, plan: Plan, threads: int) -> Bench:
     return Bench(store, runtime, plan, work, state)
 
 
+def teacher_key(plan: Plan, arm: str) -> str:
+    """The teacher an arm distils from: its domain's (``ladder``, ``squad``), or ``ladder-privileged`` for the
+    arms whose teacher reads the privileged prompt when ``plan.privileged_teacher_sft``."""
+    domain = "squad" if arm.startswith("squad") else "ladder"
+    privileged = ON_POLICY.get(arm, {}).get("context") is TeacherContext.privileged
+    return f"{domain}-privileged" if privileged and plan.privileged_teacher_sft else domain
+
+
+def teacher_keys(plan: Plan) -> list[str]:
+    """Every teacher the plan's arms distil from (or evaluate: ``teacher_ladder``), in a stable order."""
+    keys = {teacher_key(plan, a) for a in plan.arms if ON_POLICY.get(a, {}).get("kd") or ON_POLICY.get(a, {}).get("seqkd")}
+    keys |= {"ladder"} if "teacher_ladder" in plan.arms else set()
+    return sorted(keys)
+
+
 def arm_seeds(plan: Plan, arm: str) -> range:
     """The training seeds of an arm: one for a model that is not trained per seed (base, the teacher)."""
     return range(1) if arm in ("base", "teacher_ladder") else range(plan.seeds)
@@ -735,18 +776,18 @@ def job(work: str, plan: dict, threads: int, task: tuple[str, str | int]) -> str
     return f"{kind} {arg} done"
 
 
-def refused_arms(bench: Bench, domains: list[str]) -> dict[str, str]:
-    """Arm -> why it may not run: the distilling arms of a domain whose teacher failed its check (the
-    teacher is validated here, before any arm distils from it; the other arms of the domain still run)."""
+def refused_arms(bench: Bench) -> dict[str, str]:
+    """Arm -> why it may not run: the distilling arms whose teacher failed its check (the teacher is
+    validated here, before any arm distils from it; the other arms still run)."""
     refused: dict[str, str] = {}
-    for domain in domains:
+    for key in teacher_keys(bench.plan):
         try:
-            bench.teacher(domain)
+            bench.teacher(key)
         except NoTeacher as e:
             say(f"warning: {e}")
             refused |= {a: str(e) for a in bench.plan.arms
-                        if (ON_POLICY.get(a, {}).get("kd") or a == f"teacher_{domain}")
-                        and a.startswith("squad") == (domain == "squad")}
+                        if (ON_POLICY.get(a, {}).get("kd") and teacher_key(bench.plan, a) == key)
+                        or a == f"teacher_{key}"}
     return refused
 
 
@@ -783,8 +824,9 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
         return {"teacher/ladder/pick": ("teacher", "ladder")}
     domain = "squad" if kind.startswith("squad") else "ladder"
     out: dict[str, tuple[str, str | int]] = {f"warm/{domain}/{arg}": ("squad_warm" if domain == "squad" else "warm", arg)}
-    if ON_POLICY.get(kind, {}).get("kd"):
-        out[f"teacher/{domain}/pick"] = ("teacher", domain)
+    if ON_POLICY.get(kind, {}).get("kd") or ON_POLICY.get(kind, {}).get("seqkd"):
+        key = teacher_key(bench.plan, kind)
+        out[f"teacher/{key}/pick"] = ("teacher", key)
     return out
 
 
@@ -876,6 +918,10 @@ def main() -> None:
     ap.add_argument("--rl-kd-weight", type=float,
                     help="the teacher term's weight in arms that also have the RL term, opd_grpo (default 1; the RL "
                          "term keeps 1): below 1 the reward leads and the teacher follows")
+    ap.add_argument("--privileged-teacher-sft", action=argparse.BooleanOptionalAction, default=None,
+                    help="the privileged arms' teacher (opd_privileged, psd_off): fine-tuned on the oracle calls under "
+                         "the privileged prompt it reads and picked on validation under it (default: no, the ladder "
+                         "teacher, fine-tuned on the plain prompt, reads the splice)")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 32,64,96, "
                     "or 16,24,32 with --quick)")
     ap.add_argument("--group", type=int,
@@ -912,8 +958,6 @@ def main() -> None:
     store = bench.store
     t0 = time.perf_counter()
     say(f"plan: {json.dumps(asdict(plan))}")
-    domains = [d for d in ("ladder", "squad") if any(
-        (a.startswith("squad") if d == "squad" else not a.startswith("squad")) and a in ON_POLICY for a in plan.arms)]
     if args.jobs > 1 and not args.report_partial:
         # the phases every arm shares come first, in this process (oracle rollouts, the evaluation dtype),
         # then every task side by side, each as soon as what it needs is there (arms in the order above:
@@ -922,13 +966,13 @@ def main() -> None:
         for d in {"squad" if a.startswith("squad") else "ladder" for a in plan.arms if a != "base"}:
             bench.oracle_runs(d)
         bench.eval_dtype()
-        tasks = [("base", 0), *[("teacher", d) for d in domains],
+        tasks: list[tuple[str, str | int]] = [("base", 0), *[("teacher", k) for k in teacher_keys(plan)],
                  *[(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]]
         run_jobs(bench, [t for t in tasks if not done(bench, *t)], args.jobs, per_job)
     results: dict = {}
     base = bench.base()
     results["base"] = {"evals": [bench.evaluate("base", 0, base, True, True)], "ladder": True, "real": True}
-    refused = refused_arms(bench, domains)
+    refused = refused_arms(bench)
     missing = []
     for arm in [a for a in plan.arms if a != "base" and a not in refused]:
         evals, runs = [], []

@@ -68,9 +68,10 @@ TRAIN = JobSpec(
     names={"distill.student": ("--student", "--init"), "distill.steps": ("--steps-per-round",),
            "warm_start.run_ids": ("--warm-start-sft",), "warm_start.steps": ("--warm-start-steps",),
            "warm_start.lr": ("--warm-start-lr",)},
-    # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position
+    # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position; the warm
+    # start trains the student under its own prompt (never the privileged one)
     set_by_job=frozenset({"rollout.model", "rollout.seed", "distill.run_ids", "distill.seed",
-                          "distill.schedule_offset", "distill.schedule_steps"}),
+                          "distill.schedule_offset", "distill.schedule_steps", "warm_start.context"}),
     ties={"warm_start.out": "distill.out", "warm_start.seed": "seed",
           "warm_start.invocations_per_step": "distill.invocations_per_step"},
     extras=_LEVEL, prepare=_train_prepare)

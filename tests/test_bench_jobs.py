@@ -157,3 +157,38 @@ def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
         weights = {(c["kd_weight"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'"))}
     assert weights == {(1.0, 0.0), (0.25, 1.0)}  # opd_aligned keeps 1 (alone a weight is moot); opd_grpo 0.25
+
+
+@pytest.mark.bench_smoke
+def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_under_its_prompt(tmp_path):
+    """``--privileged-teacher-sft``: opd_privileged distils from a teacher fine-tuned under the privileged prompt
+    (an sft run with context privileged) and validated under it (eval runs sampled under the splice), while
+    opd_aligned keeps the plain ladder teacher."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "AGENTMEM_DB": ""}
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
+                           "--arms", "opd_aligned,opd_privileged", "--calls-per-step", "2", "--privileged-teacher-sft",
+                           "--jobs", "2"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    phases = json.loads((work / "state.json").read_text())["phases"]
+    picks = {key: phases[f"teacher/{key}/pick"]["teacher"] for key in ("ladder", "ladder-privileged")}
+    assert picks["ladder"] != picks["ladder-privileged"]
+    with sqlite3.connect(work / "learning.db") as db:
+        sft = {json.loads(c)["out"].rsplit("/", 1)[-1]: json.loads(c)["context"] for (c,) in db.execute(
+            "select config from runs where kind = 'sft'")}
+        teacher_of = {json.loads(c)["out"].rsplit("/", 1)[-1]: json.loads(c)["teacher"] for (c,) in db.execute(
+            "select config from runs where kind = 'distill'")}
+        evals = [(json.loads(c)["context"], r) for (c, r) in db.execute(
+            "select config, id from runs where kind = 'eval'")]
+        privileged_calls = {r: n for (r, n) in db.execute(
+            "select e.run_id, count(*) from invocations i join episodes e on e.id = i.episode_id "
+            "where i.privileged_ids is not null group by e.run_id")}
+    assert sft["teacher-ladder-privileged"] == "privileged" and sft["teacher-ladder"] == "aligned"
+    assert all(context == "aligned" for name, context in sft.items() if name.startswith("warm"))
+    assert teacher_of["opd_privileged-0"] == picks["ladder-privileged"]
+    assert teacher_of["opd_aligned-0"] == picks["ladder"]
+    privileged_evals = [r for context, r in evals if context == "privileged"]
+    assert len(privileged_evals) == 2  # the smoke plan's two candidates, each validated under the splice
+    assert all(privileged_calls.get(r, 0) > 0 for r in privileged_evals)
+    assert not any(privileged_calls.get(r, 0) for context, r in evals if context == "aligned")

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -224,3 +225,29 @@ def test_anchor_is_zero_at_the_start_and_grows_after_a_step(stored, tmp_path, lo
     assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
     assert second.metrics["anchor_loss"] > 1e-6
     assert second.loss == pytest.approx(second.metrics["ce_loss"] + 0.5 * second.metrics["anchor_loss"], rel=1e-5)
+
+
+def test_privileged_context_trains_under_the_privileged_splice(stored, tmp_path):
+    """``--context privileged`` (a privileged teacher's SFT): the first step's loss is the mean NLL of the
+    stored outputs given the episode's privileged message followed by the stored prompt, which differs from
+    the loss given the prompt alone; a warm start (the student's SFT) refuses it."""
+    from agentmem.config import WarmStartConfig
+    from agentmem.records import SamplingContext
+    from agentmem.replay.privileged import privileged_ids
+
+    store, run_id, folder = stored
+    selection = select(store, [run_id])
+    tok = tiny_tokenizer()
+    start = AutoModelForCausalLM.from_pretrained(folder)
+    spliced = []
+    for inv in selection.invocations:
+        prompt = np.concatenate([privileged_ids(tok, selection.episodes[inv.episode_id]), inv.prompt_ids])
+        spliced.append(SimpleNamespace(prompt_ids=prompt, output_ids=inv.output_ids, prompt_tokens=len(prompt),
+                                       output_tokens=inv.output_tokens))
+    assert all(len(s.prompt_ids) > len(i.prompt_ids) for s, i in zip(spliced, selection.invocations, strict=True))
+    expected, plain = mean_nll(start, spliced), mean_nll(start, selection.invocations)
+    assert abs(expected - plain) > 1e-3  # the splice changes what the model predicts from
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1, context=SamplingContext.privileged))
+    assert result.history[0].loss == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(ValueError, match="warm start trains the student"):
+        WarmStartConfig(run_ids=[run_id], context=SamplingContext.privileged)

@@ -45,8 +45,9 @@ class TeacherReport:
 
 def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime: Runtime = CPU,
                   max_empty: float | None = None, max_forgot: float | None = None) -> TeacherReport:
-    """Evaluate ``teacher`` greedily with ``config`` (its model is set to the teacher) and measure its
-    first-token EOS mass on the calls it made. Raises ConfigError when ``max_empty`` is given and some call
+    """Evaluate ``teacher`` greedily with ``config`` (its model is set to the teacher; ``config.context``
+    privileged: under the privileged prompt, a privileged teacher's own) and measure its first-token EOS mass
+    on the calls it made, on the ids it read. Raises ConfigError when ``max_empty`` is given and some call
     kind's end-of-sequence-only share is above it, or when ``max_forgot`` is given and its
     ``empty_after_evidence`` is above that."""
     from agentmem.training.validation import first_token_eos  # torch: after the job's flags are checked
@@ -55,7 +56,9 @@ def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime
     row = run_eval(store, config.model_copy(update={"model": teacher.path}), runtime, backend=backend,
                    policy=teacher)
     with store.session() as s:
-        prompts = [(str(i.kind), i.prompt_ids.tolist()) for i in repo.stream_invocations(s, run_ids=[row.run_id])]
+        # what the teacher read: the privileged splice too when ``config.context`` is privileged
+        prompts = [(str(i.kind), i.sampled_prompt_ids.tolist())
+                   for i in repo.stream_invocations(s, run_ids=[row.run_id])]
     model = getattr(backend, "model", None)
     own = model is None
     if own:

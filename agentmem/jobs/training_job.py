@@ -24,7 +24,7 @@ from agentmem.config import DistillConfig, SftConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
 from agentmem.models import ModelRef
-from agentmem.records import Checkpoint, RunKind, TrainStep
+from agentmem.records import Checkpoint, RunKind, SamplingContext, TrainStep
 from agentmem.runtime import Runtime
 from agentmem.tracking import TrackerKind, reporting, run_folder
 from store import repository as repo
@@ -108,6 +108,7 @@ def train(
     *,
     selection: Selection | None = None,
     carry_optimizer: bool = False,
+    student_context: SamplingContext = SamplingContext.aligned,
     on_start: Callable[[int, int], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
     report_to: Sequence[TrackerKind] = (),
@@ -116,7 +117,8 @@ def train(
     build a ``Trainer`` on ``trainer_config`` (and ``selection``: the calls, when the job chose them), restore
     its state from ``resumed.checkpoint`` (``load`` must give the student with its weights), and run steps
     ``done + 1 .. config.steps``. ``carry_optimizer``: a new run takes the optimizer state its starting
-    checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``). ``on_start(steps, done)`` and ``on_step`` report progress;
+    checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``). ``student_context``: the
+    prompt the student trains under (``SftConfig.context``). ``on_start(steps, done)`` and ``on_step`` report progress;
     ``report_to`` are trackers (rank 0 only), under ``<config.out>/<run id>``."""
     from agentmem.training.checkpoints import carry_trainer_state, load_objective_state, load_trainer_state
     from agentmem.training.distill import Trainer
@@ -124,7 +126,8 @@ def train(
     report_to = report_to if runtime.is_main else ()
     with job_run(store, kind, config, runtime, resume=resumed.run_id) as run:
         models = load()
-        trainer = Trainer(store, trainer_config, models, run.id, runtime, selection=selection)
+        trainer = Trainer(store, trainer_config, models, run.id, runtime, selection=selection,
+                          student_context=student_context)
         done, parent = 0, models.student_checkpoint
         if resumed.checkpoint is not None:
             folder = Path(resumed.checkpoint.path)

@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import DistillConfig, Oversize, Packing, PsdMode, RewardKind
-from agentmem.errors import TrainingError
-from agentmem.records import Checkpoint, TrainStep
+from agentmem.config import DistillConfig, Oversize, Packing, PsdMode, RewardKind, RLKind
+from agentmem.errors import ConfigError, TrainingError
+from agentmem.records import Checkpoint, SamplingContext, TeacherContext, TrainStep
 from agentmem.replay import OverBudget, pack
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
@@ -53,7 +53,7 @@ from agentmem.training.dynamics import finish_sums, group_liveness, output_stats
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, StepResult, accumulate_step
 from agentmem.training.schedule import lr_at
-from agentmem.training.selection import Selection, select, student_sequences
+from agentmem.training.selection import Selection, select, student_sequences, teacher_sequences
 from agentmem.training.teachers import TeacherSource, teacher_source
 from agentmem.training.terms import objective_from_config
 from agentmem.training.vocab import check_same_vocab, vocab_size
@@ -150,11 +150,13 @@ class Trainer:
     and ``save(steps_done, parent) -> Checkpoint``. Every tensor goes to ``runtime.device``; the models
     must already be there. ``teacher``: a source to use instead of the one ``config.teacher_source``
     names (built from ``models``); ``selection``: the calls to train on, instead of every call of
-    ``config.run_ids`` of ``config.kinds`` (``agentmem sft --min-f1`` filters by episode outcome)."""
+    ``config.run_ids`` of ``config.kinds`` (``agentmem sft --min-f1`` filters by episode outcome);
+    ``student_context``: ``privileged`` trains under the privileged splice (``SftConfig.context``: a privileged
+    teacher's SFT; refused with a teacher or an RL term)."""
 
     def __init__(self, store: Store, config: DistillConfig, models: Models, run_id: str,
                  runtime: Runtime = CPU, *, teacher: TeacherSource | None = None,
-                 selection: Selection | None = None):
+                 selection: Selection | None = None, student_context: SamplingContext = SamplingContext.aligned):
         self.store, self.config, self.models, self.run_id, self.runtime = store, config, models, run_id, runtime
         self.objective = objective_from_config(config)
         self.student = PackedModel.for_training(models.student, models.tokenizer, config.path, runtime)
@@ -165,7 +167,13 @@ class Trainer:
                           if models.reference is not None
                           and (self.objective.needs_reference or config.monitor_start_kl) else None)
         self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)
-        self.student_seqs = student_sequences(self.selection)
+        if student_context is SamplingContext.privileged:  # a privileged teacher's own SFT (SftConfig.context)
+            if models.teacher is not None or config.rl is not RLKind.none:
+                raise ConfigError("a privileged student context is an SFT's (a privileged teacher's): a student that "
+                                  "distils or learns from a reward reads only its own prompt")
+            self.student_seqs = teacher_sequences(self.selection, TeacherContext.privileged, models.tokenizer)
+        else:
+            self.student_seqs = student_sequences(self.selection)
         self.units = draw_units(self.student_seqs, config.packing)
         self.episode_of = {i.id: i.episode_id for i in self.selection.invocations}
         self.mix = psd_mix(self.selection, config.psd_mix) if config.psd is PsdMode.mixed else None
