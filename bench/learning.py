@@ -30,7 +30,10 @@ The teacher of the ladder arms is the default model fine-tuned on oracle calls f
 (``teacher_steps``) is evaluated greedily on validation tasks, with its F1, its end-of-sequence-only output
 rate and its first-token EOS mass per call kind; the best F1 among those with an empty rate at most
 ``max_teacher_empty`` on every kind is picked, and the run stops when none qualifies. The SQuAD arm's
-teacher is chosen the same way on SQuAD.
+teacher is chosen the same way on SQuAD. With ``--privileged-teacher-sft`` the privileged arms (``opd_privileged``,
+``psd_off``) get a teacher of their own: the default model fine-tuned on the same oracle calls under the
+privileged prompt it then reads (``agentmem sft --context privileged``), validated under it and picked by the
+fewest ``(empty)`` updates after evidence (its answer call reads the gold answer, so its F1 says little).
 
 Held-out sets are independent: ladder level ``L`` is seed ``HELD_OUT_SEED + L`` with ``names=heldout``
 (entity names that no training task can contain: ``envs/synthetic.py``), training and teacher tasks use
