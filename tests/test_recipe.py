@@ -273,3 +273,34 @@ def test_teacher_check_refuses_a_teacher_that_writes_empty_after_evidence(sqlite
     assert report.empty_after_evidence == 1.0 and "(empty) after evidence 1.00" in report.line()
     monkeypatch.setattr(teacher_check.models, "backend", scripted("Ann lives in Oslo."))
     assert teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5).empty_after_evidence == 0.0
+
+
+def test_teacher_check_under_the_privileged_prompt_measures_eos_on_what_the_teacher_read(sqlite_store, tmp_path,
+                                                                                      monkeypatch):
+    """A privileged teacher is validated under its own prompt (``context`` privileged): every call is sampled with
+    the splice, and the first-token EOS mass is that of the splice + prompt, not of the prompt alone."""
+    from helpers import register_policy
+    from test_eval import tiny_config
+    from transformers import AutoModelForCausalLM
+
+    from agentmem.jobs import teacher_check
+    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.records import SamplingContext
+
+    tok = tiny_tokenizer()
+    folder = save_tiny(tmp_path / "teacher")
+    teacher = register_policy(sqlite_store, folder, "tiny")
+    monkeypatch.setattr(teacher_check.models, "backend", lambda *a, **k: ScriptedBackend(
+        tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else "Ann lives in Oslo."))
+    report = teacher_check.check_teacher(sqlite_store, teacher,
+                                         tiny_config().model_copy(update={"context": SamplingContext.privileged}))
+    with sqlite_store.session() as s:
+        calls = list(repo.stream_invocations(s, run_ids=[report.eval_run_id]))
+    assert calls and all(c.privileged_ids is not None and len(c.privileged_ids) > 0 for c in calls)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    read = first_token_eos(model, [(str(c.kind), c.sampled_prompt_ids.tolist()) for c in calls], tok.eos_token_id)
+    plain = first_token_eos(model, [(str(c.kind), c.prompt_ids.tolist()) for c in calls], tok.eos_token_id)
+    assert report.eos_first_by_kind.keys() == read.keys()
+    for kind, value in read.items():
+        assert report.eos_first_by_kind[kind] == pytest.approx(value, abs=1e-6)
+        assert abs(plain[kind] - value) > 1e-6  # the splice changes what the teacher predicts
