@@ -18,6 +18,7 @@ each of ``--seeds`` training seeds:
   opd_persistent_answer the persistent teacher on answer calls only (update calls aligned);
   opd_persistent_chat   the teacher on the history as one chat;
   opd_privileged        the teacher also shown the gold answer and evidence (PSD on-policy);
+  opd_privileged_grpo   opd_privileged + the RL term;
   grpo                  the RL term only (group-relative advantages, groups of ``group``);
   opd_grpo              aligned on-policy distillation + the RL term;
   psd_off               PSD off-policy: the teacher's samples under the privileged prompt;
@@ -104,13 +105,13 @@ from store.engine import open_store  # noqa: E402
 
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
-               "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off", "reopd")
+               "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd")
 ARMS = ("base", "warm", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
 RUN_ORDER = ("warm", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
-             "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "psd_off",
-             "reopd")
+             "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
+             "opd_privileged_grpo", "psd_off", "reopd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
@@ -121,12 +122,13 @@ ON_POLICY: dict[str, dict] = {
     "opd_privileged": {"kd": True, "context": TeacherContext.privileged},
     "grpo": {"rl": True},
     "opd_grpo": {"kd": True, "rl": True},
+    "opd_privileged_grpo": {"kd": True, "rl": True, "context": TeacherContext.privileged},
     "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
     "reopd": {"kd": True},
     "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
     "squad_opd": {"kd": True},
 }
-RL_ARMS = ("grpo", "opd_grpo")
+RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo")
 REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
 SHARED = ROOT.parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
@@ -183,7 +185,7 @@ class Plan:
     # positions where the teacher's top probability is below this get no teacher term (the RL term still
     # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
     teacher_min_confidence: float = 0.0
-    # the teacher term's weight in an arm that also has the RL term (opd_grpo); the RL term keeps weight 1. Alone a
+    # the teacher term's weight in an arm that also has the RL term (opd_grpo, opd_privileged_grpo); the RL term keeps 1. Alone a
     # term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
     # gradient norm was 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
     rl_kd_weight: float = 1.0
@@ -651,7 +653,11 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("aligned_minus_persistent", d("opd_aligned", "opd_persistent")),
         ("aligned_minus_persistent_update (context on update calls only)", d("opd_aligned", "opd_persistent_update")),
         ("aligned_minus_persistent_answer (context on answer calls only)", d("opd_aligned", "opd_persistent_answer")),
-        ("opd_rl_minus_rl", d("opd_grpo", "grpo")), ("hotpot_trained_minus_base", hotpot_d),
+        ("opd_rl_minus_rl", d("opd_grpo", "grpo")),
+        ("privileged_rl_minus_rl (the privileged teacher's term beside the RL term, against the RL term alone)",
+         d("opd_privileged_grpo", "grpo")),
+        ("privileged_minus_warm (the privileged teacher's term alone)", d("opd_privileged", "warm")),
+        ("hotpot_trained_minus_base", hotpot_d),
         ("aligned_minus_sft_more (on-policy distillation against SFT continued on oracle calls)",
          d("opd_aligned", "sft_more")),
         ("aligned_minus_seqkd (on-policy against off-policy distillation from the same teacher)",
@@ -919,7 +925,8 @@ def main() -> None:
                     help="distil only at positions where the teacher's top probability is at least this (default "
                          "0: everywhere); the RL term still applies at the others")
     ap.add_argument("--rl-kd-weight", type=float,
-                    help="the teacher term's weight in arms that also have the RL term, opd_grpo (default 1; the RL "
+                    help="the teacher term's weight in arms that also have the RL term, opd_grpo and opd_privileged_grpo "
+                         "(default 1; the RL "
                          "term keeps 1): below 1 the reward leads and the teacher follows")
     ap.add_argument("--privileged-teacher-sft", action=argparse.BooleanOptionalAction, default=None,
                     help="the privileged arms' teacher (opd_privileged, psd_off): fine-tuned on the oracle calls under "

@@ -162,13 +162,14 @@ def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
 @pytest.mark.bench_smoke
 def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_under_its_prompt(tmp_path):
     """``--privileged-teacher-sft``: opd_privileged distils from a teacher fine-tuned under the privileged prompt
-    (an sft run with context privileged) and validated under it (eval runs sampled under the splice), while
-    opd_aligned keeps the plain ladder teacher."""
+    (an sft run with context privileged) and validated under it (eval runs sampled under the splice), and so does
+    opd_privileged_grpo beside the RL term, while opd_aligned keeps the plain ladder teacher."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,opd_privileged", "--calls-per-step", "2", "--privileged-teacher-sft",
+                           "--arms", "opd_aligned,opd_privileged,opd_privileged_grpo", "--calls-per-step", "2",
+                           "--privileged-teacher-sft",
                            "--jobs", "2"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     phases = json.loads((work / "state.json").read_text())["phases"]
@@ -186,7 +187,7 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
             "where i.privileged_ids is not null group by e.run_id")}
     assert sft["teacher-ladder-privileged"] == "privileged" and sft["teacher-ladder"] == "aligned"
     assert all(context == "aligned" for name, context in sft.items() if name.startswith("warm"))
-    assert teacher_of["opd_privileged-0"] == picks["ladder-privileged"]
+    assert teacher_of["opd_privileged-0"] == teacher_of["opd_privileged_grpo-0"] == picks["ladder-privileged"]
     assert teacher_of["opd_aligned-0"] == picks["ladder"]
     privileged_evals = [r for context, r in evals if context == "privileged"]
     assert len(privileged_evals) == 2  # the smoke plan's two candidates, each validated under the splice
