@@ -189,11 +189,12 @@ class Plan:
     # term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
     # gradient norm was 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
     rl_kd_weight: float = 1.0
-    # the privileged arms' teacher (opd_privileged, psd_off): True, the default model fine-tuned on the oracle calls
-    # under the privileged prompt it distils with (gold answer and evidence spliced before every prompt), picked on
-    # validation under that prompt; False, the ladder teacher (fine-tuned on the plain prompt) reading a splice it
-    # never saw in training (sessions <= 31: its students wrote `(empty)` at evidence reads as often as
-    # opd_aligned's)
+    # the privileged arms' teacher (opd_privileged, opd_privileged_grpo, psd_off): True, the default model fine-tuned
+    # on the oracle calls under the privileged prompt it distils with (gold answer and evidence spliced before every
+    # prompt), picked on validation under that prompt; False, the ladder teacher (fine-tuned on the plain prompt)
+    # reading a splice it never saw in training. Session 33: the SFT one writes `(empty)` after evidence on 0.06 of its
+    # validation updates (plain: 0.38), yet its students drift to `(empty)` as opd_aligned's do (docs/learning.md),
+    # so the default stays the plan the earlier folders were made with
     privileged_teacher_sft: bool = False
     max_teacher_empty: float = 0.02
     # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
