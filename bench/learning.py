@@ -32,7 +32,7 @@ The teacher of the ladder arms is the default model fine-tuned on oracle calls f
 rate and its first-token EOS mass per call kind; the best F1 among those with an empty rate at most
 ``max_teacher_empty`` on every kind is picked, and the run stops when none qualifies. The SQuAD arm's
 teacher is chosen the same way on SQuAD. With ``--privileged-teacher-sft`` the privileged arms (``opd_privileged``,
-``psd_off``) get a teacher of their own: the default model fine-tuned on the same oracle calls under the
+``opd_privileged_grpo``, ``psd_off``) get a teacher of their own: the default model fine-tuned on the same oracle calls under the
 privileged prompt it then reads (``agentmem sft --context privileged``), validated under it and picked by the
 fewest ``(empty)`` updates after evidence (its answer call reads the gold answer, so its F1 says little).
 
@@ -185,8 +185,8 @@ class Plan:
     # positions where the teacher's top probability is below this get no teacher term (the RL term still
     # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
     teacher_min_confidence: float = 0.0
-    # the teacher term's weight in an arm that also has the RL term (opd_grpo, opd_privileged_grpo); the RL term keeps 1. Alone a
-    # term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
+    # the teacher term's weight in an arm that also has the RL term (opd_grpo, opd_privileged_grpo); the RL term keeps
+    # weight 1. Alone a term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
     # gradient norm was 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
     rl_kd_weight: float = 1.0
     # the privileged arms' teacher (opd_privileged, opd_privileged_grpo, psd_off): True, the default model fine-tuned
@@ -749,9 +749,15 @@ def teacher_key(plan: Plan, arm: str) -> str:
     return f"{domain}-privileged" if privileged and plan.privileged_teacher_sft else domain
 
 
+def uses_teacher(arm: str) -> bool:
+    """Whether an arm reads a teacher: its term (``kd``) or its samples (``seqkd``)."""
+    spec = ON_POLICY.get(arm, {})
+    return bool(spec.get("kd") or spec.get("seqkd"))
+
+
 def teacher_keys(plan: Plan) -> list[str]:
     """Every teacher the plan's arms distil from (or evaluate: ``teacher_ladder``), in a stable order."""
-    keys = {teacher_key(plan, a) for a in plan.arms if ON_POLICY.get(a, {}).get("kd") or ON_POLICY.get(a, {}).get("seqkd")}
+    keys = {teacher_key(plan, a) for a in plan.arms if uses_teacher(a)}
     keys |= {"ladder"} if "teacher_ladder" in plan.arms else set()
     return sorted(keys)
 
@@ -834,7 +840,7 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
         return {"teacher/ladder/pick": ("teacher", "ladder")}
     domain = "squad" if kind.startswith("squad") else "ladder"
     out: dict[str, tuple[str, str | int]] = {f"warm/{domain}/{arg}": ("squad_warm" if domain == "squad" else "warm", arg)}
-    if ON_POLICY.get(kind, {}).get("kd") or ON_POLICY.get(kind, {}).get("seqkd"):
+    if uses_teacher(kind):
         key = teacher_key(bench.plan, kind)
         out[f"teacher/{key}/pick"] = ("teacher", key)
     return out
@@ -927,10 +933,9 @@ def main() -> None:
                          "0: everywhere); the RL term still applies at the others")
     ap.add_argument("--rl-kd-weight", type=float,
                     help="the teacher term's weight in arms that also have the RL term, opd_grpo and opd_privileged_grpo "
-                         "(default 1; the RL "
-                         "term keeps 1): below 1 the reward leads and the teacher follows")
+                         "(default 1; the RL term keeps 1): below 1 the reward leads and the teacher follows")
     ap.add_argument("--privileged-teacher-sft", action=argparse.BooleanOptionalAction, default=None,
-                    help="the privileged arms' teacher (opd_privileged, psd_off): fine-tuned on the oracle calls under "
+                    help="the privileged arms' teacher (opd_privileged, opd_privileged_grpo, psd_off): fine-tuned on the oracle calls under "
                          "the privileged prompt it reads and picked on validation under it (default: no, the ladder "
                          "teacher, fine-tuned on the plain prompt, reads the splice)")
     ap.add_argument("--teacher-steps", help="comma-separated SFT steps of the teacher candidates (default 32,64,96, "
