@@ -90,9 +90,9 @@ from agentmem.config import (  # noqa: E402
     TeacherTruncation,
 )
 from agentmem.jobs.distill import run_distill  # noqa: E402
-from agentmem.jobs.eval import run_eval  # noqa: E402
+from agentmem.jobs.eval import first_read_skips, run_eval  # noqa: E402
 from agentmem.jobs.replay import run_replay  # noqa: E402
-from agentmem.jobs.rollout import run_rollout  # noqa: E402
+from agentmem.jobs.rollout import build_env, run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.jobs.teacher_check import check_teacher  # noqa: E402
 from agentmem.records import Checkpoint, SamplingContext, TeacherContext  # noqa: E402
@@ -293,6 +293,7 @@ class Bench:
     plan: Plan
     work: Path
     state: State
+    heldout_tasks: dict[str, dict] = field(default_factory=dict)  # component -> task id -> Task (first_reads)
 
     # -- configs -------------------------------------------------------------------------------------------
 
@@ -547,6 +548,26 @@ class Bench:
         return self.state.once(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}", make)
 
 
+    def first_reads(self, evals: list[dict]) -> list[dict[str, float] | None]:
+        """Per seed's evaluation: ``first_read_skips`` over its held-out ladder calls (every level together),
+        read back from the store, so folders evaluated before the metric existed report it too."""
+        if not self.heldout_tasks:
+            tok = models.load_tokenizer(self.base().path)
+            self.heldout_tasks.update({name: {t.task_id: t for t in build_env(c, tok).tasks(c.episodes)}
+                                       for name, c in self.heldout_sets(False)})
+        out = []
+        for e in evals:
+            calls, task_of = [], {}
+            with self.store.session() as s:
+                for name, run in e.get("runs", {}).items():
+                    if name in self.heldout_tasks:
+                        calls += repo.stream_invocations(s, run_ids=[run])
+                        task_of |= {ep.id: self.heldout_tasks[name][ep.task_id] for ep in repo.list_episodes(s, run)
+                                    if ep.task_id in self.heldout_tasks[name]}
+            out.append(first_read_skips(calls, task_of))
+        return out
+
+
 def prune(folder: str, weights: bool) -> None:
     """Free disk: a checkpoint's optimizer state (1 GB for the 135M model), and its weights too when asked."""
     path = Path(folder)
@@ -670,13 +691,25 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         + [f"| {key} | {'privileged' if key.endswith('-privileged') else 'plain'} | {pick['step']} | {pick['f1']:.3f} | "
            f"{pick.get('empty_after_evidence') or 0:.2f} | {max(pick['empty_by_kind'].values(), default=0):.3f} |"
            for key, pick in picks])
+    def skips(d: dict[str, float] | None) -> str:
+        return "" if d is None else f"{d.get('evidence', float('nan')):.2f} / {d.get('other', float('nan')):.2f}"
+
+    reads = ["| arm | " + " | ".join(f"seed {i}" for i in range(p.seeds)) + " |", "|---|" + "---:|" * p.seeds]
+    for arm in [a for a in ARMS if a in scores]:
+        cells = [skips(d) for d in bench.first_reads(results[arm]["evals"])]
+        reads.append(f"| {arm} | " + " | ".join(cells + [""] * (p.seeds - len(cells))) + " |")
+    reads_table = "\n".join(reads)
     text = (f"## Held-out ladder\n\n{table}\n\n{p.heldout_per_level} questions per level, {p.seeds} training seed(s); "
             "intervals resample questions and seeds. Max empty rate: the largest greedy end-of-sequence-only share of "
             "any call kind over the arm's evaluations (above 0.02: collapsed). (empty) after evidence: the largest share, "
             "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
             "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
             "non-zero advantage over every step. Teacher gated: the share of the teacher term's token weight that "
-            f"`teacher_min_confidence` left out, mean over the steps.\n\n## Teachers\n\n{teachers}\n\nValidation on "
+            "`teacher_min_confidence` left out, mean over the steps.\n\n## First reads (does a student tell evidence "
+            f"from a distractor?)\n\n{reads_table}\n\nOf the held-out update calls (levels together) that read a "
+            "chunk while holding nothing, the share that write an empty memory: evidence reads (a fact of the task is in "
+            "the chunk) / other reads (`agentmem eval`'s `empty_at_first_read`). Both low: writes whatever it reads; both "
+            f"high: skips whatever it reads; only a gap between them is a decision.\n\n## Teachers\n\n{teachers}\n\nValidation on "
             f"{p.teacher_val} training-name episodes, under the prompt each teacher reads (a privileged teacher's F1 is "
             "high by construction: its answer call reads the gold answer).\n\n"
             f"## Real text\n\n{real_table or '(no ../shared data)'}\n\n"

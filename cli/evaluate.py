@@ -130,6 +130,8 @@ def _summary(result) -> None:
             table.add_row(f"  {kind}: empty / mean tokens", f"{rate:.3f} / {length:.1f}", "")
     if result.metrics.get("empty_after_evidence") is not None:
         table.add_row("updates empty after evidence", f"{result.metrics['empty_after_evidence']:.3f}", "")
+    for read, rate in (result.metrics.get("empty_at_first_read") or {}).items():
+        table.add_row(f"  empty at a first read: {read}", f"{rate:.3f}", "")
     console().print(table)
     typer.echo(f"run_id={result.run_id} eval_id={result.id}  (inspect: agentmem sql \"select * from "
                f"episode_summary where run_id = '{result.run_id}'\")")

@@ -106,12 +106,20 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     assert gates == {(1.0, 0.5), (0.0, 0.0)}
     assert gated and all(0.0 <= m["kd_gated_fraction"] <= 1.0 for m in gated)
     # the report's "teacher gated" column: the mean of those shares for the gated arm, empty for the others
-    rows = {r.split("|")[1].strip(): r.split("|") for r in (tmp_path / "two" / "learning.md").read_text()
-            .split("## Real text")[0].splitlines() if r.startswith("| ")}
+    text = (tmp_path / "two" / "learning.md").read_text()
+    rows = {r.split("|")[1].strip(): r.split("|") for r in text.split("## First reads")[0].splitlines()
+            if r.startswith("| ")}
     assert rows["arm"][-2].strip() == "teacher gated"
     assert float(rows["opd_aligned"][-2]) == pytest.approx(sum(m["kd_gated_fraction"] for m in gated) / len(gated),
                                                            abs=0.005)
     assert rows["grpo"][-2].strip() == rows["seqkd"][-2].strip() == ""
+    # the first-reads table: one row per evaluated ladder arm, "evidence / other" shares for its one seed
+    reads = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in
+             text.split("## First reads")[1].split("## Teachers")[0].splitlines() if r.startswith("| ")}
+    assert reads["arm"] == "seed 0" and {"base", "warm", "opd_aligned", "grpo", "seqkd"} <= set(reads)
+    for arm in [a for a in reads if a != "arm" and not a.startswith("---")]:
+        evidence, other = (float(x) for x in reads[arm].split(" / "))
+        assert 0.0 <= evidence <= 1.0 and 0.0 <= other <= 1.0, arm
     assert batch == {("sft", 4), ("distill", 2)}
     assert len(seqkd) == 2 and all(c["teacher"] is None and c["kd_weight"] == 0.0 for c in seqkd)
     assert policies == {teacher}

@@ -236,6 +236,35 @@ def test_empty_after_evidence_counts_updates_that_drop_what_was_read():
     assert empty_after_evidence(calls, {"e": no_facts}) is None
 
 
+def test_first_read_skips_splits_evidence_reads_from_other_reads():
+    """Only overwrite updates that read a chunk with an empty memory count, split by whether a fact is complete
+    in that chunk: here 1 of 2 evidence reads and 2 of 3 other reads write an empty memory."""
+    import numpy as np
+
+    from agentmem.jobs.eval import first_read_skips
+    from agentmem.records import Fact, Invocation, Task
+
+    task = Task(task_id="t", env="synthetic", question="q?", chunks=["a", "b", "c", "d"], answers=["x"],
+                facts=[Fact(text="Ann lives in Oslo.", chunk=1), Fact(text="Oslo is cold.", chunk=3)])
+
+    def call(chunk, before, after, kind="memory_update", policy="overwrite", episode="e"):
+        return Invocation(episode_id=episode, step=chunk, kind=kind, memory_policy=policy,
+                          prompt_ids=np.array([1]), output_ids=np.array([2]), output_logprobs=None,
+                          memory_before=before, memory_after=after, chunk_index=chunk)
+
+    calls = [call(0, "(empty)", "(empty)"),              # other read, skipped
+             call(0, "", "Bob is tall."),                # other read (blank memory), written
+             call(2, "(empty)", " "),                    # other read, blank: skipped
+             call(1, "(empty)", "Ann lives in Oslo."),   # evidence read, written
+             call(3, "", "(empty)"),                     # evidence read (second fact), skipped
+             call(2, "Ann lives in Oslo.", "(empty)"),   # memory held something: not a first read
+             call(1, "(empty)", "(empty)", kind="answer"), call(1, "(empty)", "(empty)", policy="log"),
+             call(1, "(empty)", "(empty)", episode="unknown")]
+    assert first_read_skips(calls, {"e": task}) == {"evidence": pytest.approx(1 / 2), "other": pytest.approx(2 / 3)}
+    assert first_read_skips(calls[:1], {"e": task}) == {"other": 1.0}
+    assert first_read_skips(calls, {"e": task.model_copy(update={"facts": []})}) is None
+
+
 @pytest.mark.parametrize(("update", "want"), [("(empty)", 1.0), ("the note", 0.0)])
 def test_eval_row_holds_empty_after_evidence(sqlite_store, update, want):
     tok = tiny_tokenizer()
@@ -243,3 +272,5 @@ def test_eval_row_holds_empty_after_evidence(sqlite_store, update, want):
     row = run_eval(sqlite_store, tiny_config(), backend=backend,
                    policy=register_policy(sqlite_store, "/m/tiny", "tiny"))
     assert row.metrics["empty_after_evidence"] == want
+    # every update of the scripted policy writes the same: it skips evidence and other first reads alike, or neither
+    assert set(row.metrics["empty_at_first_read"].values()) == {want}

@@ -14,6 +14,10 @@ Invariants:
 - ``metrics`` holds ``empty_after_evidence``: of the overwrite policy's ``memory_update`` calls made once a fact
   of the task was read (``oracle.evidence_read``), the share whose memory is empty (blank or ``(empty)``): a
   student that learned to write ``(empty)`` whatever it read. None when no call qualifies (no annotated facts);
+- ``metrics`` holds ``empty_at_first_read``: of the overwrite ``memory_update`` calls that read a chunk while
+  holding nothing, the share that write an empty memory, apart for ``evidence`` reads (a fact of the task is
+  complete in that chunk) and ``other`` reads (none is). The two apart say whether a policy tells the kinds of
+  read apart (writes the fact, skips the distractor) or only how often it skips (``first_read_skips``);
 - ``metrics`` holds what the plots group by: ``base_model``, ``context_tokens`` (mean tokens of the input:
   the chunks a task gives, up to ``max_chunks``), ``env_knobs``, and ``f1_by_category`` when the tasks have categories (LoCoMo,
   LongMemEval), each category's mean F1 under the environment's own scoring rules.
@@ -103,6 +107,24 @@ def empty_after_evidence(calls: Sequence[Invocation], task_of: dict[str, Task]) 
     return float(np.mean(flags)) if flags else None
 
 
+def first_read_skips(calls: Sequence[Invocation], task_of: dict[str, Task]) -> dict[str, float] | None:
+    """Of ``calls``' overwrite ``memory_update`` calls made with an empty memory (blank or ``EMPTY_MEMORY``)
+    on an episode whose task has facts, the share whose memory after the call is empty, per kind of read:
+    ``evidence`` when some fact with text is complete in the call's chunk, ``other`` otherwise. A kind
+    without calls is left out; None when no call qualifies."""
+    empty = ("", EMPTY_MEMORY)
+    flags: dict[str, list[bool]] = {"evidence": [], "other": []}
+    for c in calls:
+        task = task_of.get(c.episode_id)
+        if (c.kind != UPDATE or c.memory_policy != "overwrite" or c.chunk_index is None or task is None
+                or not task.facts or c.memory_before.strip() not in empty):
+            continue
+        kind = "evidence" if any(f.chunk == c.chunk_index and f.text.strip() for f in task.facts) else "other"
+        flags[kind].append(c.memory_after.strip() in empty)
+    out = {k: float(np.mean(v)) for k, v in flags.items() if v}
+    return out or None
+
+
 def _context_tokens(config: EvalConfig, episodes: Sequence[Episode], tokenizer, tasks: dict[str, Task]) -> float:
     """Mean over ``episodes`` of the tokens in the chunks each one could read (the first ``max_chunks``), as the
     environment counts them: the input length, whatever the memory policy made of it (overwrite reads every
@@ -144,7 +166,8 @@ def run_eval(
     metrics = {"base_model": policy.base_model, "context_tokens": context_tokens, "env_knobs": config.env_knobs,
                "chunk_tokens": config.chunk_tokens, "memory_tokens": config.agent.memory_tokens,
                "seed": config.seed, **call_stats(calls, tokenizer.eos_token_id),
-               "empty_after_evidence": empty_after_evidence(calls, task_of)}
+               "empty_after_evidence": empty_after_evidence(calls, task_of),
+               "empty_at_first_read": first_read_skips(calls, task_of)}
     row = summarize(result.episodes, run_id=result.run_id, policy=policy, env=config.env,
                     step=policy.step if step is None else step, metrics=metrics)
     with store.session() as s:
