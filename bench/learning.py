@@ -744,7 +744,9 @@ def plot_dynamics(bench: Bench, results: dict, path: Path) -> None:
                     ax.plot(range(1, len(ys) + 1), ys, marker="o", label=arm)
                 ax.set_title(title, fontsize=9)
                 ax.set_xlabel("step (after the warm start)", fontsize=8)
-    axes[0].legend(fontsize=7)
+    labelled = max(axes, key=lambda ax: len(ax.get_lines()))  # the RL panel has lines only when an RL arm ran
+    if labelled.get_lines():
+        labelled.legend(fontsize=7)
     fig.suptitle("Training dynamics, seed 0")
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
