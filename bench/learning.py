@@ -9,6 +9,8 @@ each of ``--seeds`` training seeds:
 
   base                  the default model, untrained (once);
   warm                  the warm start itself (the yardstick of the methods: each must add to it);
+  momentum              the null method: the warm start's carried AdamW run for the methods' steps and schedule
+                        with zero gradients (the move every method makes before its own gradient counts);
   teacher_ladder        the validated ladder teacher itself (once): how far a student could follow it;
   sft_more              SFT continued on the oracle calls;
   seqkd                 off-policy distillation: SFT on the teacher's own samples of the same tasks, each round;
@@ -65,6 +67,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +100,9 @@ from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.jobs.teacher_check import check_teacher  # noqa: E402
 from agentmem.records import Checkpoint, SamplingContext, TeacherContext  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
+from agentmem.training.checkpoints import carry_trainer_state, save_checkpoint  # noqa: E402
 from agentmem.training.dynamics import EMPTY_WARN, round_warnings  # noqa: E402
+from agentmem.training.schedule import lr_at  # noqa: E402
 from bench.common.phases import State, say  # noqa: E402
 from envs.metrics import cluster_bootstrap  # noqa: E402
 from store import repository as repo  # noqa: E402
@@ -106,10 +111,11 @@ from store.engine import open_store  # noqa: E402
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd")
-ARMS = ("base", "warm", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
+ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
+ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
-RUN_ORDER = ("warm", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
+RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
              "opd_privileged_grpo", "psd_off", "reopd")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
@@ -273,7 +279,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         unknown = sorted(set(arms) - set(ARMS))
         if unknown:
             raise SystemExit(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
-        updates["arms"] = [a for a in ARMS if a in arms or a in ("base", "warm")]
+        updates["arms"] = [a for a in ARMS if a in arms or a in ALWAYS]
     plan = Plan(**{**asdict(plan), **updates})
     if plan.steps % plan.steps_per_round:
         raise SystemExit(f"steps ({plan.steps}) must be a multiple of steps_per_round ({plan.steps_per_round})")
@@ -454,6 +460,26 @@ class Bench:
             return {"run": replayed.run_id, "f1": float("nan")}
         return self.state.once(f"data/reopd/{student.id}/{oracle_run}/{seed}", make)["run"]
 
+    def momentum(self, seed: int) -> dict:
+        """The null method: the warm start's AdamW state, carried as every method carries it, stepped for the
+        methods' ``steps`` at their schedule with zero gradients (``coast``). Every method's update starts as
+        this move; what a method adds is its difference from it."""
+        p = self.plan
+        warm = self.ckpt(self.warm("ladder", seed)["id"])
+        model, tok = models.load(warm.path, "float32", self.runtime, trainable=True)
+        params = [q for q in model.parameters() if q.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=p.lr)
+        # a plan that starts every method with a fresh AdamW has no carried state: its null move is zero
+        if p.carry_warm_optimizer and not carry_trainer_state(Path(warm.path), optimizer):
+            raise RuntimeError(f"{warm.path} kept no optimizer state to coast on")
+        coast(optimizer, [lr_at(step, p.lr, p.steps, p.warmup, LrSchedule.cosine) for step in range(p.steps)])
+        folder = save_checkpoint(self.work / "ckpt" / f"momentum-{seed}" / f"step-{p.steps:06d}", model, tok,
+                                 optimizer, p.steps)
+        with self.store.session() as s:
+            ckpt = repo.register_checkpoint(s, str(folder), warm.base_model)
+            s.commit()
+        return ckpt_json(ckpt)
+
     def sft_more(self, seed: int) -> list[dict]:
         warm = self.warm("ladder", seed)
         return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm["id"], self.plan.steps, self.plan.lr,
@@ -516,6 +542,8 @@ class Bench:
                 return [self.warm("squad", seed)]
             if arm == "teacher_ladder":  # the validated teacher itself: how far a student could follow it
                 return [ckpt_json(self.ckpt(self.teacher("ladder")))]
+            if arm == "momentum":
+                return [self.momentum(seed)]
             if arm == "sft_more":
                 return self.sft_more(seed)
             return self.on_policy(arm, seed)
@@ -566,6 +594,21 @@ class Bench:
                                     if ep.task_id in self.heldout_tasks[name]}
             out.append(first_read_skips(calls, task_of))
         return out
+
+
+def coast(optimizer: torch.optim.Optimizer, lrs: list[float]) -> None:
+    """One ``optimizer`` step per learning rate in ``lrs`` with every gradient zero: what a carried Adam state
+    alone moves the weights by (the first moment decays by beta1 a step and keeps pushing along the warm start's
+    direction; the second moment sets the scale)."""
+    params = [q for g in optimizer.param_groups for q in g["params"]]
+    for lr in lrs:
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        for q in params:
+            q.grad = torch.zeros_like(q)
+        optimizer.step()
+    for q in params:
+        q.grad = None
 
 
 def prune(folder: str, weights: bool) -> None:
@@ -676,6 +719,9 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("aligned_minus_persistent_update (context on update calls only)", d("opd_aligned", "opd_persistent_update")),
         ("aligned_minus_persistent_answer (context on answer calls only)", d("opd_aligned", "opd_persistent_answer")),
         ("opd_rl_minus_rl", d("opd_grpo", "grpo")),
+        ("rl_minus_momentum (the RL term against the warm start's momentum alone)", d("grpo", "momentum")),
+        ("aligned_minus_momentum (the teacher term against the warm start's momentum alone)", d("opd_aligned", "momentum")),
+        ("momentum_minus_warm (what the carried AdamW state alone does)", d("momentum", "warm")),
         ("privileged_rl_minus_rl (the privileged teacher's term beside the RL term, against the RL term alone)",
          d("opd_privileged_grpo", "grpo")),
         ("privileged_minus_warm (the privileged teacher's term alone)", d("opd_privileged", "warm")),
@@ -951,7 +997,8 @@ def main() -> None:
                          "threads); 2 on 2 cores: small-batch steps use a second core poorly, a second arm well")
     ap.add_argument("--seeds", type=int, help="training seeds (default: 3, or 1 with --quick)")
     ap.add_argument("--steps", type=int, help="method steps after the warm start")
-    ap.add_argument("--arms", help="comma-separated subset (base and warm are always run): " + ", ".join(ARMS))
+    ap.add_argument("--arms", help="comma-separated subset (base, warm and momentum, the yardsticks, always run): "
+                    + ", ".join(ARMS))
     ap.add_argument("--lr", type=float, help="peak learning rate of every arm after the warm start (default 2e-5)")
     ap.add_argument("--warm-steps", type=int, help="SFT steps of the warm start (default 16)")
     ap.add_argument("--warm-lr", type=float, help="peak learning rate of the warm start and the teacher (default 5e-5)")

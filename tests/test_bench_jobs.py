@@ -81,7 +81,7 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     two = _run(tmp_path / "two", "--jobs", "2", "--teacher-min-confidence", "0.5")
     evals = sorted(k for k in one if k.startswith("eval/"))
     assert evals == sorted(k for k in two if k.startswith("eval/"))
-    assert {"eval/base/0/11", "eval/warm/0/11", "eval/opd_aligned/0/11", "eval/grpo/0/10",
+    assert {"eval/base/0/11", "eval/warm/0/11", "eval/momentum/0/10", "eval/opd_aligned/0/11", "eval/grpo/0/10",
             "eval/seqkd/0/10"} <= set(evals)
     for k in evals:  # the same greedy F1 per question, and the same output statistics
         assert one[k]["scores"] == two[k]["scores"], k
@@ -201,3 +201,35 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
     assert len(privileged_evals) == 2  # the smoke plan's two candidates, each validated under the splice
     assert all(privileged_calls.get(r, 0) > 0 for r in privileged_evals)
     assert not any(privileged_calls.get(r, 0) for context, r in evals if context == "aligned")
+
+
+def test_coast_moves_the_weights_by_the_carried_adam_moments_alone():
+    """``coast`` (the momentum arm): with every gradient zero, AdamW step t moves a weight by
+    -lr_t * (beta1^t m / (1 - beta1^(s+t))) / (sqrt(beta2^t v / (1 - beta2^(s+t))) + eps) from the carried state
+    (m, v, s steps): exact in float64. A fresh optimizer (no state) does not move at all."""
+    import torch
+
+    import bench.learning as learning
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    opt = torch.optim.AdamW([w], lr=1e-2, weight_decay=0.0)
+    for _ in range(3):  # a carried state: three real steps
+        w.grad = torch.randn(5, dtype=torch.float64)
+        opt.step()
+    state = opt.state[w]
+    m, v, s = state["exp_avg"].clone(), state["exp_avg_sq"].clone(), int(state["step"])
+    start = w.detach().clone()
+    lrs = [2e-5, 1.5e-5, 1e-5, 2e-6]
+    learning.coast(opt, lrs)
+    (b1, b2), eps = opt.param_groups[0]["betas"], opt.param_groups[0]["eps"]
+    want = start.clone()
+    for t, lr in enumerate(lrs, start=1):
+        mt, vt = m * b1**t, v * b2**t
+        want -= lr * (mt / (1 - b1 ** (s + t))) / ((vt / (1 - b2 ** (s + t))).sqrt() + eps)
+    assert torch.allclose(w.detach(), want, rtol=1e-12, atol=0)
+    assert not torch.equal(w.detach(), start) and w.grad is None
+    fresh = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    before = fresh.detach().clone()
+    learning.coast(torch.optim.AdamW([fresh], lr=1e-2, weight_decay=0.0), lrs)
+    assert torch.equal(fresh.detach(), before)
