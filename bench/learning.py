@@ -575,7 +575,6 @@ class Bench:
             return out
         return self.state.once(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}", make)
 
-
     def first_reads(self, evals: list[dict]) -> list[dict[str, float] | None]:
         """Per seed's evaluation: ``first_read_skips`` over its held-out ladder calls (every level together),
         read back from the store, so folders evaluated before the metric existed report it too."""
