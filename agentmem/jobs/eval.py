@@ -26,7 +26,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -97,13 +97,24 @@ def call_stats(calls: Sequence[Invocation], eos_id: int | None) -> dict[str, Any
             "out_len_by_kind": {k: stats[f"out_len/{k}"] for k in kinds}}
 
 
+def _blank(memory: str) -> bool:
+    """A memory that holds nothing: blank, or ``EMPTY_MEMORY`` as the prompt renders it."""
+    return memory.strip() in ("", EMPTY_MEMORY)
+
+
+def _overwrite_updates(calls: Sequence[Invocation], task_of: dict[str, Task]) -> Iterator[tuple[Invocation, Task]]:
+    """``calls``' overwrite ``memory_update`` calls with a chunk and a known task, each with that task."""
+    for c in calls:
+        if c.kind == UPDATE and c.memory_policy == "overwrite" and c.chunk_index is not None and c.episode_id in task_of:
+            yield c, task_of[c.episode_id]
+
+
 def empty_after_evidence(calls: Sequence[Invocation], task_of: dict[str, Task]) -> float | None:
     """Of ``calls``' overwrite ``memory_update`` calls made once a fact of their episode's task was read, the
     share whose memory after the call is empty (blank or ``EMPTY_MEMORY``). ``task_of`` maps an episode id to
     its task. None when no call qualifies."""
-    flags = [c.memory_after.strip() in ("", EMPTY_MEMORY) for c in calls
-             if c.kind == UPDATE and c.memory_policy == "overwrite" and c.chunk_index is not None
-             and c.episode_id in task_of and evidence_read(task_of[c.episode_id].facts, c.chunk_index)]
+    flags = [_blank(c.memory_after) for c, task in _overwrite_updates(calls, task_of)
+             if evidence_read(task.facts, c.chunk_index)]
     return float(np.mean(flags)) if flags else None
 
 
@@ -112,15 +123,11 @@ def first_read_skips(calls: Sequence[Invocation], task_of: dict[str, Task]) -> d
     on an episode whose task has facts, the share whose memory after the call is empty, per kind of read:
     ``evidence`` when some fact with text is complete in the call's chunk, ``other`` otherwise. A kind
     without calls is left out; None when no call qualifies."""
-    empty = ("", EMPTY_MEMORY)
     flags: dict[str, list[bool]] = {"evidence": [], "other": []}
-    for c in calls:
-        task = task_of.get(c.episode_id)
-        if (c.kind != UPDATE or c.memory_policy != "overwrite" or c.chunk_index is None or task is None
-                or not task.facts or c.memory_before.strip() not in empty):
-            continue
-        kind = "evidence" if any(f.chunk == c.chunk_index and f.text.strip() for f in task.facts) else "other"
-        flags[kind].append(c.memory_after.strip() in empty)
+    for c, task in _overwrite_updates(calls, task_of):
+        if task.facts and _blank(c.memory_before):
+            kind = "evidence" if any(f.chunk == c.chunk_index and f.text.strip() for f in task.facts) else "other"
+            flags[kind].append(_blank(c.memory_after))
     out = {k: float(np.mean(v)) for k, v in flags.items() if v}
     return out or None
 
