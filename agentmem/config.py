@@ -465,6 +465,11 @@ class DistillConfig(Frozen):
     carry_optimizer: bool = False
     """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
     carried from round to round)."""
+    carry_first_moment: bool = True
+    """With carry_optimizer: also carry AdamW's first moment (its running mean of the earlier job's
+    gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step count: the
+    carried state sets each weight's step size but pushes along no earlier direction (train: round 1 only,
+    the one that starts from --init or the warm start; later rounds carry their own)."""
     reward: RewardKind = RewardKind.f1
     """Episode reward of the RL term: f1 (the stored reward), sub_em (a gold answer inside the prediction) or
     max_f1_sub_em (their maximum)."""
@@ -604,6 +609,7 @@ class DistillConfig(Frozen):
                 or any(self.loss_terms.values())):
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"
                              " ce_weight, anchor_weight or a loss_terms weight")
+        _first_moment_needs_carry(self.carry_optimizer, self.carry_first_moment)
         return self
 
     @property
@@ -613,6 +619,12 @@ class DistillConfig(Frozen):
     @property
     def effective_rl_weight(self) -> float:
         return self.rl_weight if self.rl is RLKind.grpo else 0.0
+
+
+def _first_moment_needs_carry(carry_optimizer: bool, carry_first_moment: bool) -> None:
+    if not carry_first_moment and not carry_optimizer:
+        raise ValueError("carry_first_moment=False drops the first moment of a carried AdamW state: it needs "
+                         "carry_optimizer (give --carry-optimizer, or leave out --no-carry-first-moment)")
 
 
 class ReplayConfig(Frozen):
@@ -724,6 +736,10 @@ class SftConfig(Frozen):
     """Start AdamW from the state saved in the student's checkpoint folder (an earlier sft's or distill's),
     when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
     of size lr on every weight. Full-parameter training only (not with lora_rank)."""
+    carry_first_moment: bool = True
+    """With carry_optimizer: also carry AdamW's first moment (its running mean of the earlier job's
+    gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step count: the
+    carried state sets each weight's step size but pushes along no earlier direction."""
     # privileged: the model learns the stored outputs under the privileged message (gold answer and evidence)
     # spliced before each prompt, exactly what the ``privileged`` teacher context reads: a privileged teacher
     # fine-tuned in its own context. Never a student's recipe: a student reads only its own prompt
@@ -745,6 +761,11 @@ class SftConfig(Frozen):
                              "(leave out --lora-rank or --carry-optimizer)")
         return value
 
+    @model_validator(mode="after")
+    def _first_moment(self) -> SftConfig:
+        _first_moment_needs_carry(self.carry_optimizer, self.carry_first_moment)
+        return self
+
     def distill_config(self) -> DistillConfig:
         """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
         (plus the anchor term when ``anchor_weight > 0``)."""
@@ -756,7 +777,7 @@ class SftConfig(Frozen):
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
             save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
             oversize=self.oversize, dtype=self.dtype, anchor_weight=self.anchor_weight,
-            carry_optimizer=self.carry_optimizer)
+            carry_optimizer=self.carry_optimizer, carry_first_moment=self.carry_first_moment)
 
 
 class WarmStartConfig(SftConfig):
@@ -842,6 +863,9 @@ class TrainConfig(Frozen):
         # round's; in round 1 the warm start's or --init's (a base model folder keeps none: a fresh AdamW, whose
         # first step moves every weight by about lr; carrying the warm start's took the first step's KL to the
         # start from 0.24 to 0.015 in the learning benchmark, docs/learning.md)
+        # carry_first_moment concerns round 1's start only (the warm start's or --init's moments, another job's
+        # direction); from round 2 on the moments carried are this loop's own
+        first_moment = self.distill.carry_first_moment or round_index > 0
         return rollout, self.distill.model_copy(update={
             "student": policy_id, "seed": seed, "schedule_offset": round_index * steps,
-            "schedule_steps": self.rounds * steps})
+            "schedule_steps": self.rounds * steps, "carry_first_moment": first_moment})

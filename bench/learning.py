@@ -172,6 +172,10 @@ class Plan:
     # every method after the warm start goes on with the warm start's AdamW state (moments and step count) instead
     # of a fresh one, whose first step moves every weight by about the learning rate whatever its gradient
     carry_warm_optimizer: bool = True
+    # False: the carried state's first moment (the warm start's running mean of SFT gradients) starts at zero, its
+    # second moment and step count kept, so the null move is zero and a method's update is its own gradients'
+    # (session 34: with it carried, much of every method's move was the warm start's momentum)
+    carry_warm_first_moment: bool = True
     chunk_tokens: int = 128
     memory_tokens: int = 48
     # SQuAD arms: single-paragraph reading (the gold paragraph alone) with room for a whole evidence sentence
@@ -218,6 +222,12 @@ class Plan:
     def rounds(self) -> int:
         return self.steps // self.steps_per_round
 
+    @property
+    def coasts(self) -> bool:
+        """Whether the warm start's carried state moves the weights with zero gradients (the momentum arm's
+        null move is non-zero): only when its first moment is carried."""
+        return self.carry_warm_optimizer and self.carry_warm_first_moment
+
     def agent(self, temperature: float, seed: int, domain: str = "ladder") -> AgentConfig:
         memory = self.squad_memory_tokens if domain == "squad" else self.memory_tokens
         return AgentConfig(memory_tokens=memory, answer_max_new_tokens=self.answer_tokens,
@@ -253,7 +263,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("teacher_min_confidence", args.teacher_min_confidence),
                                        ("rl_kd_weight", args.rl_kd_weight),
                                        ("privileged_teacher_sft", args.privileged_teacher_sft),
-                                       ("carry_warm_optimizer", args.carry_warm_optimizer)) if v is not None}
+                                       ("carry_warm_optimizer", args.carry_warm_optimizer),
+                                       ("carry_warm_first_moment", args.carry_warm_first_moment)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -281,6 +292,9 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
             raise SystemExit(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
         updates["arms"] = [a for a in ARMS if a in arms or a in ALWAYS]
     plan = Plan(**{**asdict(plan), **updates})
+    if not plan.carry_warm_first_moment and not plan.carry_warm_optimizer:
+        raise SystemExit("--no-carry-warm-first-moment drops the first moment of the carried warm-start AdamW state: "
+                         "it needs the state carried (leave out --no-carry-warm-optimizer)")
     if plan.steps % plan.steps_per_round:
         raise SystemExit(f"steps ({plan.steps}) must be a multiple of steps_per_round ({plan.steps_per_round})")
     if not plan.squad:
@@ -369,10 +383,10 @@ class Bench:
         return out
 
     def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int, calls: int,
-            save_every: int | None = None, carry: bool = False,
+            save_every: int | None = None, carry: bool = False, first_moment: bool = True,
             context: SamplingContext = SamplingContext.aligned) -> list[dict]:
         config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
-                           context=context,
+                           carry_first_moment=first_moment or not carry, context=context,
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
@@ -463,14 +477,17 @@ class Bench:
     def momentum(self, seed: int) -> dict:
         """The null method: the warm start's AdamW state, carried as every method carries it, stepped for the
         methods' ``steps`` at their schedule with zero gradients (``coast``). Every method's update starts as
-        this move; what a method adds is its difference from it."""
+        this move; what a method adds is its difference from it. When nothing moves with zero gradients (no
+        first moment carried: ``Plan.coasts``) it is the warm start's checkpoint itself, evaluated once."""
         p = self.plan
-        warm = self.ckpt(self.warm("ladder", seed)["id"])
+        warm_json = self.warm("ladder", seed)
+        if not p.coasts:
+            return warm_json
+        warm = self.ckpt(warm_json["id"])
         model, tok = models.load(warm.path, "float32", self.runtime, trainable=True)
         params = [q for q in model.parameters() if q.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=p.lr)
-        # a plan that starts every method with a fresh AdamW has no carried state: its null move is zero
-        if p.carry_warm_optimizer and not carry_trainer_state(Path(warm.path), optimizer):
+        if not carry_trainer_state(Path(warm.path), optimizer):
             raise RuntimeError(f"{warm.path} kept no optimizer state to coast on")
         coast(optimizer, [lr_at(step, p.lr, p.steps, p.warmup, LrSchedule.cosine) for step in range(p.steps)])
         folder = save_checkpoint(self.work / "ckpt" / f"momentum-{seed}" / f"step-{p.steps:06d}", model, tok,
@@ -483,7 +500,8 @@ class Bench:
     def sft_more(self, seed: int) -> list[dict]:
         warm = self.warm("ladder", seed)
         return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm["id"], self.plan.steps, self.plan.lr,
-                        seed, self.plan.calls_per_step, carry=self.plan.carry_warm_optimizer)[-1:]
+                        seed, self.plan.calls_per_step, carry=self.plan.carry_warm_optimizer,
+                        first_moment=self.plan.carry_warm_first_moment)[-1:]
 
     def on_policy(self, arm: str, seed: int) -> list[dict]:
         """Rounds of (rollout of the current student on fresh training tasks, ``steps_per_round`` distill
@@ -515,6 +533,7 @@ class Bench:
                 invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
                 schedule_offset=r * p.steps_per_round, schedule_steps=p.steps,
                 carry_optimizer=r > 0 or p.carry_warm_optimizer,
+                carry_first_moment=r > 0 or p.coasts or not p.carry_warm_optimizer,
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
@@ -548,13 +567,23 @@ class Bench:
                 return self.sft_more(seed)
             return self.on_policy(arm, seed)
         ckpts = self.state.once(f"arm/{arm}/{seed}", make)
-        if not (arm in ("warm", "squad_warm") and self.plan.carry_warm_optimizer):  # the methods go on from it
+        # the methods go on from the warm start's optimizer state (and a momentum arm that did not move is the warm start)
+        warm_start = arm in ("warm", "squad_warm") or (arm == "momentum" and not self.plan.coasts)
+        if not (warm_start and self.plan.carry_warm_optimizer):
             prune(ckpts[-1]["path"], weights=False)  # the optimizer state of a finished arm is never read again
         return {"final": ckpts[-1], "distill_runs": [c["distill_run"] for c in ckpts if "distill_run" in c]}
 
     def evaluate(self, arm: str, seed: int, ckpt: Checkpoint, ladder: bool, real: bool) -> dict:
         """Per component: F1 per question (sorted by task id, so arms pair up) and the greedy empty-output
         rate per call kind."""
+        key = f"eval/{arm}/{seed}/{int(ladder)}{int(real)}"
+        if arm == "momentum" and not self.plan.coasts:  # the warm start's own checkpoint: its evaluation, read once
+            def same() -> dict:
+                warm = self.evaluate("warm", seed, ckpt, *arm_flags("warm"))
+                names = {n for n, _ in self.heldout_sets(real) if ladder or not n.startswith("level")}
+                return {part: {n: v for n, v in values.items() if n in names} for part, values in warm.items()}
+            return self.state.once(key, same)
+
         def make() -> dict:
             say(f"evaluate {arm} seed {seed}")
             dtype = self.eval_dtype()
@@ -573,7 +602,7 @@ class Bench:
                 out["forgot"][name] = row.metrics.get("empty_after_evidence")
                 out["runs"][name] = row.run_id
             return out
-        return self.state.once(f"eval/{arm}/{seed}/{int(ladder)}{int(real)}", make)
+        return self.state.once(key, make)
 
     def first_reads(self, evals: list[dict]) -> list[dict[str, float] | None]:
         """Per seed's evaluation: ``first_read_skips`` over its held-out ladder calls (every level together),
@@ -750,7 +779,12 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
             "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
             "non-zero advantage over every step. Teacher gated: the share of the teacher term's token weight that "
-            "`teacher_min_confidence` left out, mean over the steps.\n\n## First reads (does a student tell evidence "
+            "`teacher_min_confidence` left out, mean over the steps. "
+            + ("Momentum: the warm start's carried AdamW stepped with zero gradients (the move every method makes "
+               "before its own gradient counts)." if p.coasts else
+               "Momentum is the warm start itself: no first moment is carried, so the carried state moves nothing "
+               "with zero gradients and every method's move is its own gradients'.")
+            + "\n\n## First reads (does a student tell evidence "
             f"from a distractor?)\n\n{reads_table}\n\nOf the held-out update calls (levels together) that read a "
             "chunk while holding nothing, the share that write an empty memory: evidence reads (a fact of the task is in "
             "the chunk) / other reads (`agentmem eval`'s `empty_at_first_read`). Both low: writes whatever it reads; both "
@@ -923,6 +957,9 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
     if uses_teacher(kind):
         key = teacher_key(bench.plan, kind)
         out[f"teacher/{key}/pick"] = ("teacher", key)
+    if kind == "momentum" and not bench.plan.coasts:  # it reads the warm start's evaluation (Bench.evaluate)
+        ladder, real = arm_flags("warm")
+        out[f"eval/warm/{arg}/{int(ladder)}{int(real)}"] = ("warm", arg)
     return out
 
 
@@ -1006,6 +1043,10 @@ def main() -> None:
     ap.add_argument("--carry-warm-optimizer", action=argparse.BooleanOptionalAction, default=None,
                     help="every method goes on with the warm start's AdamW state (default on); --no-carry-warm-optimizer "
                          "starts each with a fresh AdamW, whose first step moves every weight by about the lr")
+    ap.add_argument("--carry-warm-first-moment", action=argparse.BooleanOptionalAction, default=None,
+                    help="with the warm start's AdamW state carried, carry its first moment too (default on); "
+                         "--no-carry-warm-first-moment starts it at zero and keeps the second moment and step count, "
+                         "so a method's update is its own gradients' and the momentum arm does not move")
     ap.add_argument("--teacher-temperature", type=float,
                     help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
                          "target leans to the teacher's greedy choice)")

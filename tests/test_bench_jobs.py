@@ -203,6 +203,28 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
     assert not any(privileged_calls.get(r, 0) for context, r in evals if context == "aligned")
 
 
+@pytest.mark.bench_smoke
+def test_without_the_first_moment_momentum_is_the_warm_start(tmp_path):
+    """``--no-carry-warm-first-moment``: the methods' first round carries the warm start's AdamW without its first
+    moment (later rounds carry their own), and the momentum arm, which would not move, is the warm start's
+    checkpoint with the warm start's own scores (evaluated once), the warm start's optimizer state kept."""
+    phases = _run(tmp_path, "--jobs", "2", "--no-carry-warm-first-moment")
+    warm = phases["warm/ladder/0"]
+    assert phases["arm/momentum/0"] == [warm]
+    assert (Path(warm["path"]) / "trainer_state.pt").is_file()
+    levels = phases["eval/momentum/0/10"]
+    assert set(levels["scores"]) == {"level1", "level2"}
+    for part, values in levels.items():
+        assert values == {k: v for k, v in phases["eval/warm/0/11"][part].items() if k in levels["scores"]}, part
+    with sqlite3.connect(tmp_path / "learning.db") as db:
+        carried = sorted((json.loads(c)["schedule_offset"], json.loads(c)["carry_optimizer"],
+                          json.loads(c)["carry_first_moment"])
+                         for (c,) in db.execute("select config from runs where kind = 'distill'"))
+    # three on-policy arms, two rounds each: round 1 (offset 0) without the first moment, round 2 with its own
+    assert carried == [(0, True, False)] * 3 + [(1, True, True)] * 3
+    assert "Momentum is the warm start itself" in (tmp_path / "learning.md").read_text()
+
+
 def test_coast_moves_the_weights_by_the_carried_adam_moments_alone():
     """``coast`` (the momentum arm): with every gradient zero, AdamW step t moves a weight by
     -lr_t * (beta1^t m / (1 - beta1^(s+t))) / (sqrt(beta2^t v / (1 - beta2^(s+t))) + eps) from the carried state

@@ -78,6 +78,63 @@ def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # 
     assert len(changed) == len(results[True])
 
 
+def test_carry_without_first_moment_moves_by_the_new_gradients_alone(tmp_path):
+    """``carry_trainer_state(first_moment=False)``: AdamW's running mean of the earlier gradients is zeroed,
+    its second moment and step count kept. A zero gradient then moves nothing (the fully carried state moves
+    along the earlier direction), and a step with gradient g is exactly the gradient part of the fully carried
+    step: -lr (1-b1) g / (1-b1^(s+1)) / (sqrt((b2 v + (1-b2) g^2) / (1-b2^(s+1))) + eps), in float64."""
+    from agentmem.training.checkpoints import TRAINER_STATE, carry_trainer_state
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(6, dtype=torch.float64))
+    opt = torch.optim.AdamW([w], lr=1e-2, weight_decay=0.0)
+    for _ in range(3):
+        w.grad = torch.randn(6, dtype=torch.float64)
+        opt.step()
+    torch.save({"optimizer": opt.state_dict(), "step": 3}, tmp_path / TRAINER_STATE)
+    v, s = opt.state[w]["exp_avg_sq"].clone(), int(opt.state[w]["step"])
+
+    def carried(first_moment: bool) -> tuple[torch.nn.Parameter, torch.optim.Optimizer]:
+        q = torch.nn.Parameter(w.detach().clone())
+        o = torch.optim.AdamW([q], lr=1e-2, weight_decay=0.0)
+        assert carry_trainer_state(tmp_path, o, first_moment=first_moment)
+        return q, o
+
+    q, o = carried(False)
+    state = o.state[q]
+    assert not state["exp_avg"].any() and torch.equal(state["exp_avg_sq"], v) and int(state["step"]) == s
+    start = q.detach().clone()
+    q.grad = torch.zeros_like(q)
+    o.step()
+    assert torch.equal(q.detach(), start)  # no carried push
+    full, fo = carried(True)
+    full.grad = torch.zeros_like(full)
+    fo.step()
+    assert not torch.equal(full.detach(), start)  # the fully carried state coasts
+
+    q, o = carried(False)
+    g = torch.randn(6, dtype=torch.float64)
+    q.grad = g.clone()
+    o.step()
+    (b1, b2), eps, lr = o.param_groups[0]["betas"], o.param_groups[0]["eps"], 1e-2
+    v_hat = (b2 * v + (1 - b2) * g**2) / (1 - b2 ** (s + 1))
+    want = w.detach() - lr * ((1 - b1) * g / (1 - b1 ** (s + 1))) / (v_hat.sqrt() + eps)
+    assert torch.allclose(q.detach(), want, rtol=1e-12, atol=0)
+
+
+def test_first_moment_choice_needs_a_carried_state_and_concerns_round_one():
+    from agentmem.config import DistillConfig, SftConfig
+
+    with pytest.raises(ValueError, match="needs carry_optimizer"):
+        SftConfig(run_ids=["r"], student="s", carry_first_moment=False)
+    with pytest.raises(ValueError, match="needs carry_optimizer"):
+        DistillConfig(run_ids=["r"], ce_weight=1.0, carry_first_moment=False)
+    sft = SftConfig(run_ids=["r"], student="s", carry_optimizer=True, carry_first_moment=False)
+    assert sft.distill_config().carry_first_moment is False
+    loop = TrainConfig(rounds=3, distill=TrainConfig().distill.model_copy(update={"carry_first_moment": False}))
+    assert [loop.round_configs(r, "p")[1].carry_first_moment for r in range(3)] == [False, True, True]
+
+
 def test_reward_choices():
     e = Episode(run_id="r", env="e", task_id="t", question="q", reward=0.4, f1=0.4, sub_em=1.0)
     assert episode_reward(e, RewardKind.f1) == 0.4

@@ -176,6 +176,13 @@ def test_carried_optimizer_makes_one_plus_one_equal_two(stored, tmp_path):
     for name in p:
         torch.testing.assert_close(p[name], q[name], atol=1e-6, rtol=0, msg=name)
     assert sum(not torch.allclose(p[n], r[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
+    # the carried second moment without the first: the carried scale, no push along step 1's direction, so it
+    # lands neither where the fully carried step does nor where a fresh AdamW's does
+    scaled = run_sft(store, sft_config(run_id, start, tmp_path, steps=1, carry_optimizer=True, carry_first_moment=False))
+    u = AutoModelForCausalLM.from_pretrained(scaled.last_checkpoint.path).state_dict()
+    assert scaled.history[0].loss == pytest.approx(carried.history[0].loss, abs=1e-6)  # the same start and calls
+    assert sum(not torch.allclose(q[n], u[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
+    assert sum(not torch.allclose(r[n], u[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
     with pytest.raises(ValueError, match="cannot start LoRA adapters"):
         sft_config(run_id, start, tmp_path, carry_optimizer=True, lora_rank=4)
 

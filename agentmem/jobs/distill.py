@@ -149,4 +149,5 @@ def run_distill(
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     return train(store, RunKind.distill, config, runtime, resumed,
                  lambda: models or load_models(store, config, runtime, resumed.checkpoint, refs), config,
-                 carry_optimizer=config.carry_optimizer, on_start=on_start, on_step=on_step, report_to=report_to)
+                 carry_optimizer=config.carry_optimizer, carry_first_moment=config.carry_first_moment,
+                 on_start=on_start, on_step=on_step, report_to=report_to)

@@ -88,6 +88,6 @@ def run_sft(
         raise ConfigError("--fsdp with --lora-rank is not supported: train LoRA with DDP (leave out --fsdp)")
     return train(store, RunKind.sft, config, runtime, resumed,
                  lambda: load_student(store, config, runtime, ref, resumed.checkpoint), config.distill_config(),
-                 selection=selection, carry_optimizer=config.carry_optimizer, student_context=config.context,
-                 on_start=on_start, on_step=on_step,
-                 report_to=report_to)
+                 selection=selection, carry_optimizer=config.carry_optimizer,
+                 carry_first_moment=config.carry_first_moment, student_context=config.context,
+                 on_start=on_start, on_step=on_step, report_to=report_to)

@@ -108,6 +108,7 @@ def train(
     *,
     selection: Selection | None = None,
     carry_optimizer: bool = False,
+    carry_first_moment: bool = True,
     student_context: SamplingContext = SamplingContext.aligned,
     on_start: Callable[[int, int], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
@@ -117,7 +118,8 @@ def train(
     build a ``Trainer`` on ``trainer_config`` (and ``selection``: the calls, when the job chose them), restore
     its state from ``resumed.checkpoint`` (``load`` must give the student with its weights), and run steps
     ``done + 1 .. config.steps``. ``carry_optimizer``: a new run takes the optimizer state its starting
-    checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``). ``student_context``: the
+    checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``), its first moment zeroed unless
+    ``carry_first_moment``. ``student_context``: the
     prompt the student trains under (``SftConfig.context``). ``on_start(steps, done)`` and ``on_step`` report progress;
     ``report_to`` are trackers (rank 0 only), under ``<config.out>/<run id>``."""
     from agentmem.training.checkpoints import carry_trainer_state, load_objective_state, load_trainer_state
@@ -135,7 +137,8 @@ def train(
             trainer.objective.load_state_dict(load_objective_state(folder))
             parent = resumed.checkpoint
         elif carry_optimizer:
-            carry_trainer_state(Path(models.student_checkpoint.path), trainer.optimizer, models.student)
+            carry_trainer_state(Path(models.student_checkpoint.path), trainer.optimizer, models.student,
+                                first_moment=carry_first_moment)
         if on_start:
             on_start(config.steps, done)
         with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:

@@ -113,16 +113,25 @@ def _restore(state: dict, folder: Path, optimizer: torch.optim.Optimizer, model:
     return int(state["step"])
 
 
-def carry_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> bool:
+def carry_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None,
+                        first_moment: bool = True) -> bool:
     """Start ``optimizer`` from the state a checkpoint folder kept, when it kept a full-parameter one; False
     (nothing loaded) for a folder without a state (a base model) or with a LoRA run's (adapters only: it does
-    not fit a full-parameter optimizer)."""
+    not fit a full-parameter optimizer). ``first_moment=False`` zeroes AdamW's running mean of gradients
+    (``exp_avg``) and keeps its second moment and step count: with zero gradients the optimizer then moves
+    nothing, and each update is the new gradients' alone, scaled as the carried state scales it (the bias
+    correction of the carried step count is the one a carried first moment's gradient part had)."""
     if not has_trainer_state(folder):
         return False
     state = _state(folder)
     if "adapter" in state:
         return False
     _restore(state, folder, optimizer, model)
+    if not first_moment:
+        for param_state in optimizer.state.values():
+            if "exp_avg" not in param_state:
+                raise TrainingError(f"{folder}: the carried optimizer state has no first moment (exp_avg) to zero")
+            param_state["exp_avg"].zero_()
     return True
 
 
