@@ -466,10 +466,11 @@ class DistillConfig(Frozen):
     """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
     carried from round to round)."""
     carry_first_moment: bool = True
-    """With carry_optimizer: also carry AdamW's first moment (its running mean of the earlier job's
-    gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step count: the
-    carried state sets each weight's step size but pushes along no earlier direction (train: round 1 only,
-    the one that starts from --init or the warm start; later rounds carry their own)."""
+    """With carry_optimizer (without it, no state is carried and this is moot): also carry AdamW's first
+    moment (its running mean of the earlier job's gradients). --no-carry-first-moment starts it at zero and
+    keeps the second moment and step count: the carried state sets each weight's step size but pushes along no
+    earlier direction (train: round 1 only, the one that starts from --init or the warm start, and off by
+    default there; later rounds carry their own)."""
     reward: RewardKind = RewardKind.f1
     """Episode reward of the RL term: f1 (the stored reward), sub_em (a gold answer inside the prediction) or
     max_f1_sub_em (their maximum)."""
@@ -609,7 +610,6 @@ class DistillConfig(Frozen):
                 or any(self.loss_terms.values())):
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"
                              " ce_weight, anchor_weight or a loss_terms weight")
-        _first_moment_needs_carry(self.carry_optimizer, self.carry_first_moment)
         return self
 
     @property
@@ -619,12 +619,6 @@ class DistillConfig(Frozen):
     @property
     def effective_rl_weight(self) -> float:
         return self.rl_weight if self.rl is RLKind.grpo else 0.0
-
-
-def _first_moment_needs_carry(carry_optimizer: bool, carry_first_moment: bool) -> None:
-    if not carry_first_moment and not carry_optimizer:
-        raise ValueError("carry_first_moment=False drops the first moment of a carried AdamW state: it needs "
-                         "carry_optimizer (give --carry-optimizer, or leave out --no-carry-first-moment)")
 
 
 class ReplayConfig(Frozen):
@@ -737,9 +731,9 @@ class SftConfig(Frozen):
     when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
     of size lr on every weight. Full-parameter training only (not with lora_rank)."""
     carry_first_moment: bool = True
-    """With carry_optimizer: also carry AdamW's first moment (its running mean of the earlier job's
-    gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step count: the
-    carried state sets each weight's step size but pushes along no earlier direction."""
+    """With carry_optimizer (without it, moot): also carry AdamW's first moment (its running mean of the
+    earlier job's gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step
+    count: the carried state sets each weight's step size but pushes along no earlier direction."""
     # privileged: the model learns the stored outputs under the privileged message (gold answer and evidence)
     # spliced before each prompt, exactly what the ``privileged`` teacher context reads: a privileged teacher
     # fine-tuned in its own context. Never a student's recipe: a student reads only its own prompt
@@ -760,11 +754,6 @@ class SftConfig(Frozen):
             raise ValueError("carry_optimizer restores a full-parameter AdamW state: it cannot start LoRA adapters "
                              "(leave out --lora-rank or --carry-optimizer)")
         return value
-
-    @model_validator(mode="after")
-    def _first_moment(self) -> SftConfig:
-        _first_moment_needs_carry(self.carry_optimizer, self.carry_first_moment)
-        return self
 
     def distill_config(self) -> DistillConfig:
         """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
@@ -812,13 +801,15 @@ def _train_distill() -> DistillConfig:
     # privileged: the same base model sees the gold answer and evidence, so one small model runs the loop;
     # skip: a call over the row budget is left out and counted, never cut (train_steps.metrics).
     # the stable recipe (docs/learning.md): fresh rollouts every 2 steps, one warmup + cosine schedule over
-    # all rounds, AdamW's moments carried across rounds, a reward with variance for a small model; forward
+    # all rounds, AdamW's moments carried across rounds (round 1 takes the warm start's scale without its first
+    # moment: the SFT's momentum is another objective's direction), a reward with variance for a small model; forward
     # KL at 5e-5 (reverse KL drove every memory update to `(empty)` in one step; at 1e-5 the student barely
     # moved from its warm start)
     return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
                          teacher_truncation=TeacherTruncation.left, packing=Packing.shared_prefix, lr=5e-5,
                          loss=Divergence.forward_kl,
                          warmup_steps=1, schedule=LrSchedule.cosine, carry_optimizer=True,
+                         carry_first_moment=False,
                          reward=RewardKind.max_f1_sub_em, monitor_start_kl=True)
 
 

@@ -386,7 +386,7 @@ class Bench:
             save_every: int | None = None, carry: bool = False, first_moment: bool = True,
             context: SamplingContext = SamplingContext.aligned) -> list[dict]:
         config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
-                           carry_first_moment=first_moment or not carry, context=context,
+                           carry_first_moment=first_moment, context=context,
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)

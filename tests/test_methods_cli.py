@@ -122,14 +122,15 @@ def test_train_recipe_flags_reach_the_config(captured):
     assert config.warm_start is not None and config.warm_start.run_ids == ["oracle1"] and config.warm_start.steps == 3
     assert (d.student, d.schedule, d.warmup_steps, d.carry_optimizer, d.reward, d.steps, d.lr) == (
         "ckpt9", LrSchedule.constant, 0, False, RewardKind.sub_em, 3, 3e-6)
-    assert d.carry_first_moment is True
-    result = invoke("train", "--init", "ckpt9", "--no-carry-first-moment")
+    assert d.carry_first_moment is False  # the recipe's default (moot here, with nothing carried)
+    result = invoke("train", "--init", "ckpt9", "--carry-first-moment")
     assert isinstance(result.exception, Called), result.output
-    assert captured["train"].distill.carry_first_moment is False and captured["train"].distill.carry_optimizer
+    assert captured["train"].distill.carry_first_moment is True and captured["train"].distill.carry_optimizer
     assert config.rollout.agent.answer_max_new_tokens == 20 and config.teacher_check_episodes == 0
     assert isinstance(invoke("train").exception, Called)
     plain, recipe = captured["train"], TrainConfig()
-    for field in ("lr", "warmup_steps", "schedule", "carry_optimizer", "reward", "steps", "monitor_start_kl"):
+    for field in ("lr", "warmup_steps", "schedule", "carry_optimizer", "carry_first_moment", "reward", "steps",
+                  "monitor_start_kl"):
         assert getattr(plain.distill, field) == getattr(recipe.distill, field), field
     assert plain.rollout.group_size == recipe.rollout.group_size
     assert plain.rollout.agent.answer_max_new_tokens == recipe.rollout.agent.answer_max_new_tokens

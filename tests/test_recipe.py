@@ -122,17 +122,18 @@ def test_carry_without_first_moment_moves_by_the_new_gradients_alone(tmp_path):
     assert torch.allclose(q.detach(), want, rtol=1e-12, atol=0)
 
 
-def test_first_moment_choice_needs_a_carried_state_and_concerns_round_one():
-    from agentmem.config import DistillConfig, SftConfig
+def test_first_moment_choice_reaches_the_trainer_and_concerns_round_one():
+    from agentmem.config import SftConfig
 
-    with pytest.raises(ValueError, match="needs carry_optimizer"):
-        SftConfig(run_ids=["r"], student="s", carry_first_moment=False)
-    with pytest.raises(ValueError, match="needs carry_optimizer"):
-        DistillConfig(run_ids=["r"], ce_weight=1.0, carry_first_moment=False)
     sft = SftConfig(run_ids=["r"], student="s", carry_optimizer=True, carry_first_moment=False)
     assert sft.distill_config().carry_first_moment is False
-    loop = TrainConfig(rounds=3, distill=TrainConfig().distill.model_copy(update={"carry_first_moment": False}))
+    # the loop's default: round 1 takes the warm start's (or --init's) scale without its first moment; later
+    # rounds carry their own round's moments
+    loop = TrainConfig(rounds=3)
+    assert loop.distill.carry_optimizer and not loop.distill.carry_first_moment
     assert [loop.round_configs(r, "p")[1].carry_first_moment for r in range(3)] == [False, True, True]
+    carried = TrainConfig(rounds=2, distill=loop.distill.model_copy(update={"carry_first_moment": True}))
+    assert [carried.round_configs(r, "p")[1].carry_first_moment for r in range(2)] == [True, True]
 
 
 def test_reward_choices():
