@@ -533,7 +533,7 @@ class Bench:
                 invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
                 schedule_offset=r * p.steps_per_round, schedule_steps=p.steps,
                 carry_optimizer=r > 0 or p.carry_warm_optimizer,
-                carry_first_moment=r > 0 or p.coasts or not p.carry_warm_optimizer,
+                carry_first_moment=r > 0 or p.carry_warm_first_moment,
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
