@@ -58,6 +58,7 @@ def main() -> None:
     batch = int(sys.argv[6]) if len(sys.argv) > 6 else None
     store = open_store(url)
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
+    print("registered", flush=True)  # start-up done: a test may now disturb the store
     times_path = os.environ.get("AGENTMEM_INSERT_TIMES")
     if times_path:
         worker.StoreSink = TimedSink  # the sink the worker builds

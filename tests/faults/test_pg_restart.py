@@ -76,6 +76,10 @@ def test_workers_finish_after_a_postgres_restart(own_server):
                                  "0.1", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for tag in range(2)]
     engine = store.engine
+    # restart only once both workers are past start-up (registering the policy is not retried; a worker that
+    # started during the restart fails at once, which is not what this test is about)
+    for w in workers:
+        assert w.stdout is not None and w.stdout.readline().strip() == "registered", w.stderr and w.stderr.read()[-3000:]
 
     def stored() -> int:
         with engine.connect() as c:
