@@ -576,7 +576,7 @@ class Bench:
     def evaluate(self, arm: str, seed: int, ckpt: Checkpoint, ladder: bool, real: bool) -> dict:
         """Per component: F1 per question (sorted by task id, so arms pair up) and the greedy empty-output
         rate per call kind."""
-        key = f"eval/{arm}/{seed}/{int(ladder)}{int(real)}"
+        key = eval_key(arm, seed, ladder, real)
         if arm == "momentum" and not self.plan.coasts:  # the warm start's own checkpoint: its evaluation, read once
             def same() -> dict:
                 warm = self.evaluate("warm", seed, ckpt, *arm_flags("warm"))
@@ -881,6 +881,11 @@ def arm_seeds(plan: Plan, arm: str) -> range:
     return range(1) if arm in ("base", "teacher_ladder") else range(plan.seeds)
 
 
+def eval_key(arm: str, seed: str | int, ladder: bool, real: bool) -> str:
+    """The state phase of an arm-seed's evaluation on the ladder and/or real text (``Bench.evaluate``)."""
+    return f"eval/{arm}/{seed}/{int(ladder)}{int(real)}"
+
+
 def arm_flags(arm: str) -> tuple[bool, bool]:
     """(evaluated on the ladder, evaluated on real text)"""
     return not arm.startswith("squad"), arm in REAL_ARMS
@@ -930,7 +935,7 @@ def done(bench: Bench, kind: str, arg: str | int) -> bool:
             and all(state.get(f"teacher/{arg}/check/{c['id']}") is not None for c in cands))
     ladder, real = arm_flags(kind)
     trained = kind == "base" or state.get(f"arm/{kind}/{arg}") is not None
-    return trained and state.get(f"eval/{kind}/{arg}/{int(ladder)}{int(real)}") is not None
+    return trained and state.get(eval_key(kind, arg, ladder, real)) is not None
 
 
 def die_with_parent() -> None:
@@ -958,8 +963,7 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
         key = teacher_key(bench.plan, kind)
         out[f"teacher/{key}/pick"] = ("teacher", key)
     if kind == "momentum" and not bench.plan.coasts:  # it reads the warm start's evaluation (Bench.evaluate)
-        ladder, real = arm_flags("warm")
-        out[f"eval/warm/{arg}/{int(ladder)}{int(real)}"] = ("warm", arg)
+        out[eval_key("warm", arg, *arm_flags("warm"))] = ("warm", arg)
     return out
 
 
