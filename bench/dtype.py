@@ -9,9 +9,12 @@ the rollout benchmark measured it slower for 8 x 300 prefills). This measures, o
   prefill rollout prefill: 8 prompts x 300 tokens, one left-padded batch
   decode  rollout decode: 8 rows, ``--steps`` steps with the KV cache after a 64-token prompt
 
+and, for score and train, **mixed precision** (``DistillConfig.mixed_precision``): the float32 weights with the
+decoder under bfloat16 autocast and the head in float32, what ``distill --mixed-precision`` runs.
+
 Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shared). The last line is
-``score_bf16_vs_fp32=<r> train_bf16_vs_fp32=<r> prefill_bf16_vs_fp32=<r> decode_bf16_vs_fp32=<r>``
-(above 1: bf16 is faster).
+``score_bf16_vs_fp32=<r> train_bf16_vs_fp32=<r> prefill_bf16_vs_fp32=<r> decode_bf16_vs_fp32=<r>
+score_mixed_vs_fp32=<r> train_mixed_vs_fp32=<r>`` (above 1: faster than float32).
 
   .venv/bin/python bench/dtype.py --threads 1
   .venv/bin/python bench/dtype.py --smoke     # every phase on a tiny random model, in seconds; numbers mean nothing
@@ -86,13 +89,13 @@ def main() -> None:
     prompts = torch.tensor(rng.integers(0, vocab, (8, 300)), dtype=torch.long)
     mask = torch.ones_like(prompts)
 
-    def score(m):
+    def score(m, mixed=False):
         with torch.inference_mode():
-            action_logits(m, batch, "fast")
+            action_logits(m, batch, "fast", mixed)
 
-    def train(m):
+    def train(m, mixed=False):
         m.requires_grad_(True)
-        logits = action_logits(m, batch, "fast")
+        logits = action_logits(m, batch, "fast", mixed)
         logits.float().logsumexp(-1).mean().backward()
         m.zero_grad(set_to_none=True)
         m.requires_grad_(False)
@@ -114,24 +117,44 @@ def main() -> None:
 
     work = {"score": (score, args.tokens), "train": (train, args.tokens), "prefill": (prefill, 8 * 300),
             "decode": (decode, 8 * args.steps)}
+    # (model, mixed precision) per variant; mixed only where a training job runs it (scoring and the step)
+    variants = {"float32": (models["float32"], False), "bfloat16": (models["bfloat16"], False),
+                "mixed": (models["float32"], True)}
+
+    def runs(name: str) -> list[str]:
+        return [v for v in variants if v != "mixed" or name in ("score", "train")]
+
+    def call(fn, v: str) -> None:
+        m, mixed = variants[v]
+        if mixed:
+            fn(m, mixed)
+        else:
+            fn(m)
+
     results: dict[str, dict[str, float]] = {k: {} for k in work}
     for name, (fn, _tokens) in work.items():  # warm-up of every shape and dtype
-        for d, m in models.items():
+        for v in runs(name):
             t0 = time.perf_counter()
-            fn(m)
-            print(f"warm-up {name} {d}: {time.perf_counter() - t0:.2f}s", flush=True)
-    for _ in range(args.repeats):  # interleaved rounds: a busy neighbour hits both dtypes alike
+            call(fn, v)
+            print(f"warm-up {name} {v}: {time.perf_counter() - t0:.2f}s", flush=True)
+    for _ in range(args.repeats):  # interleaved rounds: a busy neighbour hits every variant alike
         for name, (fn, _tokens) in work.items():
-            for d, m in models.items():
-                results[name][d] = min(results[name].get(d, float("inf")), timed(lambda fn=fn, m=m: fn(m), 1))
+            for v in runs(name):
+                results[name][v] = min(results[name].get(v, float("inf")),
+                                       timed(lambda fn=fn, v=v: call(fn, v), 1))
     print(f"{'tiny model (smoke)' if args.smoke else folder}, {args.threads} thread(s), best of {args.repeats}")
-    print(f"{'work':<9}{'tokens':>8}{'fp32 s':>9}{'bf16 s':>9}{'fp32 tok/s':>12}{'bf16 tok/s':>12}{'bf16/fp32':>11}")
-    ratios = {}
+    print(f"{'work':<9}{'tokens':>8}{'fp32 s':>9}{'bf16 s':>9}{'mixed s':>9}{'fp32 tok/s':>12}{'bf16 tok/s':>12}"
+          f"{'bf16/fp32':>11}{'mixed/fp32':>12}")
+    ratios, mixed_ratios = {}, {}
     for name, (_fn, tokens) in work.items():
-        f, b = results[name]["float32"], results[name]["bfloat16"]
+        f, b, x = results[name]["float32"], results[name]["bfloat16"], results[name].get("mixed")
         ratios[name] = f / b
-        print(f"{name:<9}{tokens:>8}{f:>9.3f}{b:>9.3f}{tokens / f:>12.0f}{tokens / b:>12.0f}{f / b:>11.2f}")
-    print(" ".join(f"{k}_bf16_vs_fp32={v:.2f}" for k, v in ratios.items()))
+        if x is not None:
+            mixed_ratios[name] = f / x
+        print(f"{name:<9}{tokens:>8}{f:>9.3f}{b:>9.3f}{x if x is not None else float('nan'):>9.3f}{tokens / f:>12.0f}"
+              f"{tokens / b:>12.0f}{f / b:>11.2f}{f / x if x is not None else float('nan'):>12.2f}")
+    print(" ".join([f"{k}_bf16_vs_fp32={v:.2f}" for k, v in ratios.items()]
+                   + [f"{k}_mixed_vs_fp32={v:.2f}" for k, v in mixed_ratios.items()]))
 
 
 if __name__ == "__main__":

@@ -213,6 +213,9 @@ class Plan:
     # greedy evaluations and teacher checks in the faster dtype (auto: measured once, kept in state.json);
     # sampled rollouts stay float32, so their stored log-probs match the float32 training recompute
     eval_dtype: str = "auto"
+    # every training job (warm start, teachers, methods) with its decoders in bfloat16 autocast and float32 weights,
+    # optimiser and head (DistillConfig.mixed_precision): about twice as fast a step where bf16 is native
+    mixed_precision: bool = False
     model: str = "default"
     hotpot: str | None = None
     squad: str | None = None
@@ -264,7 +267,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                                        ("rl_kd_weight", args.rl_kd_weight),
                                        ("privileged_teacher_sft", args.privileged_teacher_sft),
                                        ("carry_warm_optimizer", args.carry_warm_optimizer),
-                                       ("carry_warm_first_moment", args.carry_warm_first_moment)) if v is not None}
+                                       ("carry_warm_first_moment", args.carry_warm_first_moment),
+                                       ("mixed_precision", args.mixed_precision)) if v is not None}
     if args.teacher_steps:
         try:
             updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
@@ -386,7 +390,7 @@ class Bench:
             save_every: int | None = None, carry: bool = False, first_moment: bool = True,
             context: SamplingContext = SamplingContext.aligned) -> list[dict]:
         config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
-                           carry_first_moment=first_moment, context=context,
+                           carry_first_moment=first_moment, context=context, mixed_precision=self.plan.mixed_precision,
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
@@ -538,7 +542,8 @@ class Bench:
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
                 teacher_temperature=p.teacher_temperature,
-                teacher_min_confidence=p.teacher_min_confidence if kd else 0.0, **spec)
+                teacher_min_confidence=p.teacher_min_confidence if kd else 0.0, mixed_precision=p.mixed_precision,
+                **spec)
             done = run_distill(self.store, distill, self.runtime)
             if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
                 prune(policy.path, weights=True)
@@ -1051,6 +1056,10 @@ def main() -> None:
                     help="with the warm start's AdamW state carried, carry its first moment too (default on); "
                          "--no-carry-warm-first-moment starts it at zero and keeps the second moment and step count, "
                          "so a method's update is its own gradients' and the momentum arm does not move")
+    ap.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None,
+                    help="every training job (warm start, teachers, methods) runs its decoders under bfloat16 autocast, "
+                         "with float32 weights, optimiser state and output head (default off): about twice as fast a "
+                         "step on CPUs with AMX or AVX512-BF16; results differ from float32's by its rounding")
     ap.add_argument("--teacher-temperature", type=float,
                     help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
                          "target leans to the teacher's greedy choice)")

@@ -73,6 +73,7 @@ TRAIN = JobSpec(
     set_by_job=frozenset({"rollout.model", "rollout.seed", "distill.run_ids", "distill.seed",
                           "distill.schedule_offset", "distill.schedule_steps", "warm_start.context"}),
     ties={"warm_start.out": "distill.out", "warm_start.seed": "seed",
+          "warm_start.mixed_precision": "distill.mixed_precision",
           "warm_start.invocations_per_step": "distill.invocations_per_step"},
     extras=_LEVEL, prepare=_train_prepare)
 

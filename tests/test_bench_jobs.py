@@ -255,3 +255,21 @@ def test_coast_moves_the_weights_by_the_carried_adam_moments_alone():
     before = fresh.detach().clone()
     learning.coast(torch.optim.AdamW([fresh], lr=1e-2, weight_decay=0.0), lrs)
     assert torch.equal(fresh.detach(), before)
+
+
+@pytest.mark.bench_smoke
+def test_mixed_precision_reaches_every_training_job(tmp_path):
+    """``--mixed-precision``: the warm start, the teacher and every method round train with the decoders in bf16
+    autocast (their stored configs say so); without the flag none does."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "AGENTMEM_DB": ""}
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
+                           "--arms", "opd_aligned", "--calls-per-step", "2", "--mixed-precision"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with sqlite3.connect(work / "learning.db") as db:
+        kinds = [(k, json.loads(c)["mixed_precision"]) for (k, c) in db.execute(
+            "select kind, config from runs where kind in ('sft', 'distill')")]
+    assert {k for k, _ in kinds} == {"sft", "distill"} and all(mixed for _, mixed in kinds)
+    assert json.loads((work / "state.json").read_text())["plan"]["mixed_precision"] is True

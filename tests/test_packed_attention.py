@@ -185,3 +185,54 @@ def test_cpu_segment_groups_keep_logits_and_gradients(packed, name, monkeypatch)
     token_logprob_sum(expected[:-1], batch.input_ids[batch.token_mask][1:]).backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def alone_mixed(model, seq: Sequence) -> torch.Tensor:
+    """One invocation alone, its decoder under bfloat16 autocast, the head in float32 on its hidden states."""
+    ids = torch.from_numpy(seq.input_ids.astype(np.int64))[None]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]
+    return model.get_output_embeddings()(hidden.float())
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("path", PATHS)
+def test_mixed_precision_runs_the_decoder_in_bf16_and_the_head_in_float32(packed, name, path):
+    by_id, batch = packed
+    model = MODELS[name](attn="sdpa")
+    flat_mask = batch.action_mask[batch.token_mask]
+    with torch.no_grad():
+        full = action_logits(model, batch, path)
+        mixed = action_logits(model, batch, path, mixed_precision=True)
+        alone_each = torch.cat([alone_mixed(model, by_id[i]) for i in batch.invocation_ids])[flat_mask]
+    assert mixed.dtype == torch.float32 and mixed.shape == full.shape
+    gap = (mixed - full).abs().max().item()
+    assert 0 < gap <= 0.05 * full.abs().max().item()  # the decoder's bf16 rounding, and nothing more
+    # packed under autocast is each invocation alone under autocast: exactly on the fast path (each segment's
+    # own attention), within bf16 rounding on the reference path (one 4-D-masked attention over the padded row)
+    apart = (mixed - alone_each).abs().max().item()
+    assert apart <= (1e-6 if path == "fast" else gap), apart
+    # the weights and their gradients stay float32
+    model.zero_grad()
+    token_logprob_sum(action_logits(model, batch, path, mixed_precision=True), batch.action_ids).backward()
+    mixed_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    token_logprob_sum(action_logits(model, batch, path), batch.action_ids).backward()
+    for n, p in model.named_parameters():
+        assert p.dtype == mixed_grads[n].dtype == torch.float32, n
+    flat = torch.cat([g.flatten() for g in mixed_grads.values()])
+    ref = torch.cat([p.grad.flatten() for _, p in model.named_parameters()])
+    assert torch.nn.functional.cosine_similarity(flat, ref, dim=0).item() > 0.99
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_mixed_precision_keeps_segments_apart(packed, name):
+    _, batch = packed
+    other, first = changed_first_segment(batch)
+    model = MODELS[name](attn="sdpa")
+    with torch.no_grad():
+        for path in PATHS:
+            a, b = (action_logits(model, x, path, mixed_precision=True) for x in (batch, other))
+            first_actions = int(batch.action_mask[0, :first].sum())
+            assert (a[:first_actions] - b[:first_actions]).abs().max() > 1e-3
+            assert (a[first_actions:] - b[first_actions:]).abs().max().item() <= 1e-6, path

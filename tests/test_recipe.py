@@ -136,6 +136,36 @@ def test_first_moment_choice_reaches_the_trainer_and_concerns_round_one():
     assert [carried.round_configs(r, "p")[1].carry_first_moment for r in range(2)] == [True, True]
 
 
+def test_mixed_precision_needs_float32_weights_and_reaches_the_warm_start():
+    from pydantic import ValidationError
+
+    from agentmem.config import DistillConfig, SftConfig
+
+    for make in (DistillConfig, SftConfig):
+        with pytest.raises(ValidationError, match="mixed_precision .* needs dtype float32, got bfloat16"):
+            make(run_ids=["r"], student="s", dtype="bfloat16", mixed_precision=True)
+        assert make(run_ids=["r"], student="s", mixed_precision=True).mixed_precision
+    assert SftConfig(run_ids=["r"], student="s", mixed_precision=True).distill_config().mixed_precision
+
+
+def test_mixed_precision_distils_float32_weights_close_to_the_float32_step(rolled, tmp_path):  # noqa: F811
+    """One distill step with the student's and the teacher's decoders in bf16 autocast: the weights stay float32,
+    the teacher term's value is float32's to bf16 rounding (not equal: the autocast acted), and the step moves
+    the weights along the float32 step."""
+    store, run_id, policy = rolled
+    steps, moves = {}, {}
+    for mixed in (False, True):
+        m = models(policy)
+        before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
+        cfg = config(run_id, tmp_path / str(mixed), steps=1, lr=1e-4, mixed_precision=mixed)
+        steps[mixed] = run_distill(store, cfg, models=m).history[0]
+        assert all(p.dtype == torch.float32 for p in m.student.parameters())
+        moves[mixed] = torch.cat([(p.detach() - before[n]).flatten() for n, p in m.student.named_parameters()])
+    assert steps[True].kd_loss != steps[False].kd_loss
+    assert steps[True].kd_loss == pytest.approx(steps[False].kd_loss, rel=1e-2)
+    assert torch.nn.functional.cosine_similarity(moves[True], moves[False], dim=0).item() > 0.9
+
+
 def test_reward_choices():
     e = Episode(run_id="r", env="e", task_id="t", question="q", reward=0.4, f1=0.4, sub_em=1.0)
     assert episode_reward(e, RewardKind.f1) == 0.4

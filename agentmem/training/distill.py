@@ -159,11 +159,13 @@ class Trainer:
                  selection: Selection | None = None, student_context: SamplingContext = SamplingContext.aligned):
         self.store, self.config, self.models, self.run_id, self.runtime = store, config, models, run_id, runtime
         self.objective = objective_from_config(config)
-        self.student = PackedModel.for_training(models.student, models.tokenizer, config.path, runtime)
+        self.student = PackedModel.for_training(models.student, models.tokenizer, config.path, runtime,
+                                                config.mixed_precision)
         if models.teacher is not None:
             check_same_vocab(models.teacher_tokenizer, models.tokenizer)
             vocab_size(models.teacher, models.teacher_tokenizer)
-        self.reference = (PackedModel.create(models.reference, models.tokenizer, config.path, runtime)
+        self.reference = (PackedModel.create(models.reference, models.tokenizer, config.path, runtime,
+                                             config.mixed_precision)
                           if models.reference is not None
                           and (self.objective.needs_reference or config.monitor_start_kl) else None)
         self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)

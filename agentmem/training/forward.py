@@ -65,12 +65,12 @@ class ActionLogits(torch.nn.Module):
     batch's actions, in the model's dtype). DDP and FSDP2 wrap this module, so their hooks see the forward
     (calling the decoder and the head directly would bypass them)."""
 
-    def __init__(self, model: PreTrainedModel, path: AttentionPath):
+    def __init__(self, model: PreTrainedModel, path: AttentionPath, mixed_precision: bool = False):
         super().__init__()
-        self.model, self.path = model, AttentionPath(path)
+        self.model, self.path, self.mixed_precision = model, AttentionPath(path), mixed_precision
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return action_logits(self.model, batch, self.path.value)
+        return action_logits(self.model, batch, self.path.value, self.mixed_precision)
 
 
 @dataclass(frozen=True)
@@ -91,26 +91,31 @@ class PackedModel:
     # what the loss is multiplied by before backward: the world size under FSDP2 on gloo, which averages the
     # processes' gradients (gloo has no pre-multiplied sum, so the divide factor cannot be set to 1)
     grad_scale: float = 1.0
+    # the decoder under bfloat16 autocast, the head in the weights' dtype (``packed_attention.action_logits``)
+    mixed_precision: bool = False
 
     def __post_init__(self):
         if self.module is None:
-            object.__setattr__(self, "module", ActionLogits(self.model, self.path))
+            object.__setattr__(self, "module", ActionLogits(self.model, self.path, self.mixed_precision))
 
     @classmethod
     def create(cls, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-               path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU) -> PackedModel:
+               path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU,
+               mixed_precision: bool = False) -> PackedModel:
         """``model``: a transformers model, or one wrapped with LoRA adapters (peft), of which the packed
-        forward runs the transformers model inside: the adapters are injected into it, so they apply."""
+        forward runs the transformers model inside: the adapters are injected into it, so they apply.
+        ``mixed_precision``: the decoder in bfloat16 autocast (``packed_attention.action_logits``)."""
         model = base_model(model)
         return cls(model, vocab_size(model, tokenizer), tokenizer.pad_token_id or 0, AttentionPath(path),
-                   runtime.device)
+                   runtime.device, mixed_precision=mixed_precision)
 
     @classmethod
     def for_training(cls, model: PreTrainedModel | torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                     path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU) -> PackedModel:
+                     path: AttentionPath | str = AttentionPath.fast, runtime: Runtime = CPU,
+                     mixed_precision: bool = False) -> PackedModel:
         """``create``, with the forward wrapped for several processes: DDP (summing gradients), or FSDP2
         with ``runtime.fsdp`` (the student's parameters become sharded). One process: unwrapped."""
-        plain = cls.create(model, tokenizer, path, runtime)
+        plain = cls.create(model, tokenizer, path, runtime, mixed_precision)
         if runtime.world_size == 1:
             return plain
         runtime.require_group()
@@ -118,7 +123,7 @@ class PackedModel:
         wrapped = _fsdp(plain.module, summed_by_hook) if runtime.fsdp else _ddp(plain.module)
         scale = float(runtime.world_size) if runtime.fsdp and not summed_by_hook else 1.0
         return cls(plain.model, plain.vocab, plain.pad_id, plain.path, plain.device, wrapped,
-                   "fsdp" if runtime.fsdp else "ddp", scale)
+                   "fsdp" if runtime.fsdp else "ddp", scale, mixed_precision)
 
     def micro_batch(self, last: bool):
         """Context of one micro-batch's forward and backward: gradients are reduced over the processes on

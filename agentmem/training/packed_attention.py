@@ -311,7 +311,15 @@ def packed_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
     return model.get_output_embeddings()(packed_hidden(model, batch, path))
 
 
-def action_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast") -> torch.Tensor:
-    """Logits ``[A, vocab]`` at the action positions only, in the order of ``batch.action_ids``."""
-    hidden = packed_hidden(model, batch, path)
-    return model.get_output_embeddings()(hidden[batch.action_mask[batch.token_mask]])
+def action_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast",
+                  mixed_precision: bool = False) -> torch.Tensor:
+    """Logits ``[A, vocab]`` at the action positions only, in the order of ``batch.action_ids``.
+
+    ``mixed_precision``: the decoder runs under ``torch.autocast`` in bfloat16 (its matmuls and attention;
+    weights, gradients and the optimiser stay in the weights' dtype) and the output head runs in the weights'
+    dtype on the hidden states cast back to it, so the logits, and every loss over them, keep float32's
+    resolution where the decoder's rounding is all that changes."""
+    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=mixed_precision):
+        hidden = packed_hidden(model, batch, path)
+    head = model.get_output_embeddings()
+    return head(hidden[batch.action_mask[batch.token_mask]].to(head.weight.dtype))

@@ -86,16 +86,17 @@ class OnlineTeacher:
                       truncation: TeacherTruncation = TeacherTruncation.error,
                       path: AttentionPath = AttentionPath.fast, runtime: Runtime = CPU,
                       packing: Packing = Packing.segments,
-                      aligned_kinds: Sequence[str] | None = None) -> OnlineTeacher:
+                      aligned_kinds: Sequence[str] | None = None, mixed_precision: bool = False) -> OnlineTeacher:
         """``aligned_kinds``: call kinds the teacher scores in the ``aligned`` context whatever ``context``
-        is (a context effect measured on the other kinds alone)."""
+        is (a context effect measured on the other kinds alone). ``mixed_precision``: its decoder under
+        bfloat16 autocast (``DistillConfig.mixed_precision``)."""
         seqs = teacher_sequences(selection, context, tokenizer)
         if aligned_kinds and TeacherContext(context) is not TeacherContext.aligned:
             kinds = {str(k) for k in aligned_kinds}
             mine = {i.id for i in selection.invocations if str(i.kind) in kinds}
             own = {s.invocation_id: s for s in teacher_sequences(selection, TeacherContext.aligned, tokenizer)}
             seqs = [own[s.invocation_id] if s.invocation_id in mine else s for s in seqs]
-        return cls(PackedModel.create(model, tokenizer, path, runtime), name,
+        return cls(PackedModel.create(model, tokenizer, path, runtime, mixed_precision), name,
                    {s.invocation_id: s for s in seqs}, row_tokens, TeacherTruncation(truncation), Packing(packing))
 
     def targets(self, invocation_ids: Sequence[str]) -> TeacherTargets:
@@ -174,7 +175,8 @@ def teacher_source(config: DistillConfig, store: Store, selection: Selection, *,
         return OnlineTeacher.for_selection(model, tokenizer, name, selection, config.context,
                                            row_tokens=config.row_tokens, truncation=config.teacher_truncation,
                                            path=config.path, runtime=runtime, packing=config.packing,
-                                           aligned_kinds=config.aligned_kinds)
+                                           aligned_kinds=config.aligned_kinds,
+                                           mixed_precision=config.mixed_precision)
     if config.aligned_kinds:
         raise TrainingError("aligned_kinds mixes two teacher contexts: it needs teacher_source=model")
     if config.teacher_source == TeacherSourceKind.shards:
