@@ -135,3 +135,19 @@ def test_train_recipe_flags_reach_the_config(captured):
     assert plain.rollout.group_size == recipe.rollout.group_size
     assert plain.rollout.agent.answer_max_new_tokens == recipe.rollout.agent.answer_max_new_tokens
     assert plain.warm_start is None and plain.teacher_check_episodes == recipe.teacher_check_episodes
+
+
+def test_mixed_precision_flag_reaches_distill_and_the_warm_start(captured):
+    """``train --mixed-precision``: every round's distill and the warm start's SFT (tied to it unless given)."""
+    result = invoke("train", "--warm-start-sft", "oracle1", "--mixed-precision")
+    assert isinstance(result.exception, Called), result.output
+    config = captured["train"]
+    assert config.distill.mixed_precision and config.warm_start.mixed_precision
+    result = invoke("train", "--warm-start-sft", "oracle1", "--mixed-precision", "--no-warm-start.mixed-precision")
+    assert isinstance(result.exception, Called), result.output
+    assert captured["train"].distill.mixed_precision and not captured["train"].warm_start.mixed_precision
+    assert isinstance(invoke("sft", "--run", "r", "--mixed-precision").exception, Called)
+    assert captured["sft"].mixed_precision
+    result = invoke("distill", "--run", "r", "--dtype", "bfloat16", "--mixed-precision")
+    assert not isinstance(result.exception, Called) and "distill" not in captured
+    assert "needs dtype float32" in result.output + str(result.exception)
