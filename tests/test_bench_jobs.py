@@ -42,7 +42,7 @@ def test_state_merges_the_phases_of_concurrent_writers(tmp_path):
         assert p.exitcode == 0
     phases = json.loads(path.read_text())["phases"]
     assert sorted(phases) == sorted(f"w{k}/{i}" for k in range(3) for i in range(40))
-    with pytest.raises(SystemExit, match="another plan"):
+    with pytest.raises(SystemExit, match=r"another plan \(name: folder 'p', now 'q'\)"):
         State(path, _Plan("q"))
 
 
@@ -56,7 +56,7 @@ def test_a_knob_newer_than_the_folder_matches_only_at_its_default(tmp_path):
     path = tmp_path / "state.json"
     State(path, _Plan("p")).put("a", 1)
     assert "knob" not in json.loads(path.read_text())["plan"]
-    with pytest.raises(SystemExit, match="another plan"):
+    with pytest.raises(SystemExit, match=r"knob: folder '\(made before the knob\)', now 0.5"):
         State(path, _NewerPlan("p", knob=0.5))  # the folder's phases were made as knob=0.0 does
     state = State(path, _NewerPlan("p"))
     assert state.get("a") == 1

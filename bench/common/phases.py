@@ -34,8 +34,12 @@ class State:
             for f in fields(plan):  # knobs newer than the folder, left at their default
                 if f.name not in self.data["plan"] and self.plan[f.name] == _default(f):
                     self.data["plan"][f.name] = self.plan[f.name]
-            if _without(self.data["plan"], free) != _without(self.plan, free):
-                raise SystemExit(f"{path} was made by another plan; use a new --work folder")
+            folder, now = _without(self.data["plan"], free), _without(self.plan, free)
+            if folder != now:
+                differ = "; ".join(f"{k}: folder {folder.get(k, '(made before the knob)')!r}, now {now.get(k)!r}"
+                                   for k in sorted(set(folder) | set(now)) if folder.get(k, MISSING) != now.get(k, MISSING))
+                raise SystemExit(f"{path} was made by another plan ({differ}); give the folder's values or use a "
+                                 "new --work folder")
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
