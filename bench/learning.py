@@ -214,8 +214,10 @@ class Plan:
     # sampled rollouts stay float32, so their stored log-probs match the float32 training recompute
     eval_dtype: str = "auto"
     # every training job (warm start, teachers, methods) with its decoders in bfloat16 autocast and float32 weights,
-    # optimiser and head (DistillConfig.mixed_precision): about twice as fast a step where bf16 is native
-    mixed_precision: bool = False
+    # optimiser and head (DistillConfig.mixed_precision): about twice as fast a step where bf16 is native, slower where
+    # it is emulated. off, on, or auto (on where the measured faster dtype is bfloat16: Bench.mixed). Earlier folders
+    # trained in float32, so the default stays off (--quick: auto)
+    mixed_precision: str = "off"
     model: str = "default"
     hotpot: str | None = None
     squad: str | None = None
@@ -248,7 +250,8 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                     max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", **common)
     elif args.quick:
         plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=8,
-                    heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8, **common)
+                    heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8,
+                    mixed_precision="auto", **common)
     else:
         # the recipe measured best on three seeds (docs/learning.md, sessions 28-29): 24 calls per method step
         # (8: the first step's noise decided the seed), groups of 8 (RL live 0.60, against 0.33 with 4), and a
@@ -357,6 +360,25 @@ class Bench:
             return choice.dtype
         return self.state.once("eval_dtype", measure)
 
+    def fast_dtype(self) -> str:
+        """The faster dtype of the model on this machine (``models.auto_dtype``), measured once: the evaluations'
+        measurement when theirs is ``auto``."""
+        if self.plan.eval_dtype == "auto":
+            return self.eval_dtype()
+
+        def measure() -> str:
+            choice = models.auto_dtype(self.store, self.plan.model)
+            say(f"faster dtype here: {choice.dtype} ({choice.reason})")
+            return choice.dtype
+        return self.state.once("fast_dtype", measure)
+
+    def mixed(self) -> bool:
+        """Whether training jobs run in mixed precision: the plan's ``on``/``off``, or for ``auto`` where bfloat16
+        is the faster dtype here (native bf16: AMX, AVX512-BF16; emulated bf16 would make the steps slower)."""
+        if self.plan.mixed_precision == "auto":
+            return self.fast_dtype() == "bfloat16"
+        return self.plan.mixed_precision == "on"
+
     def ckpt(self, ckpt_id: str) -> Checkpoint:
         with self.store.session() as s:
             return repo.get_checkpoint(s, ckpt_id)
@@ -390,7 +412,7 @@ class Bench:
             save_every: int | None = None, carry: bool = False, first_moment: bool = True,
             context: SamplingContext = SamplingContext.aligned) -> list[dict]:
         config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
-                           carry_first_moment=first_moment, context=context, mixed_precision=self.plan.mixed_precision,
+                           carry_first_moment=first_moment, context=context, mixed_precision=self.mixed(),
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
@@ -542,7 +564,7 @@ class Bench:
                 out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
                 teacher_temperature=p.teacher_temperature,
-                teacher_min_confidence=p.teacher_min_confidence if kd else 0.0, mixed_precision=p.mixed_precision,
+                teacher_min_confidence=p.teacher_min_confidence if kd else 0.0, mixed_precision=self.mixed(),
                 **spec)
             done = run_distill(self.store, distill, self.runtime)
             if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
@@ -784,7 +806,9 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
             "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
             "non-zero advantage over every step. Teacher gated: the share of the teacher term's token weight that "
-            "`teacher_min_confidence` left out, mean over the steps. "
+            "`teacher_min_confidence` left out, mean over the steps. Training ran in "
+            + ("mixed precision (decoders in bf16 autocast, float32 weights and optimiser). " if bench.mixed()
+               else "float32. ")
             + ("Momentum: the warm start's carried AdamW stepped with zero gradients (the move every method makes "
                "before its own gradient counts)." if p.coasts else
                "Momentum is the warm start itself: no first moment is carried, so the carried state moves nothing "
@@ -1056,10 +1080,12 @@ def main() -> None:
                     help="with the warm start's AdamW state carried, carry its first moment too (default on); "
                          "--no-carry-warm-first-moment starts it at zero and keeps the second moment and step count, "
                          "so a method's update is its own gradients' and the momentum arm does not move")
-    ap.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None,
+    ap.add_argument("--mixed-precision", choices=["off", "on", "auto"],
                     help="every training job (warm start, teachers, methods) runs its decoders under bfloat16 autocast, "
-                         "with float32 weights, optimiser state and output head (default off): about twice as fast a "
-                         "step on CPUs with AMX or AVX512-BF16; results differ from float32's by its rounding")
+                         "with float32 weights, optimiser state and output head: about twice as fast a step on CPUs "
+                         "with AMX or AVX512-BF16, slower where bf16 is emulated (AVX2); results differ from float32's "
+                         "by its rounding. auto: on where bfloat16 measures faster here (default off, or auto with "
+                         "--quick)")
     ap.add_argument("--teacher-temperature", type=float,
                     help="divide the teacher's log-probs by this before the divergence (default 1; below 1 the "
                          "target leans to the teacher's greedy choice)")
@@ -1117,6 +1143,7 @@ def main() -> None:
         for d in {"squad" if a.startswith("squad") else "ladder" for a in plan.arms if a != "base"}:
             bench.oracle_runs(d)
         bench.eval_dtype()
+        say(f"training in {'mixed precision (bf16 autocast, float32 weights)' if bench.mixed() else 'float32'}")
         tasks: list[tuple[str, str | int]] = [("base", 0), *[("teacher", k) for k in teacher_keys(plan)],
                  *[(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]]
         run_jobs(bench, [t for t in tasks if not done(bench, *t)], args.jobs, per_job)

@@ -265,11 +265,12 @@ def test_mixed_precision_reaches_every_training_job(tmp_path):
            "AGENTMEM_DB": ""}
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned", "--calls-per-step", "2", "--mixed-precision"],
+                           "--arms", "opd_aligned", "--calls-per-step", "2", "--mixed-precision", "on"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with sqlite3.connect(work / "learning.db") as db:
         kinds = [(k, json.loads(c)["mixed_precision"]) for (k, c) in db.execute(
             "select kind, config from runs where kind in ('sft', 'distill')")]
     assert {k for k, _ in kinds} == {"sft", "distill"} and all(mixed for _, mixed in kinds)
-    assert json.loads((work / "state.json").read_text())["plan"]["mixed_precision"] is True
+    assert json.loads((work / "state.json").read_text())["plan"]["mixed_precision"] == "on"
+    assert "Training ran in mixed precision" in (work / "learning.md").read_text()
