@@ -305,10 +305,11 @@ def segment_groups(cu_seqlens: torch.Tensor, max_tokens: int | None,
     return groups
 
 
-def packed_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast") -> torch.Tensor:
+def packed_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast",
+                  mixed_precision: bool = False) -> torch.Tensor:
     """Logits ``[N, vocab]`` at every real token, row-major. For tests and small batches: prefer
     ``action_logits``, which projects only the action positions."""
-    return model.get_output_embeddings()(packed_hidden(model, batch, path))
+    return _head(model, _hidden(model, batch, path, mixed_precision))
 
 
 def action_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast",
@@ -319,7 +320,15 @@ def action_logits(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
     weights, gradients and the optimiser stay in the weights' dtype) and the output head runs in the weights'
     dtype on the hidden states cast back to it, so the logits, and every loss over them, keep float32's
     resolution where the decoder's rounding is all that changes."""
+    hidden = _hidden(model, batch, path, mixed_precision)
+    return _head(model, hidden[batch.action_mask[batch.token_mask]])
+
+
+def _hidden(model: PreTrainedModel, batch: PackedBatch, path: Path, mixed_precision: bool) -> torch.Tensor:
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=mixed_precision):
-        hidden = packed_hidden(model, batch, path)
+        return packed_hidden(model, batch, path)
+
+
+def _head(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     head = model.get_output_embeddings()
-    return head(hidden[batch.action_mask[batch.token_mask]].to(head.weight.dtype))
+    return head(hidden.to(head.weight.dtype))
