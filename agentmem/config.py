@@ -512,9 +512,10 @@ class DistillConfig(Frozen):
     """Student and teacher weights dtype."""
     mixed_precision: bool = False
     """The student's, the teacher's and the reference's decoders run under bfloat16 autocast (matmuls and
-    attention in bf16) while the weights, gradients, AdamW state and the output head stay in float32: about
-    twice as fast a training step on CPUs with AMX or AVX512-BF16 and on GPUs. The logits differ from float32's
-    by the decoder's rounding (docs/training.md). Needs --dtype float32."""
+    attention in bf16) while the weights, gradients, AdamW state and the output head stay in float32: a 1.6x
+    (8 short calls) to 2x (a 2,048-token row) faster training step on CPUs with AMX or AVX512-BF16, slower where
+    bf16 is emulated (AVX2). The logits differ from float32's by the decoder's rounding (docs/training.md). Needs
+    --dtype float32."""
     # The distillation target (DemoPSD's barycenter) and OPSD's per-token clip; docs/methods.md.
     target: DistillTarget = DistillTarget.teacher
     """What the distillation term pulls towards: teacher (its distribution) or barycenter (DemoPSD: q ∝
