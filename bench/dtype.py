@@ -117,19 +117,15 @@ def main() -> None:
 
     work = {"score": (score, args.tokens), "train": (train, args.tokens), "prefill": (prefill, 8 * 300),
             "decode": (decode, 8 * args.steps)}
-    # (model, mixed precision) per variant; mixed only where a training job runs it (scoring and the step)
-    variants = {"float32": (models["float32"], False), "bfloat16": (models["bfloat16"], False),
-                "mixed": (models["float32"], True)}
+    # how each variant runs a piece of work; mixed only where a training job runs it (scoring and the step)
+    variants = {"float32": lambda fn: fn(models["float32"]), "bfloat16": lambda fn: fn(models["bfloat16"]),
+                "mixed": lambda fn: fn(models["float32"], True)}
 
     def runs(name: str) -> list[str]:
         return [v for v in variants if v != "mixed" or name in ("score", "train")]
 
     def call(fn, v: str) -> None:
-        m, mixed = variants[v]
-        if mixed:
-            fn(m, mixed)
-        else:
-            fn(m)
+        variants[v](fn)
 
     results: dict[str, dict[str, float]] = {k: {} for k in work}
     for name, (fn, _tokens) in work.items():  # warm-up of every shape and dtype

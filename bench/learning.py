@@ -214,8 +214,8 @@ class Plan:
     # sampled rollouts stay float32, so their stored log-probs match the float32 training recompute
     eval_dtype: str = "auto"
     # every training job (warm start, teachers, methods) with its decoders in bfloat16 autocast and float32 weights,
-    # optimiser and head (DistillConfig.mixed_precision): about twice as fast a step where bf16 is native, slower where
-    # it is emulated. off, on, or auto (on where the measured faster dtype is bfloat16: Bench.mixed). Earlier folders
+    # optimiser and head (DistillConfig.mixed_precision): 1.6x (this bench's step) to 2x (long rows) faster where bf16
+    # is native, slower where it is emulated. off, on, or auto (on where the measured faster dtype is bfloat16: Bench.mixed). Earlier folders
     # trained in float32, so the default stays off (--quick: auto)
     mixed_precision: str = "off"
     model: str = "default"
@@ -1082,8 +1082,9 @@ def main() -> None:
                          "so a method's update is its own gradients' and the momentum arm does not move")
     ap.add_argument("--mixed-precision", choices=["off", "on", "auto"],
                     help="every training job (warm start, teachers, methods) runs its decoders under bfloat16 autocast, "
-                         "with float32 weights, optimiser state and output head: about twice as fast a step on CPUs "
-                         "with AMX or AVX512-BF16, slower where bf16 is emulated (AVX2); results differ from float32's "
+                         "with float32 weights, optimiser state and output head: a 1.6x (this bench's step) to 2x faster "
+                         "step on CPUs with AMX or AVX512-BF16, slower where bf16 is emulated (AVX2); results differ "
+                         "from float32's "
                          "by its rounding. auto: on where bfloat16 measures faster here (default off, or auto with "
                          "--quick)")
     ap.add_argument("--teacher-temperature", type=float,
