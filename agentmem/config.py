@@ -69,6 +69,17 @@ class Divergence(Choice):
     jsd = "jsd"
 
 
+class TeacherCentering(Choice):
+    """Which shared part of the teacher term's push the student is spared: ``none`` (the plain divergence), or
+    ``first_token``: at each call's first output position, the push (the divergence's gradient on the student's
+    logits) minus its weighted mean over the step's calls of the same kind, like GRPO's group baseline for the
+    reward. The teacher then moves only how the calls differ (e.g. writing ``(empty)`` on a distractor read and
+    the fact on an evidence read), not what they share (writing ``(empty)`` on any first read)."""
+
+    none = "none"
+    first_token = "first_token"
+
+
 class DistillTarget(Choice):
     """What the distillation term pulls the student towards at each action position: the ``teacher``'s
     distribution, or the ``barycenter`` ``q ∝ p_t^alpha p_s^(1 - alpha)`` with alpha per token from the
@@ -425,6 +436,11 @@ class DistillConfig(Frozen):
     """Distil only where the teacher is decided: a sampled position whose teacher top probability is below this
     gets no distillation term (the other terms, e.g. the RL term, still apply there). 0: every position.
     Full-distribution teachers only. The share of weight left out is logged as kd_gated_fraction."""
+    teacher_centering: TeacherCentering = TeacherCentering.none
+    """first_token: at each call's first output token, subtract from the teacher term's push its mean over the
+    step's calls of the same kind (a group baseline: the teacher moves how calls differ, not what they share;
+    one extra no-gradient forward of the student per step). Full-distribution teachers, target teacher only.
+    The shared part's share of the push is logged as kd_shared_fraction."""
     rl: RLKind = RLKind.grpo
     """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)
@@ -625,6 +641,17 @@ class DistillConfig(Frozen):
     def _consistent(self) -> DistillConfig:
         if self.teacher is None and self.kd_weight and self.teacher_source is not TeacherSourceKind.model:
             raise ValueError("teacher_source needs a teacher: give teacher or set kd_weight to 0")
+        if self.teacher_centering is not TeacherCentering.none:
+            if not self.effective_kd_weight:
+                raise ValueError(f"teacher_centering={self.teacher_centering} shapes the distillation term: it needs "
+                                 "a teacher and kd_weight > 0")
+            if self.teacher_source is TeacherSourceKind.scores:
+                raise ValueError(f"teacher_centering={self.teacher_centering} reads the teacher's full distribution: "
+                                 "teacher_source=scores stores only the sampled token's log-prob (use teacher_source "
+                                 "model or shards)")
+            if self.target is not DistillTarget.teacher:
+                raise ValueError(f"teacher_centering={self.teacher_centering} centres the push towards the teacher; "
+                                 f"target={self.target} builds its target from the student (leave one at its default)")
         if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight
                 or any(self.loss_terms.values())):
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"

@@ -23,6 +23,9 @@ each of ``--seeds`` training seeds:
   opd_privileged_grpo   opd_privileged + the RL term;
   grpo                  the RL term only (group-relative advantages, groups of ``group``);
   opd_grpo              aligned on-policy distillation + the RL term;
+  opd_centered          opd_aligned with the teacher's push centred at first tokens (``teacher_centering``): minus its
+                        mean over the step's calls of the same kind, so it moves how calls differ, not what they share;
+  opd_grpo_centered     opd_centered + the RL term;
   psd_off               PSD off-policy: the teacher's samples under the privileged prompt;
   reopd                 ReOPD: the student samples one call per oracle episode from the oracle's memory;
   squad_warm            real text: the warm start's SFT, on SQuAD oracle calls instead of the ladder;
@@ -90,6 +93,7 @@ from agentmem.config import (  # noqa: E402
     RLKind,
     RolloutConfig,
     SftConfig,
+    TeacherCentering,
     TeacherTruncation,
 )
 from agentmem.jobs.distill import run_distill  # noqa: E402
@@ -110,14 +114,15 @@ from store.engine import open_store  # noqa: E402
 
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
-               "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd")
+               "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd",
+               "opd_centered", "opd_grpo_centered")
 ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
 RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
-             "opd_privileged_grpo", "psd_off", "reopd")
+             "opd_privileged_grpo", "psd_off", "reopd", "opd_centered", "opd_grpo_centered")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
@@ -129,12 +134,14 @@ ON_POLICY: dict[str, dict] = {
     "grpo": {"rl": True},
     "opd_grpo": {"kd": True, "rl": True},
     "opd_privileged_grpo": {"kd": True, "rl": True, "context": TeacherContext.privileged},
+    "opd_centered": {"kd": True, "teacher_centering": TeacherCentering.first_token},
+    "opd_grpo_centered": {"kd": True, "rl": True, "teacher_centering": TeacherCentering.first_token},
     "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
     "reopd": {"kd": True},
     "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
     "squad_opd": {"kd": True},
 }
-RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo")
+RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo", "opd_grpo_centered")
 REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
 SHARED = ROOT.parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
@@ -707,10 +714,11 @@ def live_fraction(steps: list[dict]) -> float | None:
     return live / groups if groups else None
 
 
-def gated_fraction(steps: list[dict]) -> float | None:
-    """The teacher term's token weight left out by ``teacher_min_confidence``, mean over the steps
-    (``kd_gated_fraction``; None when no step gated)."""
-    shares = [m["kd_gated_fraction"] for m in steps if "kd_gated_fraction" in m]
+def step_mean(steps: list[dict], key: str) -> float | None:
+    """A step metric's mean over the steps that logged it (None when none did): ``kd_gated_fraction``, the
+    teacher term's token weight left out by ``teacher_min_confidence``; ``kd_shared_fraction``, the share of
+    the teacher's first-token push that ``teacher_centering`` removed."""
+    shares = [m[key] for m in steps if key in m]
     return float(np.mean(shares)) if shares else None
 
 
@@ -722,8 +730,8 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
     base = scores["base"]
     lines = ["| arm | seeds | held-out F1, levels " + ",".join(map(str, p.heldout_levels)) + " [95%] | "
              + " | ".join(ladder) + " | vs warm (paired) | vs base (paired) | max empty rate | (empty) after "
-             "evidence | RL live | teacher gated |",
-             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|---:|---:|"]
+             "evidence | RL live | teacher gated | push shared |",
+             "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|---:|---:|---:|"]
     for arm in [a for a in ARMS if a in scores]:
         s = scores[arm]
         mean = cluster_bootstrap(s, n=2000)
@@ -736,10 +744,9 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         forgot_s = f"{max(forgot):.2f}" if forgot else ""
         live = results[arm].get("live")
         live_s = "" if live is None else (f"{live:.2f}" + (" (dead: no signal)" if live == 0 else ""))
-        gated = results[arm].get("gated")
-        gated_s = "" if gated is None else f"{gated:.2f}"
+        gated_s, shared_s = ("" if (v := results[arm].get(k)) is None else f"{v:.2f}" for k in ("gated", "shared"))
         lines.append(f"| {arm} | {len(results[arm]['evals'])} | {mean[0]:.3f} [{mean[1]:.3f}, {mean[2]:.3f}] | {per} | "
-                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {forgot_s} | {live_s} | {gated_s} |")
+                     f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {forgot_s} | {live_s} | {gated_s} | {shared_s} |")
     table = "\n".join(lines)
     real = {arm: r for arm, r in results.items() if r["real"]}
     real_table = ""
@@ -780,6 +787,10 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("privileged_rl_minus_rl (the privileged teacher's term beside the RL term, against the RL term alone)",
          d("opd_privileged_grpo", "grpo")),
         ("privileged_minus_warm (the privileged teacher's term alone)", d("opd_privileged", "warm")),
+        ("centered_minus_warm (the teacher's push centred at first tokens)", d("opd_centered", "warm")),
+        ("centered_minus_aligned (centring against the plain teacher term)", d("opd_centered", "opd_aligned")),
+        ("centered_rl_minus_rl (the centred teacher term beside the RL term, against the RL term alone)",
+         d("opd_grpo_centered", "grpo")),
         ("hotpot_trained_minus_base", hotpot_d),
         ("aligned_minus_sft_more (on-policy distillation against SFT continued on oracle calls)",
          d("opd_aligned", "sft_more")),
@@ -806,7 +817,9 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             "over the ladder levels, of update calls made once a fact was read whose memory is `(empty)` or blank (a "
             "student that learned to write `(empty)` whatever it read; `agentmem eval`'s `empty_after_evidence`). RL live: share of GRPO groups with a "
             "non-zero advantage over every step. Teacher gated: the share of the teacher term's token weight that "
-            "`teacher_min_confidence` left out, mean over the steps. Training ran in "
+            "`teacher_min_confidence` left out, mean over the steps. Push shared: the share of the teacher term's push at "
+            "first tokens that `teacher_centering` removed (its mean over each call kind's calls), mean over the steps. "
+            "Training ran in "
             + ("mixed precision (decoders in bf16 autocast, float32 weights and optimiser). " if bench.mixed()
                else "float32. ")
             + ("Momentum: the warm start's carried AdamW stepped with zero gradients (the move every method makes "
@@ -1165,7 +1178,8 @@ def main() -> None:
             runs.append(trained["distill_runs"])
         steps = step_metrics(store, [r for rs in runs for r in rs])
         results[arm] = {"evals": evals, "ladder": ladder, "real": real, "distill_runs_seed0": runs[0],
-                        "live": live_fraction(steps) if arm in RL_ARMS else None, "gated": gated_fraction(steps)}
+                        "live": live_fraction(steps) if arm in RL_ARMS else None, "gated": step_mean(steps, "kd_gated_fraction"),
+                        "shared": step_mean(steps, "kd_shared_fraction")}
         empty = max((v for e in evals for c in e["empty"].values() for v in c.values()), default=0.0)
         if empty > EMPTY_WARN:
             say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")

@@ -168,6 +168,30 @@ def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
 
 
 @pytest.mark.bench_smoke
+def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "AGENTMEM_DB": ""}
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
+                           "--arms", "opd_aligned,opd_centered,opd_grpo_centered", "--calls-per-step", "2"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with sqlite3.connect(work / "learning.db") as db:
+        configs = {(c["teacher_centering"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
+            "select config from runs where kind = 'distill'"))}
+        shared = [json.loads(m).get("kd_shared_fraction") for (m,) in db.execute(
+            "select s.metrics from train_steps s join runs r on r.id = s.run_id "
+            "where r.kind = 'distill' and json_extract(r.config, '$.teacher_centering') = 'first_token'")]
+    assert configs == {("none", 0.0), ("first_token", 0.0), ("first_token", 1.0)}
+    assert shared and all(v is not None and 0.0 <= v <= 1.0 + 1e-9 for v in shared)
+    report = (work / "learning.md").read_text()
+    for arm in ("opd_centered", "opd_grpo_centered"):
+        row = next(line for line in report.splitlines() if line.startswith(f"| {arm} |"))
+        assert row.rstrip(" |").split("|")[-1].strip() != ""  # its push-shared cell is filled
+    assert "centered_minus_aligned" in report
+
+
+@pytest.mark.bench_smoke
 def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_under_its_prompt(tmp_path):
     """``--privileged-teacher-sft``: opd_privileged distils from a teacher fine-tuned under the privileged prompt
     (an sft run with context privileged) and validated under it (eval runs sampled under the splice), and so does

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_models import tiny_llama
 
-from agentmem.config import DistillConfig, Divergence, TeacherSourceKind, Weighting
+from agentmem.config import DistillConfig, Divergence, TeacherCentering, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
 from agentmem.replay import Sequence, pack
 from agentmem.runtime import Runtime
@@ -26,7 +26,9 @@ from agentmem.training.terms import (
     CrossEntropyTerm,
     DistillTerm,
     MicroBatch,
+    Objective,
     PolicyGradientTerm,
+    TermValue,
     objective_from_config,
 )
 
@@ -164,11 +166,12 @@ def targets(teacher: PackedModel, seqs: list[Sequence]) -> TeacherTargets:
     return TeacherTargets(True, teacher.logits_by_invocation(plan(seqs, 4096).batches))
 
 
-def one_step(seqs, objective, runtime=None, step_episodes=None, row_tokens=40, teacher_targets=None, model=None):
+def one_step(seqs, objective, runtime=None, step_episodes=None, row_tokens=40, teacher_targets=None, model=None,
+             kind_of=None):
     model = model if model is not None else tiny_llama(seed=0).train()
     student = PackedModel(model, VOCAB, 0)
     rows, _ = pack(seqs, row_tokens)
-    inputs = StepInputs(EPISODE_OF, ADVANTAGE_OF, TEMPERATURE_OF, teacher_targets)
+    inputs = StepInputs(EPISODE_OF, ADVANTAGE_OF, TEMPERATURE_OF, teacher_targets, kind_of=kind_of)
     kw = {"runtime": runtime} if runtime is not None else {}
     result = accumulate_step(student, rows, inputs, objective, step_episodes=step_episodes, **kw)
     return result, {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
@@ -181,14 +184,17 @@ class ThreadReduce:
         self.barrier = threading.Barrier(world)
         self.lock = threading.Lock()
         self.parts: list[torch.Tensor] = []
+        self.done = threading.Barrier(world, action=self.parts.clear)  # the next reduce starts empty
         self.calls = 0
 
     def __call__(self, value: torch.Tensor) -> torch.Tensor:
         with self.lock:
             self.parts.append(value.clone())
             self.calls += 1
-        self.barrier.wait()  # every process has contributed (one reduce per process in these tests)
-        return value.copy_(torch.stack(self.parts).sum(0))
+        self.barrier.wait()  # every process has contributed
+        total = torch.stack(self.parts).sum(0)
+        self.done.wait()  # every process has read the sum
+        return value.copy_(total)
 
 
 @pytest.mark.parametrize("weighting", ["token", "call", "episode"])
@@ -434,3 +440,132 @@ def test_min_confidence_needs_full_vocabulary_targets_and_comes_from_the_config(
     with pytest.raises(ValueError, match="less than 1"):
         config(teacher_min_confidence=1.0)
     assert objective_from_config(config(teacher_min_confidence=0.6)).terms[0][1].min_confidence == 0.6
+
+
+# -- centring the teacher's push at first tokens (a group baseline) ---------------------------------------
+
+KIND_OF = {f"inv{i}": "memory_update" if i % 3 else "answer" for i in range(len(SHAPES))}
+
+
+def first_positions(seqs) -> list[int]:
+    """Index of each call's first action token in the step's action order (calls in ``seqs`` order)."""
+    out, pos = [], 0
+    for s in seqs:
+        out.append(pos)
+        pos += len(s.action_ids)
+    return out
+
+
+class Capture:
+    """A zero term that keeps each micro-batch's student logits, to read their gradient after the step."""
+
+    name, needs_teacher, needs_reference = "capture", False, False
+
+    def __init__(self) -> None:
+        self.logits: list[torch.Tensor] = []
+        self.ids: list[torch.Tensor] = []
+
+    def __call__(self, batch: MicroBatch) -> TermValue:
+        batch.logits.retain_grad()
+        self.logits.append(batch.logits)
+        self.ids.append(batch.action_ids)
+        return TermValue(batch.logits.sum() * 0, {})
+
+    def grads(self) -> torch.Tensor:
+        assert all(x.grad is not None for x in self.logits)
+        return torch.cat([x.grad for x in self.logits])
+
+
+def logit_grads(seqs, centered: bool, loss: str, teacher, row_tokens=4096, kind_of=KIND_OF):
+    capture = Capture()
+    term = DistillTerm(Divergence(loss), centered=centered)
+    result, _ = one_step(seqs, Objective(((1.0, term), (1.0, capture))), row_tokens=row_tokens,
+                         teacher_targets=teacher, kind_of=kind_of)
+    return result, capture.grads()
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl"])
+def test_centering_removes_each_kinds_mean_push_at_first_tokens_only(loss):
+    seqs = sequences()
+    teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
+    plain, g_plain = logit_grads(seqs, False, loss, teacher)
+    centered, g_cent = logit_grads(seqs, True, loss, teacher)
+    assert centered.kd_loss == pytest.approx(plain.kd_loss, abs=1e-7)  # the value is still the divergence
+    firsts = first_positions(seqs)
+    others = [i for i in range(g_plain.shape[0]) if i not in firsts]
+    torch.testing.assert_close(g_cent[others], g_plain[others], atol=0, rtol=0)  # later tokens: untouched
+    weight = 1.0 / g_plain.shape[0]  # token weighting
+    for kind in ("answer", "memory_update"):
+        at = [p for p, s in zip(firsts, seqs, strict=True) if KIND_OF[s.invocation_id] == kind]
+        assert len(at) >= 3
+        # the centred pushes of a kind add to zero; each differs from the plain one by the same mean push
+        assert g_cent[at].sum(0).abs().max().item() < 1e-7
+        shift = (g_plain[at] - g_cent[at]) / weight
+        torch.testing.assert_close(shift, shift[:1].expand_as(shift), atol=1e-6, rtol=0)
+        torch.testing.assert_close(shift[0], g_plain[at].sum(0) / (weight * len(at)), atol=1e-6, rtol=0)
+        assert shift[0].abs().max().item() > 1e-4  # and that mean is not zero: the test can fail
+    assert 0 < centered.metrics["kd_shared_fraction"] < 1
+
+
+def test_centering_does_not_depend_on_packing_and_adds_up_over_processes():
+    seqs = sequences()
+    teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
+    objective = objective_from_config(config(loss="forward_kl", teacher_centering="first_token", rl_weight=0.0))
+    one_row, g_one = one_step(seqs, objective, row_tokens=4096, teacher_targets=teacher, kind_of=KIND_OF)
+    many, g_many = one_step(seqs, objective, row_tokens=30, teacher_targets=teacher, kind_of=KIND_OF)
+    assert many.metrics["kd_shared_fraction"] == pytest.approx(one_row.metrics["kd_shared_fraction"], abs=1e-6)
+    for n in g_one:
+        torch.testing.assert_close(g_many[n], g_one[n], atol=1e-6, rtol=1e-4, msg=n)
+
+    episodes = list(dict.fromkeys(EPISODE_OF[s.invocation_id] for s in seqs))
+    reduce = ThreadReduce(2)
+    results: dict[int, tuple] = {}
+    models = [tiny_llama(seed=0).train() for _ in range(2)]
+
+    def rank(r: int) -> None:
+        runtime = Runtime(rank=r, world_size=2).with_reduce(reduce)
+        results[r] = one_step(seqs[r::2], objective, runtime, episodes, teacher_targets=teacher, model=models[r],
+                              kind_of=KIND_OF)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert reduce.calls == 4  # the step's counts, then the group means: two all-reduces per process
+    (r0, g0), (r1, g1) = results[0], results[1]
+    assert r0.metrics["kd_shared_fraction"] + r1.metrics["kd_shared_fraction"] == pytest.approx(
+        one_row.metrics["kd_shared_fraction"], abs=1e-6)
+    for n in g_one:
+        torch.testing.assert_close(g0[n] + g1[n], g_one[n], atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_a_kind_of_one_call_is_all_shared_and_loses_its_first_token_push():
+    seqs = sequences()
+    teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
+    alone = {s.invocation_id: s.invocation_id for s in seqs}  # every call its own kind: the mean is the call
+    result, grads = logit_grads(seqs, True, "forward_kl", teacher, kind_of=alone)
+    assert result.metrics["kd_shared_fraction"] == pytest.approx(1.0, abs=1e-9)
+    assert grads[first_positions(seqs)].abs().max().item() < 1e-9
+
+
+def test_centering_comes_from_the_config_and_needs_a_full_teacher():
+    objective = objective_from_config(config(teacher_centering="first_token"))
+    term = objective.terms[0][1]
+    assert isinstance(term, DistillTerm) and term.centered and objective.centered is term
+    assert objective_from_config(config()).centered is None
+    assert config().teacher_centering is TeacherCentering.none
+    with pytest.raises(ValueError, match="teacher_centering=first_token reads the teacher's full distribution"):
+        config(teacher_source=TeacherSourceKind.scores, teacher_centering="first_token")
+    with pytest.raises(ValueError, match="target=barycenter builds its target from the student"):
+        config(teacher_centering="first_token", target="barycenter")
+    with pytest.raises(ValueError, match="needs a teacher and kd_weight > 0"):
+        config(teacher_centering="first_token", kd_weight=0.0)
+    with pytest.raises(TrainingError, match="full distribution"):
+        DistillTerm(centered=True)(micro_batch(teacher=torch.full((4,), -1.0)))
+    with pytest.raises(TrainingError, match="no group means"):
+        DistillTerm(centered=True)(micro_batch(teacher=torch.zeros(4, 6)))
+    seqs = sequences()
+    with pytest.raises(TrainingError, match="needs each call's kind"):
+        one_step(seqs, objective_from_config(config(teacher_centering="first_token")),
+                 teacher_targets=targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs))

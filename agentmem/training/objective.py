@@ -39,7 +39,7 @@ from agentmem.training.collate import PackedBatch
 from agentmem.training.forward import PackedModel
 from agentmem.training.losses import reverse_kl
 from agentmem.training.teachers import TeacherTargets
-from agentmem.training.terms import MicroBatch, Objective, objective_from_config
+from agentmem.training.terms import DistillTerm, MicroBatch, Objective, objective_from_config
 
 __all__ = ["Mix", "Objective", "StepInputs", "StepResult", "accumulate_step", "objective_from_config", "step_totals",
            "step_weights"]
@@ -184,13 +184,17 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     weights = step_weights(batches, inputs.episode_of, objective.weighting, totals_, student.device, inputs.mix)
     totals = {t.name: 0.0 for _, t in objective.terms}
     metrics = _monitor_keys(inputs, reference)
+    centers: list[Center | None] = [None] * len(batches)
+    if objective.centered is not None:
+        centers, shared = _centers(student, batches, weights, inputs, objective.centered, runtime)
+        metrics["kd_shared_fraction"] = shared if runtime.rank == 0 else 0.0  # summed over processes
     tokens = actions = 0
     if not batches and student.wrapper is not None:
         with student.micro_batch(last=True):
             (student.action_logits(student.empty_batch()).sum() * student.grad_scale).backward()
     for k, (batch, w) in enumerate(zip(batches, weights, strict=True)):
         with student.micro_batch(last=k == len(batches) - 1):
-            _micro_step(student, batch, w, inputs, objective, reference, totals, metrics)
+            _micro_step(student, batch, w, inputs, objective, reference, totals, metrics, centers[k])
         tokens += batch.num_tokens
         actions += int(batch.action_ids.shape[0])
     total = 0.0
@@ -201,9 +205,62 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
                       totals_.actions)
 
 
+@dataclass(frozen=True)
+class Center:
+    """A micro-batch's share of the centring: its calls' first action positions [G] and, at each, the
+    weighted mean push of that call's kind over the whole step [G, V]."""
+
+    positions: torch.Tensor
+    mean_push: torch.Tensor
+
+
+def _firsts(batch: PackedBatch) -> list[tuple[str, int]]:
+    """(invocation id, index among the batch's action tokens) of each call's first action token."""
+    out, pos = [], 0
+    for inv, n in zip(batch.invocation_ids, batch.action_counts, strict=True):
+        if n:
+            out.append((inv, pos))
+        pos += n
+    return out
+
+
+def _centers(student: PackedModel, batches: Sequence[PackedBatch], weights: Sequence[torch.Tensor],
+             inputs: StepInputs, term: DistillTerm, runtime: Runtime) -> tuple[list[Center | None], float]:
+    """The group baseline of the teacher term's push (``DistillConfig.teacher_centering``): one forward of
+    the student without gradient over this process's rows gives the push ``g_i = dD_i/dz_i`` at each call's
+    first action token; per call kind, ``m_k = sum_i w_i g_i / sum_i w_i`` over the step's calls of that kind
+    on every process (one ``all_reduce_sum``). The term then moves each first token by ``w_i (g_i - m_k)``,
+    so the pushes of a kind add to zero. Also returns the shared part's share of the push's weighted energy,
+    ``sum_k W_k |m_k|^2 / sum_i w_i |g_i|^2`` (1: every call of a kind is pushed the same way)."""
+    if inputs.kind_of is None:
+        raise TrainingError("teacher_centering needs each call's kind (StepInputs.kind_of)")
+    kinds = {k: j for j, k in enumerate(sorted(set(inputs.kind_of.values())))}
+    sums = torch.zeros(len(kinds), student.vocab + 1, dtype=torch.float64)  # weighted push sums, then the weight
+    energy = torch.zeros(1, dtype=torch.float64)
+    local: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for batch, w in zip(batches, weights, strict=True):
+        firsts = _firsts(batch)
+        positions = torch.tensor([p for _, p in firsts], dtype=torch.long, device=w.device)
+        group = torch.tensor([kinds[inputs.kind_of[i]] for i, _ in firsts], dtype=torch.long)
+        with torch.no_grad():
+            logits = student.action_logits(batch)[positions]
+        push = term.push(logits, _teacher(batch, inputs.teacher, logits.device)[positions]).double().cpu()
+        wf = w[positions].double().cpu()
+        sums[:, :-1].index_add_(0, group, wf[:, None] * push)
+        sums[:, -1].index_add_(0, group, wf)
+        energy += (wf * push.pow(2).sum(-1)).sum()
+        local.append((positions, group))
+    total = runtime.all_reduce_sum(torch.cat([sums.flatten(), energy]).to(runtime.device)).cpu()
+    sums, energy = total[:-1].view(len(kinds), -1), total[-1]
+    weight = sums[:, -1]
+    means = sums[:, :-1] / weight.clamp_min(1e-300)[:, None]
+    shared = float((weight * means.pow(2).sum(-1)).sum() / energy) if energy > 0 else 0.0
+    return [Center(p, means[g].to(torch.float32).to(p.device)) for p, g in local], shared
+
+
 def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, inputs: StepInputs,
                 objective: Objective, reference: PackedModel | None, totals: dict[str, float],
-                metrics: dict[str, float]) -> None:
+                metrics: dict[str, float], center: Center | None = None) -> None:
     """Forward and backward of one micro-batch; adds its term values into ``totals`` and ``metrics``."""
     logits = student.action_logits(batch)
     ref = _reference(reference, batch) if objective.needs_reference or reference is not None else None
@@ -213,6 +270,8 @@ def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, input
         advantages=_per_action(batch, inputs.advantage_of, logits.device), weights=w,
         teacher=_teacher(batch, inputs.teacher, logits.device) if objective.needs_teacher else None,
         reference=ref if objective.needs_reference else None,
+        center_positions=center.positions if center is not None else None,
+        center=center.mean_push if center is not None else None,
     )
     if inputs.kind_of is not None:
         _monitor(batch, mb, ref, inputs, metrics)
@@ -248,11 +307,7 @@ def _monitor(batch: PackedBatch, mb: MicroBatch, ref: torch.Tensor | None, input
     with torch.no_grad():
         logits = mb.logits.detach()
         if inputs.eos_id is not None and logits.shape[0]:
-            starts, pos = [], 0
-            for n in batch.action_counts:
-                starts.append(pos)
-                pos += n
-            firsts = [(i, s) for i, s, n in zip(batch.invocation_ids, starts, batch.action_counts, strict=True) if n]
+            firsts = _firsts(batch)
             probs = torch.softmax(logits[[s for _, s in firsts]].float(), dim=-1)[:, inputs.eos_id].tolist()
             for (inv, _), p in zip(firsts, probs, strict=True):
                 kind = inputs.kind_of[inv]

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from agentmem.config import DistillConfig, Divergence, TeacherSourceKind, Weighting
+from agentmem.config import DistillConfig, Divergence, TeacherCentering, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
 from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.losses import (
@@ -62,6 +62,10 @@ class MicroBatch:
     weights: torch.Tensor  # float32 [A], normalised over the whole global step
     teacher: torch.Tensor | None = None
     reference: torch.Tensor | None = None
+    # the teacher term's centring (DistillConfig.teacher_centering): at action positions ``center_positions``
+    # [G] (each call's first), the push to subtract there, ``center`` [G, V] (its group's weighted mean)
+    center_positions: torch.Tensor | None = None
+    center: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,50 @@ class DistillTerm:
     teacher_temperature: float = 1.0  # the teacher's log-probs divided by it first (below 1: sharper)
     # positions where the teacher's own top probability is below this get no distillation (0: every position)
     min_confidence: float = 0.0
+    # subtract the group mean of the push at each call's first token (``MicroBatch.center``, computed by
+    # ``objective.accumulate_step`` over the whole step from ``push``)
+    centered: bool = False
     name: str = "kd"
     needs_teacher: bool = True
     needs_reference: bool = False
+
+    def push(self, logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """The term's per-position gradient on the student's logits, ``d D_i / d z_i`` [P, V] (no weights),
+        at positions whose logits [P, V] and full-distribution teacher [P, V] are given; no gradient flows."""
+        leaf = logits.detach().float().requires_grad_(True)
+        with torch.enable_grad():
+            per_token = self._per_token(leaf, teacher.detach())[0]
+            (grad,) = torch.autograd.grad(per_token.sum(), leaf)
+        return grad
+
+    def _per_token(self, logits: torch.Tensor, teacher: torch.Tensor,
+                   w: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The divergence at each position (gated, tempered, barycentred and clipped as configured) and the
+        weight shares of what was gated or clipped (with ``w``)."""
+        metrics: dict[str, float] = {}
+        confident = None
+        if self.min_confidence > 0:  # the teacher's own (untempered) top probability at each position
+            confident = torch.softmax(teacher.float(), dim=-1).amax(dim=-1) >= self.min_confidence
+            if w is not None:
+                metrics["kd_gated_fraction"] = float((w * (~confident).to(w.dtype)).sum())
+        if self.teacher_temperature != 1.0:  # log p_t / tau: the logits of p_t^(1/tau), renormalised by the softmax
+            teacher = torch.log_softmax(teacher.float(), dim=-1) / self.teacher_temperature
+        if self.barycenter is not None:
+            target = self.barycenter(logits, teacher, self.temperature)
+            teacher = target.logprobs * self.temperature  # T=1-equivalent logits of q: softmax(. / T) is q
+            if w is not None:
+                metrics["alpha_mean"] = float((w * target.alpha.to(w.dtype)).sum())
+                metrics["alpha_below_half"] = float((w * (target.alpha < 0.5).to(w.dtype)).sum())
+                if self.barycenter.ema is not None:
+                    metrics["alpha_raw_mean"] = float((w * target.raw_alpha.to(w.dtype)).sum())
+        per_token = divergence(logits, teacher, self.divergence.value, self.beta, self.temperature)
+        if self.clip is not None:
+            per_token, over = clipped(per_token, self.clip)
+            if w is not None:
+                metrics["kd_clip_fraction"] = float((w * over.to(w.dtype)).sum())
+        if confident is not None:
+            per_token = per_token * confident.to(per_token.dtype)
+        return per_token, metrics
 
     def __call__(self, batch: MicroBatch) -> TermValue:
         teacher = batch.teacher
@@ -117,34 +162,24 @@ class DistillTerm:
                 raise TrainingError(f"loss={self.divergence}: needs the teacher's full distribution; sampled-token "
                                     "teacher log-probs support only reverse_kl")
             if (self.clip is not None or self.barycenter is not None or self.teacher_temperature != 1.0
-                    or self.min_confidence > 0):
-                raise TrainingError("jsd_clip, target=barycenter, teacher_temperature and teacher_min_confidence "
+                    or self.min_confidence > 0 or self.centered):
+                raise TrainingError("jsd_clip, target=barycenter, teacher_temperature, teacher_min_confidence and "
+                                    "teacher_centering "
                                     "need the teacher's full "
                                     "distribution; sampled-token teacher log-probs (teacher_source=scores) have none")
             loss = sampled_reverse_kl_loss(batch.logits, batch.action_ids, teacher, batch.weights, self.temperature)
             return TermValue(loss, {})
         w = batch.weights
-        metrics: dict[str, float] = {}
-        confident = None
-        if self.min_confidence > 0:  # the teacher's own (untempered) top probability at each position
-            confident = torch.softmax(teacher.float(), dim=-1).amax(dim=-1) >= self.min_confidence
-            metrics["kd_gated_fraction"] = float((w * (~confident).to(w.dtype)).sum())
-        if self.teacher_temperature != 1.0:  # log p_t / tau: the logits of p_t^(1/tau), renormalised by the softmax
-            teacher = torch.log_softmax(teacher.float(), dim=-1) / self.teacher_temperature
-        if self.barycenter is not None:
-            target = self.barycenter(batch.logits, teacher, self.temperature)
-            teacher = target.logprobs * self.temperature  # T=1-equivalent logits of q: softmax(. / T) is q
-            metrics["alpha_mean"] = float((w * target.alpha.to(w.dtype)).sum())
-            metrics["alpha_below_half"] = float((w * (target.alpha < 0.5).to(w.dtype)).sum())
-            if self.barycenter.ema is not None:
-                metrics["alpha_raw_mean"] = float((w * target.raw_alpha.to(w.dtype)).sum())
-        per_token = divergence(batch.logits, teacher, self.divergence.value, self.beta, self.temperature)
-        if self.clip is not None:
-            per_token, over = clipped(per_token, self.clip)
-            metrics["kd_clip_fraction"] = float((w * over.to(w.dtype)).sum())
-        if confident is not None:
-            per_token = per_token * confident.to(per_token.dtype)
-        return TermValue((per_token * w.to(per_token.dtype)).sum(), metrics)
+        per_token, metrics = self._per_token(batch.logits, teacher, w)
+        loss = (per_token * w.to(per_token.dtype)).sum()
+        if self.centered:
+            if batch.center is None or batch.center_positions is None:
+                raise TrainingError("the centred distillation term has no group means for this micro-batch "
+                                    "(objective.accumulate_step computes them)")
+            at = batch.center_positions
+            shift = -(w[at].to(batch.center.dtype)[:, None] * batch.center * batch.logits[at].float()).sum()
+            loss = loss + (shift - shift.detach())  # the value stays the divergence; the gradient is centred
+        return TermValue(loss, metrics)
 
 
 @dataclass(frozen=True)
@@ -210,6 +245,11 @@ class Objective:
     def needs_reference(self) -> bool:
         return any(t.needs_reference for _, t in self.terms)
 
+    @property
+    def centered(self) -> DistillTerm | None:
+        """The distillation term whose push is centred at first tokens, if the objective has one."""
+        return next((t for _, t in self.terms if isinstance(t, DistillTerm) and t.centered), None)
+
     def end_step(self, metrics: Mapping[str, float]) -> None:
         """After an optimizer step, with its metrics summed over micro-batches and processes: update the
         state kept across steps (the alpha EMA; a step without action tokens leaves it as it was)."""
@@ -240,7 +280,8 @@ def objective_from_config(config: DistillConfig) -> Objective:
     candidates: list[tuple[float, LossTerm]] = [
         (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
                                                  config.jsd_clip, barycenter, config.teacher_temperature,
-                                                 config.teacher_min_confidence)),
+                                                 config.teacher_min_confidence,
+                                                 config.teacher_centering is TeacherCentering.first_token)),
         (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),
