@@ -70,14 +70,17 @@ class Divergence(Choice):
 
 
 class TeacherCentering(Choice):
-    """Which shared part of the teacher term's push the student is spared: ``none`` (the plain divergence), or
-    ``first_token``: at each call's first output position, the push (the divergence's gradient on the student's
-    logits) minus its weighted mean over the step's calls of the same kind, like GRPO's group baseline for the
-    reward. The teacher then moves only how the calls differ (e.g. writing ``(empty)`` on a distractor read and
-    the fact on an evidence read), not what they share (writing ``(empty)`` on any first read)."""
+    """Which shared part of the teacher term's push the student is spared: ``none`` (the plain divergence), or,
+    at each call's first output position, the push (the divergence's gradient on the student's logits) minus its
+    weighted mean over the step's calls of the same group, like GRPO's group baseline for the reward. The groups:
+    ``first_token``, the call kind; ``first_token_memory``, the call kind and whether the call's memory was empty
+    (the calls that face one decision: what to keep of a chunk read into nothing, or how to rewrite what is
+    held). The teacher then moves only how the calls of a group differ (e.g. writing ``(empty)`` on a distractor
+    read and the fact on an evidence read), not what they share (writing ``(empty)`` on any first read)."""
 
     none = "none"
     first_token = "first_token"
+    first_token_memory = "first_token_memory"
 
 
 class DistillTarget(Choice):
@@ -439,8 +442,9 @@ class DistillConfig(Frozen):
     teacher_centering: TeacherCentering = TeacherCentering.none
     """first_token: at each call's first output token, subtract from the teacher term's push its mean over the
     step's calls of the same kind (a group baseline: the teacher moves how calls differ, not what they share;
-    one extra no-gradient forward of the student per step). Full-distribution teachers, target teacher only.
-    The shared part's share of the push is logged as kd_shared_fraction."""
+    one extra no-gradient forward of the student per step); first_token_memory: over the calls of the same kind
+    whose memory was empty too, or held something too. Full-distribution teachers, target teacher only. The
+    shared part's share of the push is logged as kd_shared_fraction."""
     rl: RLKind = RLKind.grpo
     """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)

@@ -90,6 +90,11 @@ class FinishReason(str, enum.Enum):
     error = "error"
 
 
+# what a prompt shows for a memory that holds nothing (``agentmem.agent.prompts`` renders it; the oracle writes
+# it for an update with no fact read yet)
+EMPTY_MEMORY = "(empty)"
+
+
 class TeacherContext(str, enum.Enum):
     """What the teacher reads before a call's actions: the student's own state (``aligned``), every earlier
     call of the episode flattened as stored (``persistent``) or as one well-formed multi-turn chat

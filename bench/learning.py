@@ -26,6 +26,8 @@ each of ``--seeds`` training seeds:
   opd_centered          opd_aligned with the teacher's push centred at first tokens (``teacher_centering``): minus its
                         mean over the step's calls of the same kind, so it moves how calls differ, not what they share;
   opd_grpo_centered     opd_centered + the RL term;
+  opd_centered_memory   opd_centered with the mean taken over the calls of the same kind whose memory was empty too
+                        (or held something too): the calls that face the same decision;
   psd_off               PSD off-policy: the teacher's samples under the privileged prompt;
   reopd                 ReOPD: the student samples one call per oracle episode from the oracle's memory;
   squad_warm            real text: the warm start's SFT, on SQuAD oracle calls instead of the ladder;
@@ -115,14 +117,14 @@ from store.engine import open_store  # noqa: E402
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd",
-               "opd_centered", "opd_grpo_centered")
+               "opd_centered", "opd_grpo_centered", "opd_centered_memory")
 ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
 RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
-             "opd_privileged_grpo", "psd_off", "reopd", "opd_centered", "opd_grpo_centered")
+             "opd_privileged_grpo", "psd_off", "reopd", "opd_centered", "opd_grpo_centered", "opd_centered_memory")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
@@ -136,6 +138,7 @@ ON_POLICY: dict[str, dict] = {
     "opd_privileged_grpo": {"kd": True, "rl": True, "context": TeacherContext.privileged},
     "opd_centered": {"kd": True, "teacher_centering": TeacherCentering.first_token},
     "opd_grpo_centered": {"kd": True, "rl": True, "teacher_centering": TeacherCentering.first_token},
+    "opd_centered_memory": {"kd": True, "teacher_centering": TeacherCentering.first_token_memory},
     "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
     "reopd": {"kd": True},
     "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
@@ -791,6 +794,8 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("centered_minus_aligned (centring against the plain teacher term)", d("opd_centered", "opd_aligned")),
         ("centered_rl_minus_rl (the centred teacher term beside the RL term, against the RL term alone)",
          d("opd_grpo_centered", "grpo")),
+        ("centered_memory_minus_warm (centred within calls of one kind and one memory state)",
+         d("opd_centered_memory", "warm")),
         ("hotpot_trained_minus_base", hotpot_d),
         ("aligned_minus_sft_more (on-policy distillation against SFT continued on oracle calls)",
          d("opd_aligned", "sft_more")),

@@ -14,7 +14,9 @@ from tiny_models import tiny_llama
 
 from agentmem.config import DistillConfig, Divergence, TeacherCentering, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
+from agentmem.records import Invocation
 from agentmem.replay import Sequence, pack
+from agentmem.replay.groups import centering_groups
 from agentmem.runtime import Runtime
 from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.forward import PackedModel, plan
@@ -167,11 +169,11 @@ def targets(teacher: PackedModel, seqs: list[Sequence]) -> TeacherTargets:
 
 
 def one_step(seqs, objective, runtime=None, step_episodes=None, row_tokens=40, teacher_targets=None, model=None,
-             kind_of=None):
+             center_group_of=None):
     model = model if model is not None else tiny_llama(seed=0).train()
     student = PackedModel(model, VOCAB, 0)
     rows, _ = pack(seqs, row_tokens)
-    inputs = StepInputs(EPISODE_OF, ADVANTAGE_OF, TEMPERATURE_OF, teacher_targets, kind_of=kind_of)
+    inputs = StepInputs(EPISODE_OF, ADVANTAGE_OF, TEMPERATURE_OF, teacher_targets, center_group_of=center_group_of)
     kw = {"runtime": runtime} if runtime is not None else {}
     result = accumulate_step(student, rows, inputs, objective, step_episodes=step_episodes, **kw)
     return result, {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
@@ -444,7 +446,7 @@ def test_min_confidence_needs_full_vocabulary_targets_and_comes_from_the_config(
 
 # -- centring the teacher's push at first tokens (a group baseline) ---------------------------------------
 
-KIND_OF = {f"inv{i}": "memory_update" if i % 3 else "answer" for i in range(len(SHAPES))}
+GROUP_OF = {f"inv{i}": "memory_update" if i % 3 else "answer" for i in range(len(SHAPES))}
 
 
 def first_positions(seqs) -> list[int]:
@@ -476,11 +478,11 @@ class Capture:
         return torch.cat([x.grad for x in self.logits])
 
 
-def logit_grads(seqs, centered: bool, loss: str, teacher, row_tokens=4096, kind_of=KIND_OF):
+def logit_grads(seqs, centered: bool, loss: str, teacher, row_tokens=4096, group_of=GROUP_OF):
     capture = Capture()
     term = DistillTerm(Divergence(loss), centered=centered)
     result, _ = one_step(seqs, Objective(((1.0, term), (1.0, capture))), row_tokens=row_tokens,
-                         teacher_targets=teacher, kind_of=kind_of)
+                         teacher_targets=teacher, center_group_of=group_of)
     return result, capture.grads()
 
 
@@ -496,7 +498,7 @@ def test_centering_removes_each_kinds_mean_push_at_first_tokens_only(loss):
     torch.testing.assert_close(g_cent[others], g_plain[others], atol=0, rtol=0)  # later tokens: untouched
     weight = 1.0 / g_plain.shape[0]  # token weighting
     for kind in ("answer", "memory_update"):
-        at = [p for p, s in zip(firsts, seqs, strict=True) if KIND_OF[s.invocation_id] == kind]
+        at = [p for p, s in zip(firsts, seqs, strict=True) if GROUP_OF[s.invocation_id] == kind]
         assert len(at) >= 3
         # the centred pushes of a kind add to zero; each differs from the plain one by the same mean push
         assert g_cent[at].sum(0).abs().max().item() < 1e-7
@@ -511,8 +513,8 @@ def test_centering_does_not_depend_on_packing_and_adds_up_over_processes():
     seqs = sequences()
     teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
     objective = objective_from_config(config(loss="forward_kl", teacher_centering="first_token", rl_weight=0.0))
-    one_row, g_one = one_step(seqs, objective, row_tokens=4096, teacher_targets=teacher, kind_of=KIND_OF)
-    many, g_many = one_step(seqs, objective, row_tokens=30, teacher_targets=teacher, kind_of=KIND_OF)
+    one_row, g_one = one_step(seqs, objective, row_tokens=4096, teacher_targets=teacher, center_group_of=GROUP_OF)
+    many, g_many = one_step(seqs, objective, row_tokens=30, teacher_targets=teacher, center_group_of=GROUP_OF)
     assert many.metrics["kd_shared_fraction"] == pytest.approx(one_row.metrics["kd_shared_fraction"], abs=1e-6)
     for n in g_one:
         torch.testing.assert_close(g_many[n], g_one[n], atol=1e-6, rtol=1e-4, msg=n)
@@ -525,7 +527,7 @@ def test_centering_does_not_depend_on_packing_and_adds_up_over_processes():
     def rank(r: int) -> None:
         runtime = Runtime(rank=r, world_size=2).with_reduce(reduce)
         results[r] = one_step(seqs[r::2], objective, runtime, episodes, teacher_targets=teacher, model=models[r],
-                              kind_of=KIND_OF)
+                              center_group_of=GROUP_OF)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -540,11 +542,11 @@ def test_centering_does_not_depend_on_packing_and_adds_up_over_processes():
         torch.testing.assert_close(g0[n] + g1[n], g_one[n], atol=1e-6, rtol=1e-4, msg=n)
 
 
-def test_a_kind_of_one_call_is_all_shared_and_loses_its_first_token_push():
+def test_a_group_of_one_call_is_all_shared_and_loses_its_first_token_push():
     seqs = sequences()
     teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
     alone = {s.invocation_id: s.invocation_id for s in seqs}  # every call its own kind: the mean is the call
-    result, grads = logit_grads(seqs, True, "forward_kl", teacher, kind_of=alone)
+    result, grads = logit_grads(seqs, True, "forward_kl", teacher, group_of=alone)
     assert result.metrics["kd_shared_fraction"] == pytest.approx(1.0, abs=1e-9)
     assert grads[first_positions(seqs)].abs().max().item() < 1e-9
 
@@ -566,6 +568,22 @@ def test_centering_comes_from_the_config_and_needs_a_full_teacher():
     with pytest.raises(TrainingError, match="no group means"):
         DistillTerm(centered=True)(micro_batch(teacher=torch.zeros(4, 6)))
     seqs = sequences()
-    with pytest.raises(TrainingError, match="needs each call's kind"):
+    with pytest.raises(TrainingError, match="needs each call's group"):
         one_step(seqs, objective_from_config(config(teacher_centering="first_token")),
                  teacher_targets=targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs))
+
+
+def test_centering_groups_are_the_kind_or_the_kind_and_whether_the_memory_was_empty():
+    def call(kind: str, memory: str) -> Invocation:
+        return Invocation(episode_id="e", step=0, kind=kind, prompt_ids=[1], output_ids=[2], output_logprobs=[-1.0],
+                          memory_before=memory)
+
+    calls = [call("memory_update", ""), call("memory_update", "(empty)"), call("memory_update", " (empty)\n"),
+             call("memory_update", "Bazo works for Pinisoft."), call("answer", "(empty)"), call("answer", "a fact")]
+    by_kind = centering_groups(calls, TeacherCentering.first_token)
+    by_memory = centering_groups(calls, TeacherCentering.first_token_memory)
+    assert [by_kind[c.id] for c in calls] == ["memory_update"] * 4 + ["answer"] * 2
+    assert [by_memory[c.id] for c in calls] == ["memory_update/empty"] * 3 + ["memory_update/held", "answer/empty",
+                                                                              "answer/held"]
+    with pytest.raises(ValueError, match="no groups"):
+        centering_groups(calls, TeacherCentering.none)

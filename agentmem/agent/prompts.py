@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agentmem import records
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -37,7 +39,7 @@ ANSWER = (
     "Answer the question from your memory. Reply with the short answer only."
 )
 
-EMPTY_MEMORY = "(empty)"
+EMPTY_MEMORY = records.EMPTY_MEMORY  # what the prompt shows for nothing held
 
 
 @dataclass(frozen=True)

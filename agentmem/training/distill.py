@@ -42,10 +42,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.config import DistillConfig, Oversize, Packing, PsdMode, RewardKind, RLKind
+from agentmem.config import DistillConfig, Oversize, Packing, PsdMode, RewardKind, RLKind, TeacherCentering
 from agentmem.errors import ConfigError, TrainingError
 from agentmem.records import Checkpoint, SamplingContext, TeacherContext, TrainStep
 from agentmem.replay import OverBudget, pack
+from agentmem.replay.groups import centering_groups
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.advantages import group_advantages
 from agentmem.training.checkpoints import gather_full_state, save_checkpoint
@@ -191,6 +192,8 @@ class Trainer:
             self.group_sizes[g] = self.group_sizes.get(g, 0) + 1
         self.invocation = {i.id: i for i in self.selection.invocations}
         self.kind_of = {i.id: str(i.kind) for i in self.selection.invocations}
+        self.center_group_of = (centering_groups(self.selection.invocations, config.teacher_centering)
+                                if config.teacher_centering is not TeacherCentering.none else None)
         self.eos_id = models.tokenizer.eos_token_id
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
@@ -210,7 +213,7 @@ class Trainer:
         kept = [s.invocation_id for s in mine if s.invocation_id not in skipped]
         targets = self.teacher.targets(kept) if self.teacher is not None and kept else None
         inputs = StepInputs(self.episode_of, self.advantage_of, self.temperature_of, targets, self.mix,
-                            self.kind_of, self.eos_id)
+                            self.kind_of, self.eos_id, self.center_group_of)
         model = self.models.student
         model.train()
         lr = self.lr(step)

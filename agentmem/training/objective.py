@@ -60,6 +60,9 @@ class StepInputs:
     # the step's metrics carry the first-token EOS mass per kind and the KLs to the teacher and reference
     kind_of: Mapping[str, str] | None = None
     eos_id: int | None = None
+    # the teacher term's centring (DistillConfig.teacher_centering): each call's group, one mapping for the
+    # whole step on every process (``agentmem.replay.groups.centering_groups``)
+    center_group_of: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -228,20 +231,21 @@ def _centers(student: PackedModel, batches: Sequence[PackedBatch], weights: Sequ
              inputs: StepInputs, term: DistillTerm, runtime: Runtime) -> tuple[list[Center | None], float]:
     """The group baseline of the teacher term's push (``DistillConfig.teacher_centering``): one forward of
     the student without gradient over this process's rows gives the push ``g_i = dD_i/dz_i`` at each call's
-    first action token; per call kind, ``m_k = sum_i w_i g_i / sum_i w_i`` over the step's calls of that kind
-    on every process (one ``all_reduce_sum``). The term then moves each first token by ``w_i (g_i - m_k)``,
+    first action token; per group (``StepInputs.center_group_of``), ``m_k = sum_i w_i g_i / sum_i w_i`` over the
+    step's calls of that group on every process (one ``all_reduce_sum``). The term then moves each first token by ``w_i (g_i - m_k)``,
     so the pushes of a kind add to zero. Also returns the shared part's share of the push's weighted energy,
     ``sum_k W_k |m_k|^2 / sum_i w_i |g_i|^2`` (1: every call of a kind is pushed the same way)."""
-    if inputs.kind_of is None:
-        raise TrainingError("teacher_centering needs each call's kind (StepInputs.kind_of)")
-    kinds = {k: j for j, k in enumerate(sorted(set(inputs.kind_of.values())))}
+    if inputs.center_group_of is None:
+        raise TrainingError("teacher_centering needs each call's group (StepInputs.center_group_of)")
+    group_of = inputs.center_group_of
+    kinds = {k: j for j, k in enumerate(sorted(set(group_of.values())))}
     sums = torch.zeros(len(kinds), student.vocab + 1, dtype=torch.float64)  # weighted push sums, then the weight
     energy = torch.zeros(1, dtype=torch.float64)
     local: list[tuple[torch.Tensor, torch.Tensor]] = []
     for batch, w in zip(batches, weights, strict=True):
         firsts = _firsts(batch)
         positions = torch.tensor([p for _, p in firsts], dtype=torch.long, device=w.device)
-        group = torch.tensor([kinds[inputs.kind_of[i]] for i, _ in firsts], dtype=torch.long)
+        group = torch.tensor([kinds[group_of[i]] for i, _ in firsts], dtype=torch.long)
         with torch.no_grad():
             logits = student.action_logits(batch)[positions]
         push = term.push(logits, _teacher(batch, inputs.teacher, logits.device)[positions]).double().cpu()

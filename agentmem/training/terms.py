@@ -281,7 +281,7 @@ def objective_from_config(config: DistillConfig) -> Objective:
         (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
                                                  config.jsd_clip, barycenter, config.teacher_temperature,
                                                  config.teacher_min_confidence,
-                                                 config.teacher_centering is TeacherCentering.first_token)),
+                                                 config.teacher_centering is not TeacherCentering.none)),
         (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),
