@@ -173,7 +173,7 @@ def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_pat
            "AGENTMEM_DB": ""}
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,opd_centered,opd_grpo_centered,opd_centered_memory",
+                           "--arms", "opd_aligned,opd_centered,opd_grpo_centered,opd_centered_memory,opd_grpo_centered_memory",
                            "--calls-per-step", "2"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -183,10 +183,11 @@ def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_pat
         shared = [json.loads(m).get("kd_shared_fraction") for (m,) in db.execute(
             "select s.metrics from train_steps s join runs r on r.id = s.run_id "
             "where r.kind = 'distill' and json_extract(r.config, '$.teacher_centering') != 'none'")]
-    assert configs == {("none", 0.0), ("first_token", 0.0), ("first_token", 1.0), ("first_token_memory", 0.0)}
+    assert configs == {("none", 0.0), ("first_token", 0.0), ("first_token", 1.0), ("first_token_memory", 0.0),
+                       ("first_token_memory", 1.0)}
     assert shared and all(v is not None and 0.0 <= v <= 1.0 + 1e-9 for v in shared)
     report = (work / "learning.md").read_text()
-    for arm in ("opd_centered", "opd_grpo_centered", "opd_centered_memory"):
+    for arm in ("opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory"):
         row = next(line for line in report.splitlines() if line.startswith(f"| {arm} |"))
         assert row.rstrip(" |").split("|")[-1].strip() != ""  # its push-shared cell is filled
     assert "centered_minus_aligned" in report
