@@ -65,11 +65,12 @@ def test_a_knob_newer_than_the_folder_matches_only_at_its_default(tmp_path):
         State(path, _NewerPlan("p", knob=0.5))
 
 
-def _run(work: Path, *extra: str) -> dict:
+def _run(work: Path, *extra: str, arms: str = "opd_aligned,grpo,seqkd") -> dict:
+    """``bench/learning.py --smoke`` on ``arms`` with 2 calls per step; the finished phases."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,grpo,seqkd", "--calls-per-step", "2", *extra],
+                           "--arms", arms, "--calls-per-step", "2", *extra],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((work / "state.json").read_text())["phases"]
@@ -154,13 +155,8 @@ def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message
 
 @pytest.mark.bench_smoke
 def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "AGENTMEM_DB": ""}
     work = tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,opd_grpo", "--calls-per-step", "2", "--rl-kd-weight", "0.25"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run(work, "--rl-kd-weight", "0.25", arms="opd_aligned,opd_grpo")
     with sqlite3.connect(work / "learning.db") as db:
         weights = {(c["kd_weight"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'"))}
@@ -169,14 +165,8 @@ def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
 
 @pytest.mark.bench_smoke
 def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "AGENTMEM_DB": ""}
     work = tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,opd_centered,opd_grpo_centered,opd_centered_memory,opd_grpo_centered_memory",
-                           "--calls-per-step", "2"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run(work, arms="opd_aligned,opd_centered,opd_grpo_centered,opd_centered_memory,opd_grpo_centered_memory")
     with sqlite3.connect(work / "learning.db") as db:
         configs = {(c["teacher_centering"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'"))}
