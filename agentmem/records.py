@@ -95,6 +95,11 @@ class FinishReason(str, enum.Enum):
 EMPTY_MEMORY = "(empty)"
 
 
+def holds_nothing(memory: str) -> bool:
+    """A memory that holds nothing: blank, or ``EMPTY_MEMORY`` as the prompt renders it."""
+    return memory.strip() in ("", EMPTY_MEMORY)
+
+
 class TeacherContext(str, enum.Enum):
     """What the teacher reads before a call's actions: the student's own state (``aligned``), every earlier
     call of the episode flattened as stored (``persistent``) or as one well-formed multi-turn chat

@@ -35,12 +35,11 @@ from agentmem import models
 from agentmem.agent.loop import RoundStats
 from agentmem.agent.oracle import evidence_read
 from agentmem.agent.overwrite import UPDATE
-from agentmem.agent.prompts import EMPTY_MEMORY
 from agentmem.config import HELD_OUT_SEED, EvalConfig, PolicySource
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.rollout import build_env, run_rollout
 from agentmem.policy.types import Backend
-from agentmem.records import Checkpoint, Episode, EvalResult, Invocation, RunKind, Task
+from agentmem.records import Checkpoint, Episode, EvalResult, Invocation, RunKind, Task, holds_nothing
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.dynamics import output_stats
 from envs import knobs_of
@@ -97,11 +96,6 @@ def call_stats(calls: Sequence[Invocation], eos_id: int | None) -> dict[str, Any
             "out_len_by_kind": {k: stats[f"out_len/{k}"] for k in kinds}}
 
 
-def _blank(memory: str) -> bool:
-    """A memory that holds nothing: blank, or ``EMPTY_MEMORY`` as the prompt renders it."""
-    return memory.strip() in ("", EMPTY_MEMORY)
-
-
 def _overwrite_updates(calls: Sequence[Invocation], task_of: dict[str, Task]) -> Iterator[tuple[Invocation, Task]]:
     """``calls``' overwrite ``memory_update`` calls with a chunk and a known task, each with that task."""
     for c in calls:
@@ -113,7 +107,7 @@ def empty_after_evidence(calls: Sequence[Invocation], task_of: dict[str, Task]) 
     """Of ``calls``' overwrite ``memory_update`` calls made once a fact of their episode's task was read, the
     share whose memory after the call is empty (blank or ``EMPTY_MEMORY``). ``task_of`` maps an episode id to
     its task. None when no call qualifies."""
-    flags = [_blank(c.memory_after) for c, task in _overwrite_updates(calls, task_of)
+    flags = [holds_nothing(c.memory_after) for c, task in _overwrite_updates(calls, task_of)
              if evidence_read(task.facts, c.chunk_index)]
     return float(np.mean(flags)) if flags else None
 
@@ -125,9 +119,9 @@ def first_read_skips(calls: Sequence[Invocation], task_of: dict[str, Task]) -> d
     without calls is left out; None when no call qualifies."""
     flags: dict[str, list[bool]] = {"evidence": [], "other": []}
     for c, task in _overwrite_updates(calls, task_of):
-        if task.facts and _blank(c.memory_before):
+        if task.facts and holds_nothing(c.memory_before):
             kind = "evidence" if any(f.chunk == c.chunk_index and f.text.strip() for f in task.facts) else "other"
-            flags[kind].append(_blank(c.memory_after))
+            flags[kind].append(holds_nothing(c.memory_after))
     out = {k: float(np.mean(v)) for k, v in flags.items() if v}
     return out or None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agentmem.config import TeacherCentering
-from agentmem.records import EMPTY_MEMORY, Invocation
+from agentmem.records import Invocation, holds_nothing
 
 
 def centering_groups(invocations: Iterable[Invocation], mode: TeacherCentering) -> dict[str, str]:
@@ -16,6 +16,6 @@ def centering_groups(invocations: Iterable[Invocation], mode: TeacherCentering) 
     if mode is TeacherCentering.none:
         raise ValueError("teacher_centering=none has no groups")
     if mode is TeacherCentering.first_token_memory:
-        return {i.id: f"{i.kind}/{'empty' if i.memory_before.strip() in ('', EMPTY_MEMORY) else 'held'}"
+        return {i.id: f"{i.kind}/{'empty' if holds_nothing(i.memory_before) else 'held'}"
                 for i in invocations}
     return {i.id: str(i.kind) for i in invocations}
