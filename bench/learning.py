@@ -902,7 +902,9 @@ def quiet_transformers() -> None:
 
 
 def open_bench(work: Path, plan: Plan, threads: int) -> Bench:
-    state = State(work / "state.json", plan, free=("arms",))  # a later run may add arms to the same folder
+    # a later run may add arms, or training seeds, to the same folder: every phase of seed s is named by s and
+    # made from seed s's own data (rollouts 100 + 10 s + round), so more seeds leave the earlier ones' phases valid
+    state = State(work / "state.json", plan, free=("arms", "seeds"))
     runtime = Runtime.create("cpu", threads)
     store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
     return Bench(store, runtime, plan, work, state)
