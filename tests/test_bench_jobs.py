@@ -187,6 +187,28 @@ def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_pat
 
 
 @pytest.mark.bench_smoke
+def test_a_later_run_adds_seeds_without_touching_the_earlier_ones(tmp_path):
+    """``--seeds 2`` on a folder made with one seed trains and evaluates seed 1 only: seed 0's phases (its warm
+    start, checkpoints and scores) are left as they were, seed 1 rolls out tasks of its own, and the report then
+    covers both seeds. Fewer seeds than the folder has report the first ones."""
+    one = _run(tmp_path, arms="opd_aligned")
+    two = _run(tmp_path, "--seeds", "2", arms="opd_aligned")
+    assert {k: v for k, v in two.items() if k in one} == one
+    added = sorted(set(two) - set(one))
+    assert {"warm/ladder/1", "arm/warm/1", "arm/opd_aligned/1", "eval/warm/1/11", "eval/opd_aligned/1/11"} <= set(added)
+    assert not [k for k in added if k.split("/")[-1] == "0" or "/0/" in k]
+    rollouts = {k.split("/")[2] for k in two if k.startswith("rollout/")}
+    assert rollouts == {"100", "101", "110", "111"}  # 100 + 10 x seed + round
+    rows = [r for r in (tmp_path / "learning.md").read_text().split("## First reads")[0].splitlines()
+            if r.startswith("| opd_aligned ")]
+    assert rows and rows[0].split("|")[2].strip() == "2"
+    _run(tmp_path, "--seeds", "1", "--report-partial", arms="opd_aligned")
+    rows = [r for r in (tmp_path / "learning.md").read_text().split("## First reads")[0].splitlines()
+            if r.startswith("| opd_aligned ")]
+    assert rows[0].split("|")[2].strip() == "1"
+
+
+@pytest.mark.bench_smoke
 def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_under_its_prompt(tmp_path):
     """``--privileged-teacher-sft``: opd_privileged distils from a teacher fine-tuned under the privileged prompt
     (an sft run with context privileged) and validated under it (eval runs sampled under the splice), and so does

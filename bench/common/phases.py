@@ -3,9 +3,9 @@
 A benchmark with long phases (the learning and memory benchmarks) keeps ``{"plan": ..., "phases": {...}}`` in
 ``WORK/state.json``, written atomically after every phase; run again on the same folder, a killed run goes on
 at its first unfinished phase. A folder made by another plan is refused; the plan's ``free`` fields (the
-learning benchmark's arm subset and seed count) may differ, since phases are named by what they depend on. A knob added to
-the plan after the folder was made matches when the new plan leaves it at its default (the folder's phases
-were made without it, i.e. as the default does).
+learning benchmark's arm subset and seed count) may differ, since phases are named by what they depend on. A
+knob added to the plan after the folder was made matches when the new plan leaves it at its default (the folder's
+phases were made without it, i.e. as the default does).
 
 Several processes may share one state file (the learning benchmark's ``--jobs``): every ``put`` takes an
 exclusive lock on ``state.json.lock``, re-reads the file and merges its one phase in, so no process's phase
