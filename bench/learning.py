@@ -317,6 +317,9 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                          "it needs the state carried (leave out --no-carry-warm-optimizer)")
     if plan.steps % plan.steps_per_round:
         raise SystemExit(f"steps ({plan.steps}) must be a multiple of steps_per_round ({plan.steps_per_round})")
+    if plan.rounds > 10:  # rollout seeds are 100 + 10 x seed + round: an 11th round would take the next seed's tasks
+        raise SystemExit(f"--steps: at most 10 rounds of {plan.steps_per_round} steps (the seeds' rollout tasks are "
+                         f"10 apart), got {plan.steps} steps ({plan.rounds} rounds)")
     if not plan.squad:
         plan = Plan(**{**asdict(plan), "arms": [a for a in plan.arms if not a.startswith("squad")]})
     return plan

@@ -143,6 +143,7 @@ def test_run_order_covers_every_arm_once():
     ("--teacher-temperature", "0", "--teacher-temperature: a positive number"),
     ("--teacher-min-confidence", "1", "--teacher-min-confidence: a probability in [0, 1)"),
     ("--rl-kd-weight", "0", "--rl-kd-weight: a positive weight"),
+    ("--steps", "22", "--steps: at most 10 rounds of 2 steps"),
 ])
 def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
     work = tmp_path / "work"
