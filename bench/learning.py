@@ -29,6 +29,9 @@ each of ``--seeds`` training seeds:
   opd_centered_memory   opd_centered with the mean taken over the calls of the same kind whose memory was empty too
                         (or held something too): the calls that face the same decision;
   opd_grpo_centered_memory opd_centered_memory + the RL term;
+  opd_privileged_centered_memory opd_privileged with opd_centered_memory's centring: the privileged teacher tells an
+                        evidence read from another one, and the centring keeps only where its pushes differ;
+  opd_privileged_grpo_centered_memory opd_privileged_centered_memory + the RL term;
   psd_off               PSD off-policy: the teacher's samples under the privileged prompt;
   reopd                 ReOPD: the student samples one call per oracle episode from the oracle's memory;
   squad_warm            real text: the warm start's SFT, on SQuAD oracle calls instead of the ladder;
@@ -118,7 +121,8 @@ from store.engine import open_store  # noqa: E402
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd",
-               "opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory")
+               "opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory",
+               "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
 ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
@@ -126,7 +130,7 @@ ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, wha
 RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
              "opd_privileged_grpo", "psd_off", "reopd", "opd_centered", "opd_grpo_centered", "opd_centered_memory",
-             "opd_grpo_centered_memory")
+             "opd_grpo_centered_memory", "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
 ON_POLICY: dict[str, dict] = {
     "opd_aligned": {"kd": True},
@@ -142,12 +146,17 @@ ON_POLICY: dict[str, dict] = {
     "opd_grpo_centered": {"kd": True, "rl": True, "teacher_centering": TeacherCentering.first_token},
     "opd_centered_memory": {"kd": True, "teacher_centering": TeacherCentering.first_token_memory},
     "opd_grpo_centered_memory": {"kd": True, "rl": True, "teacher_centering": TeacherCentering.first_token_memory},
+    "opd_privileged_centered_memory": {"kd": True, "context": TeacherContext.privileged,
+                                       "teacher_centering": TeacherCentering.first_token_memory},
+    "opd_privileged_grpo_centered_memory": {"kd": True, "rl": True, "context": TeacherContext.privileged,
+                                            "teacher_centering": TeacherCentering.first_token_memory},
     "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
     "reopd": {"kd": True},
     "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
     "squad_opd": {"kd": True},
 }
-RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo", "opd_grpo_centered", "opd_grpo_centered_memory")
+RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo", "opd_grpo_centered", "opd_grpo_centered_memory",
+           "opd_privileged_grpo_centered_memory")
 REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
 SHARED = ROOT.parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
@@ -805,6 +814,12 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("centered_memory_minus_aligned", d("opd_centered_memory", "opd_aligned")),
         ("centered_memory_rl_minus_rl (beside the RL term, against the RL term alone)",
          d("opd_grpo_centered_memory", "grpo")),
+        ("privileged_centered_memory_minus_warm (the privileged teacher's term, centred by kind and memory state)",
+         d("opd_privileged_centered_memory", "warm")),
+        ("privileged_centered_memory_minus_centered_memory (the privileged teacher against the plain one, both "
+         "centred)", d("opd_privileged_centered_memory", "opd_centered_memory")),
+        ("privileged_centered_memory_rl_minus_rl (beside the RL term, against the RL term alone)",
+         d("opd_privileged_grpo_centered_memory", "grpo")),
         ("hotpot_trained_minus_base", hotpot_d),
         ("aligned_minus_sft_more (on-policy distillation against SFT continued on oracle calls)",
          d("opd_aligned", "sft_more")),

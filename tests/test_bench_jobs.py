@@ -212,13 +212,15 @@ def test_a_later_run_adds_seeds_without_touching_the_earlier_ones(tmp_path):
 @pytest.mark.bench_smoke
 def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_under_its_prompt(tmp_path):
     """``--privileged-teacher-sft``: opd_privileged distils from a teacher fine-tuned under the privileged prompt
-    (an sft run with context privileged) and validated under it (eval runs sampled under the splice), and so does
-    opd_privileged_grpo beside the RL term, while opd_aligned keeps the plain ladder teacher."""
+    (an sft run with context privileged) and validated under it (eval runs sampled under the splice), and so do
+    opd_privileged_grpo beside the RL term and opd_privileged_centered_memory with its push centred by kind and
+    memory state, while opd_aligned keeps the plain ladder teacher."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,opd_privileged,opd_privileged_grpo", "--calls-per-step", "2",
+                           "--arms", "opd_aligned,opd_privileged,opd_privileged_grpo,opd_privileged_centered_memory",
+                           "--calls-per-step", "2",
                            "--privileged-teacher-sft",
                            "--jobs", "2"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -228,8 +230,9 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
     with sqlite3.connect(work / "learning.db") as db:
         sft = {json.loads(c)["out"].rsplit("/", 1)[-1]: json.loads(c)["context"] for (c,) in db.execute(
             "select config from runs where kind = 'sft'")}
-        teacher_of = {json.loads(c)["out"].rsplit("/", 1)[-1]: json.loads(c)["teacher"] for (c,) in db.execute(
+        distills = {json.loads(c)["out"].rsplit("/", 1)[-1]: json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'")}
+        teacher_of = {name: c["teacher"] for name, c in distills.items()}
         evals = [(json.loads(c)["context"], r) for (c, r) in db.execute(
             "select config, id from runs where kind = 'eval'")]
         privileged_calls = {r: n for (r, n) in db.execute(
@@ -237,7 +240,12 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
             "where i.privileged_ids is not null group by e.run_id")}
     assert sft["teacher-ladder-privileged"] == "privileged" and sft["teacher-ladder"] == "aligned"
     assert all(context == "aligned" for name, context in sft.items() if name.startswith("warm"))
-    assert teacher_of["opd_privileged-0"] == teacher_of["opd_privileged_grpo-0"] == picks["ladder-privileged"]
+    assert (teacher_of["opd_privileged-0"] == teacher_of["opd_privileged_grpo-0"]
+            == teacher_of["opd_privileged_centered_memory-0"] == picks["ladder-privileged"])
+    assert {name: (c["context"], c["teacher_centering"]) for name, c in distills.items()} == {
+        "opd_aligned-0": ("aligned", "none"), "opd_privileged-0": ("privileged", "none"),
+        "opd_privileged_grpo-0": ("privileged", "none"),
+        "opd_privileged_centered_memory-0": ("privileged", "first_token_memory")}
     assert teacher_of["opd_aligned-0"] == picks["ladder"]
     privileged_evals = [r for context, r in evals if context == "privileged"]
     assert len(privileged_evals) == 2  # the smoke plan's two candidates, each validated under the splice
