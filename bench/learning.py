@@ -125,6 +125,13 @@ LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_pers
                "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
 ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
 ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
+# --quick's arms: the issue's comparisons (the last line's arms, SFT continued, off-policy distillation, every
+# persistent context, PSD on- and off-policy, ReOPD, the teacher itself) and the best distillation arm measured so
+# far; the other ablations (the RL term beside a privileged or centred teacher, centring by kind) run in the full
+# plan or with --arms, so that --quick does not grow with every ablation
+QUICK_ARMS = ("base", "warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent",
+              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat",
+              "opd_privileged", "psd_off", "reopd", "opd_centered_memory", "squad_warm", "squad_opd")
 # the order --jobs starts them in: the last line's arms first (a partial run answers the issue's goals),
 # then the other comparisons
 RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
@@ -273,7 +280,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
     elif args.quick:
         plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=8,
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8,
-                    mixed_precision="auto", **common)
+                    mixed_precision="auto", arms=[a for a in ARMS if a in QUICK_ARMS], **common)
     else:
         # the recipe measured best on three seeds (docs/learning.md, sessions 28-29): 24 calls per method step
         # (8: the first step's noise decided the seed), groups of 8 (RL live 0.60, against 0.33 with 4), and a
@@ -1040,6 +1047,17 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
     return out
 
 
+def task_order(plan: Plan) -> list[tuple[str, str | int]]:
+    """The tasks of ``run_jobs``, in the order a free process takes them (the first whose needs are there): the
+    warm starts and the teachers first, since every method waits for them, then the arms in ``RUN_ORDER``, then
+    the base model's evaluation, which nothing waits for but the report (first, it kept a process from the
+    critical path: the quick run's methods started 13.5 min in, behind the base evaluation and the SQuAD
+    teacher)."""
+    arms = [(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]
+    warm = [t for t in arms if t[0] == "warm"]
+    return [*warm, *[("teacher", k) for k in teacher_keys(plan)], *[t for t in arms if t not in warm], ("base", 0)]
+
+
 def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> None:
     """Run ``tasks`` in ``jobs`` processes of ``threads`` threads each. A task starts as soon as a process is
     free and the phases it needs (``needs``) are in the state file, the first such in list order (an arm
@@ -1101,7 +1119,8 @@ def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, thread
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one seed, a short budget, fewer held-out questions")
+    ap.add_argument("--quick", action="store_true",
+                    help="one seed, a short budget, fewer held-out questions, the issue's arms (QUICK_ARMS)")
     ap.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in a minute or two")
     ap.add_argument("--work", type=Path, default=Path("learning-bench"), help="folder for the store and outputs")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in all (split between --jobs)")
@@ -1189,9 +1208,7 @@ def main() -> None:
             bench.oracle_runs(d)
         bench.eval_dtype()
         say(f"training in {'mixed precision (bf16 autocast, float32 weights)' if bench.mixed() else 'float32'}")
-        tasks: list[tuple[str, str | int]] = [("base", 0), *[("teacher", k) for k in teacher_keys(plan)],
-                 *[(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]]
-        run_jobs(bench, [t for t in tasks if not done(bench, *t)], args.jobs, per_job)
+        run_jobs(bench, [t for t in task_order(plan) if not done(bench, *t)], args.jobs, per_job)
     results: dict = {}
     base = bench.base()
     results["base"] = {"evals": [bench.evaluate("base", 0, base, True, True)], "ladder": True, "real": True}

@@ -136,6 +136,33 @@ def test_run_order_covers_every_arm_once():
     assert len(set(learning.RUN_ORDER)) == len(learning.RUN_ORDER)
 
 
+def test_task_order_starts_what_every_method_waits_for_and_ends_with_the_base_evaluation():
+    import argparse
+
+    import bench.learning as learning
+
+    ns = argparse.Namespace(**{a: None for a in (
+        "lr", "seeds", "steps", "heldout_per_level", "heldout_real", "eval_dtype", "warm_steps", "warm_lr", "loss",
+        "teacher_val", "group", "calls_per_step", "teacher_temperature", "teacher_min_confidence", "rl_kd_weight",
+        "privileged_teacher_sft", "carry_warm_optimizer", "carry_warm_first_moment", "mixed_precision",
+        "teacher_steps", "arms", "hotpot", "squad")}, smoke=False, quick=False)
+    plan = learning.make_plan(ns, "default")
+    order = learning.task_order(plan)
+    seeds = list(range(plan.seeds))
+    assert order[:plan.seeds] == [("warm", s) for s in seeds]
+    assert order[plan.seeds:plan.seeds + 2] == [("teacher", "ladder"), ("teacher", "squad")] or not plan.squad
+    assert order[-1] == ("base", 0)
+    assert len(order) == len(set(order))
+    assert set(plan.arms) == set(learning.ARMS) - (set() if plan.squad else {"squad_warm", "squad_opd"})
+    trained = {(a, s) for a in plan.arms if a != "base" for s in learning.arm_seeds(plan, a)}
+    assert set(order) == trained | {("base", 0)} | {("teacher", k) for k in learning.teacher_keys(plan)}
+    quick = learning.make_plan(argparse.Namespace(**{**vars(ns), "quick": True}), "default")
+    assert quick.arms == [a for a in learning.ARMS if a in learning.QUICK_ARMS and (plan.squad or not a.startswith("squad"))]
+    assert set(learning.QUICK_ARMS) <= set(learning.ARMS)
+    assert {"opd_persistent_update", "opd_persistent_answer", "psd_off", "reopd"} <= set(quick.arms)
+    assert learning.task_order(quick)[:1] == [("warm", 0)]
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--group", "1", "--group: at least 2 samples per task"),
     ("--teacher-val", "0", "--teacher-val: a positive number of episodes"),
