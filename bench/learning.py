@@ -451,6 +451,31 @@ class Bench:
         with self.store.session() as s:
             return [ckpt_json(c) for c in repo.list_checkpoints(s, result.run_id)]
 
+    def validation(self, domain: str) -> EvalConfig:
+        """The episodes a teacher candidate of ``domain`` is validated on (training names, a seed of their own)."""
+        p = self.plan
+        if domain == "squad":
+            return EvalConfig(env="squad", data=p.squad, env_knobs={"docs": p.squad_docs}, episodes=p.teacher_val,
+                              seed=VALIDATION_SEED, chunk_tokens=p.chunk_tokens,
+                              agent=p.agent(0.0, VALIDATION_SEED, "squad"))
+        level = p.train_levels[len(p.train_levels) // 2]
+        return EvalConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.teacher_val,
+                          seed=VALIDATION_SEED + level, chunk_tokens=p.chunk_tokens,
+                          agent=p.agent(0.0, VALIDATION_SEED))
+
+    def teacher_first_reads(self, key: str, pick: dict) -> dict[str, float] | None:
+        """``first_read_skips`` of a ladder teacher's picked candidate on its validation episodes (read back from
+        the store: folders checked before the metric existed report it too); None for another domain."""
+        if not key.startswith("ladder") or not pick.get("eval_run_id"):
+            return None
+        config = self.validation("ladder")
+        tasks = {t.task_id: t for t in build_env(config, models.load_tokenizer(self.base().path)).tasks(config.episodes)}
+        with self.store.session() as s:
+            calls = repo.stream_invocations(s, run_ids=[pick["eval_run_id"]])
+            task_of = {ep.id: tasks[ep.task_id] for ep in repo.list_episodes(s, pick["eval_run_id"])
+                       if ep.task_id in tasks}
+        return first_read_skips(calls, task_of)
+
     def teacher(self, key: str) -> str:
         """The validated teacher's checkpoint id: the best candidate whose empty rate is within bounds. ``key``
         is a domain (``ladder``, ``squad``), or ``ladder-privileged``: the teacher fine-tuned and validated under
@@ -469,16 +494,8 @@ class Bench:
         reports = []
         for c in candidates:
             def validate(c=c) -> dict:
-                if domain == "squad":
-                    config = EvalConfig(env="squad", data=p.squad, env_knobs={"docs": p.squad_docs},
-                                        episodes=p.teacher_val, seed=VALIDATION_SEED, chunk_tokens=p.chunk_tokens,
-                                        agent=p.agent(0.0, VALIDATION_SEED, "squad"))
-                else:
-                    level = p.train_levels[len(p.train_levels) // 2]
-                    config = EvalConfig(env="synthetic", env_knobs=self.ladder(level, "train"), episodes=p.teacher_val,
-                                        seed=VALIDATION_SEED + level, chunk_tokens=p.chunk_tokens,
-                                        agent=p.agent(0.0, VALIDATION_SEED))
-                config = config.model_copy(update={"dtype": DType(self.eval_dtype()), "context": context})
+                config = self.validation(domain).model_copy(update={"dtype": DType(self.eval_dtype()),
+                                                                     "context": context})
                 report = check_teacher(self.store, self.ckpt(c["id"]), config, self.runtime)
                 say(f"teacher candidate step {c['step']}: {report.line()}")
                 return {**asdict(report), "step": c["step"]}
@@ -833,14 +850,15 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("aligned_minus_seqkd (on-policy against off-policy distillation from the same teacher)",
          d("opd_aligned", "seqkd"))))
     picks = [(key, pick) for key in teacher_keys(p) if (pick := bench.state.get(f"teacher/{key}/pick"))]
-    teachers = "\n".join(
-        ["| teacher | prompt | picked at SFT step | validation F1 | (empty) after evidence | max empty rate |",
-         "|---|---|---:|---:|---:|---:|"]
-        + [f"| {key} | {'privileged' if key.endswith('-privileged') else 'plain'} | {pick['step']} | {pick['f1']:.3f} | "
-           f"{pick.get('empty_after_evidence') or 0:.2f} | {max(pick['empty_by_kind'].values(), default=0):.3f} |"
-           for key, pick in picks])
     def skips(d: dict[str, float] | None) -> str:
         return "" if d is None else f"{d.get('evidence', float('nan')):.2f} / {d.get('other', float('nan')):.2f}"
+
+    teachers = "\n".join(
+        ["| teacher | prompt | picked at SFT step | validation F1 | (empty) after evidence | max empty rate | "
+         "first reads, evidence / other |", "|---|---|---:|---:|---:|---:|---:|"]
+        + [f"| {key} | {'privileged' if key.endswith('-privileged') else 'plain'} | {pick['step']} | {pick['f1']:.3f} | "
+           f"{pick.get('empty_after_evidence') or 0:.2f} | {max(pick['empty_by_kind'].values(), default=0):.3f} | "
+           f"{skips(bench.teacher_first_reads(key, pick))} |" for key, pick in picks])
 
     reads = ["| arm | " + " | ".join(f"seed {i}" for i in range(p.seeds)) + " |", "|---|" + "---:|" * p.seeds]
     for arm in [a for a in ARMS if a in scores]:
@@ -868,7 +886,8 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             "the chunk) / other reads (`agentmem eval`'s `empty_at_first_read`). Both low: writes whatever it reads; both "
             f"high: skips whatever it reads; only a gap between them is a decision.\n\n## Teachers\n\n{teachers}\n\nValidation on "
             f"{p.teacher_val} training-name episodes, under the prompt each teacher reads (a privileged teacher's F1 is "
-            "high by construction: its answer call reads the gold answer).\n\n"
+            "high by construction: its answer call reads the gold answer). First reads: as in the table above, on those "
+            "validation episodes; the decision a teacher term could teach.\n\n"
             f"## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
             f"## Differences (paired, 95%)\n\n{intervals}\n\n{split}\n")
     (bench.work / "learning.md").write_text(text)

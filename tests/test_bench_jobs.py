@@ -121,6 +121,12 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     for arm in [a for a in reads if a != "arm" and not a.startswith("---")]:
         evidence, other = (float(x) for x in reads[arm].split(" / "))
         assert 0.0 <= evidence <= 1.0 and 0.0 <= other <= 1.0, arm
+    # the teachers table: the picked ladder teacher's own first reads on its validation episodes
+    teachers = [r.split("|") for r in text.split("## Teachers")[1].split("## Real text")[0].splitlines()
+                if r.startswith("| ladder ")]
+    assert len(teachers) == 1
+    cell = teachers[0][7].strip().split(" / ")
+    assert len(cell) == 2 and all(x == "nan" or 0.0 <= float(x) <= 1.0 for x in cell) and cell != ["nan", "nan"]
     assert batch == {("sft", 4), ("distill", 2)}
     assert len(seqkd) == 2 and all(c["teacher"] is None and c["kd_weight"] == 0.0 for c in seqkd)
     assert policies == {teacher}
