@@ -63,6 +63,13 @@ def test_unloadable_name_raises_one_line(monkeypatch):
     assert "\n" not in str(err.value)
 
 
+def test_missing_model_folder_is_named_as_a_folder(tmp_path):
+    gone = tmp_path / "ckpt" / "step-000096"
+    with pytest.raises(ModelError, match=f"no model folder at {gone}: it does not exist") as err:
+        load_model(str(gone))
+    assert "Repo id" not in str(err.value)
+
+
 def test_load_model_dtype(tmp_path):
     folder = save_tiny(tmp_path / "tiny")
     model, tok = load_model(folder, dtype="bfloat16")

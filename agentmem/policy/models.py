@@ -155,6 +155,8 @@ def load_model(
     local = Path(path).expanduser()
     if local.is_dir():
         _check_model_folder(local)
+    elif str(path).startswith(("/", ".", "~")):  # a path, never a hub name: say so, not "Repo id must be ..."
+        raise ModelError(f"no model folder at {local}: it does not exist (moved or deleted?)")
     source = str(local) if local.is_dir() else str(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
