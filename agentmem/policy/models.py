@@ -155,8 +155,9 @@ def load_model(
     local = Path(path).expanduser()
     if local.is_dir():
         _check_model_folder(local)
-    elif str(path).startswith(("/", ".", "~")):  # a path, never a hub name: say so, not "Repo id must be ..."
-        raise ModelError(f"no model folder at {local}: it does not exist (moved or deleted?)")
+    elif looks_like_path(str(path)):  # a path, never a hub name: say so, not the hub's "Repo id must be ..."
+        what = "is a file, not a model folder" if local.exists() else "does not exist"
+        raise ModelError(f"model folder {local} {what}")
     source = str(local) if local.is_dir() else str(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
