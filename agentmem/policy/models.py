@@ -85,8 +85,7 @@ def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Pa
         _check_model_folder(path)
         return path
     if looks_like_path(name_or_path):
-        what = "is a file, not a model folder" if path.exists() else "does not exist"
-        raise ModelError(f"model folder {path} {what}")
+        raise _not_a_folder(path)
     if hub_offline() and not in_hub_cache(name_or_path):
         raise ModelError(
             f"model {name_or_path!r} is neither a local folder nor in the Hugging Face cache, and nothing is "
@@ -146,6 +145,12 @@ def _convert_gguf(gguf_dir: Path, target: Path) -> None:
         raise
 
 
+def _not_a_folder(path: Path) -> ModelError:
+    """The error for a path-like model reference that is not a folder: missing, or a file."""
+    what = "is a file, not a model folder" if path.exists() else "does not exist"
+    return ModelError(f"model folder {path} {what}")
+
+
 def load_model(
     path: str | Path, dtype: DType = "bfloat16", device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -156,8 +161,7 @@ def load_model(
     if local.is_dir():
         _check_model_folder(local)
     elif looks_like_path(str(path)):  # a path, never a hub name: say so, not the hub's "Repo id must be ..."
-        what = "is a file, not a model folder" if local.exists() else "does not exist"
-        raise ModelError(f"model folder {local} {what}")
+        raise _not_a_folder(local)
     source = str(local) if local.is_dir() else str(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
