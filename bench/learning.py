@@ -345,6 +345,10 @@ class NoTeacher(Exception):
     """No teacher candidate of a domain passed the check."""
 
 
+class MissingCheckpoint(Exception):
+    """A finished phase's checkpoint folder was deleted: the phases that start or distil from it cannot run."""
+
+
 @dataclass
 class Bench:
     store: object
@@ -414,6 +418,20 @@ class Bench:
     def ckpt(self, ckpt_id: str) -> Checkpoint:
         with self.store.session() as s:
             return repo.get_checkpoint(s, ckpt_id)
+
+    def kept(self, ckpt_id: str, phases: str) -> Checkpoint:
+        """The checkpoint a finished phase made (a warm start, a teacher) that a method starts or distils from;
+        raises MissingCheckpoint, naming the phases to re-make, when its folder was deleted since (the state file
+        still holds the phase as done, so nothing would make it again)."""
+        ckpt = self.ckpt(ckpt_id)
+        if not Path(ckpt.path).is_dir():
+            raise MissingCheckpoint(
+                f"checkpoint {ckpt.path}, made by the phases {phases} of {self.work / 'state.json'}, no longer "
+                f"exists: the methods that start or distil from it cannot run. Restore the folder, or delete those "
+                f"phases from the state file so that the next run makes it again (the same config; float32 SFT on "
+                f"the same machine and thread count re-makes it bit for bit, which the re-made teacher's stored "
+                f"check shows), or use a new --work folder")
+        return ckpt
 
     def base(self) -> Checkpoint:
         return models.register(self.store, models.resolve(self.store, self.plan.model))
@@ -558,7 +576,7 @@ class Bench:
         warm_json = self.warm("ladder", seed)
         if not p.coasts:
             return warm_json
-        warm = self.ckpt(warm_json["id"])
+        warm = self.kept(warm_json["id"], f"warm/ladder/{seed}")
         model, tok = models.load(warm.path, "float32", self.runtime, trainable=True)
         params = [q for q in model.parameters() if q.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=p.lr)
@@ -573,8 +591,8 @@ class Bench:
         return ckpt_json(ckpt)
 
     def sft_more(self, seed: int) -> list[dict]:
-        warm = self.warm("ladder", seed)
-        return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm["id"], self.plan.steps, self.plan.lr,
+        warm = self.kept(self.warm("ladder", seed)["id"], f"warm/ladder/{seed}")
+        return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm.id, self.plan.steps, self.plan.lr,
                         seed, self.plan.calls_per_step, carry=self.plan.carry_warm_optimizer,
                         first_moment=self.plan.carry_warm_first_moment)[-1:]
 
@@ -585,8 +603,9 @@ class Bench:
         domain = "squad" if arm.startswith("squad") else "ladder"
         spec = dict(ON_POLICY[arm])
         kd, rl, seqkd = spec.pop("kd", False), spec.pop("rl", False), spec.pop("seqkd", False)
-        teacher = self.ckpt(self.teacher(teacher_key(p, arm))) if kd or seqkd else None
-        policy = self.ckpt(self.warm(domain, seed)["id"])
+        key = teacher_key(p, arm)
+        teacher = self.kept(self.teacher(key), f"teacher/{key}/*") if kd or seqkd else None
+        policy = self.kept(self.warm(domain, seed)["id"], f"warm/{domain}/{seed}")
         oracles = self.oracle_runs(domain)
         out = []
         for r in range(p.rounds):
@@ -636,7 +655,7 @@ class Bench:
             if arm == "squad_warm":
                 return [self.warm("squad", seed)]
             if arm == "teacher_ladder":  # the validated teacher itself: how far a student could follow it
-                return [ckpt_json(self.ckpt(self.teacher("ladder")))]
+                return [ckpt_json(self.kept(self.teacher("ladder"), "teacher/ladder/*"))]
             if arm == "momentum":
                 return [self.momentum(seed)]
             if arm == "sft_more":

@@ -65,13 +65,18 @@ def test_a_knob_newer_than_the_folder_matches_only_at_its_default(tmp_path):
         State(path, _NewerPlan("p", knob=0.5))
 
 
-def _run(work: Path, *extra: str, arms: str = "opd_aligned,grpo,seqkd") -> dict:
-    """``bench/learning.py --smoke`` on ``arms`` with 2 calls per step; the finished phases."""
+def _bench(work: Path, *extra: str, arms: str = "opd_aligned,grpo,seqkd") -> subprocess.CompletedProcess:
+    """``bench/learning.py --smoke`` on ``arms`` with 2 calls per step."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "AGENTMEM_DB": ""}
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
+    return subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
                            "--arms", arms, "--calls-per-step", "2", *extra],
                           env=env, capture_output=True, text=True, timeout=600)
+
+
+def _run(work: Path, *extra: str, arms: str = "opd_aligned,grpo,seqkd") -> dict:
+    """``_bench``, which must succeed; the finished phases."""
+    proc = _bench(work, *extra, arms=arms)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((work / "state.json").read_text())["phases"]
 
@@ -240,6 +245,33 @@ def test_a_later_run_adds_seeds_without_touching_the_earlier_ones(tmp_path):
     rows = [r for r in (tmp_path / "learning.md").read_text().split("## First reads")[0].splitlines()
             if r.startswith("| opd_aligned ")]
     assert rows[0].split("|")[2].strip() == "1"
+
+
+@pytest.mark.bench_smoke
+def test_a_deleted_teacher_checkpoint_is_named_with_the_phases_that_made_it(tmp_path):
+    """A folder whose picked teacher's checkpoint was deleted (to free disk) still holds the teacher's phases as
+    done: a later run that distils from it stops with the folder and the phases to re-make, not a loader error;
+    with those phases removed from the state file the run makes the teacher again and goes on."""
+    import shutil
+
+    one = _run(tmp_path, arms="opd_aligned")
+    pick = one["teacher/ladder/pick"]["teacher"]
+    path = next(c["path"] for c in one["teacher/ladder/candidates"] if c["id"] == pick)
+    shutil.rmtree(path)
+    proc = _bench(tmp_path, "--seeds", "2", arms="opd_aligned")
+    assert proc.returncode != 0
+    assert "MissingCheckpoint" in proc.stderr and path in proc.stderr and "teacher/ladder/*" in proc.stderr
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert "arm/opd_aligned/1" not in state["phases"]
+    state["phases"] = {k: v for k, v in state["phases"].items() if not k.startswith("teacher/ladder/")}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    two = _run(tmp_path, "--seeds", "2", arms="opd_aligned")
+    assert "arm/opd_aligned/1" in two
+    remade = next(c["path"] for c in two["teacher/ladder/candidates"] if c["id"] == two["teacher/ladder/pick"]["teacher"])
+    assert remade != path and Path(remade).is_dir()
+    # the same config re-makes the same teacher here: its validation report is the deleted one's
+    measured = ("f1", "empty_by_kind", "out_len_by_kind", "eos_first_by_kind", "empty_after_evidence", "step")
+    assert {k: two["teacher/ladder/pick"][k] for k in measured} == {k: one["teacher/ladder/pick"][k] for k in measured}
 
 
 @pytest.mark.bench_smoke
