@@ -428,9 +428,9 @@ class Bench:
             raise MissingCheckpoint(
                 f"checkpoint {ckpt.path}, made by the phases {phases} of {self.work / 'state.json'}, no longer "
                 f"exists: the methods that start or distil from it cannot run. Restore the folder, or delete those "
-                f"phases from the state file so that the next run makes it again (the same config; float32 SFT on "
-                f"the same machine and thread count re-makes it bit for bit, which the re-made teacher's stored "
-                f"check shows), or use a new --work folder")
+                f"phases from the state file so that the next run makes it again from the same config (on the same "
+                f"machine and thread count the same weights: a re-made teacher's stored check equals the old one), "
+                f"or use a new --work folder")
         return ckpt
 
     def base(self) -> Checkpoint:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -252,8 +253,6 @@ def test_a_deleted_teacher_checkpoint_is_named_with_the_phases_that_made_it(tmp_
     """A folder whose picked teacher's checkpoint was deleted (to free disk) still holds the teacher's phases as
     done: a later run that distils from it stops with the folder and the phases to re-make, not a loader error;
     with those phases removed from the state file the run makes the teacher again and goes on."""
-    import shutil
-
     one = _run(tmp_path, arms="opd_aligned")
     pick = one["teacher/ladder/pick"]["teacher"]
     path = next(c["path"] for c in one["teacher/ladder/candidates"] if c["id"] == pick)
