@@ -99,13 +99,17 @@ def test_sampled_logprobs_equal_a_fresh_forward(make, tok, mixed):
 def test_counters_count_each_prefix_once(tok, siblings):
     shared, plain = backends(tiny_llama(), tok)
     params = SamplingParams(temperature=0, max_new_tokens=2)
-    groups = shared_prefix_groups(siblings, MIN_SHARED_PREFIX)
+    head = _common(siblings)  # the system turn and the question's first words: computed once, then kept
+    assert head >= MIN_SHARED_PREFIX
+    groups = shared_prefix_groups([p[head:] for p in siblings], MIN_SHARED_PREFIX)
     total = sum(map(len, siblings))
-    once = sum(n for _, n in groups) + sum(len(siblings[r]) - n for rows, n in groups for r in rows)
+    once = head + sum(n for _, n in groups) + sum(len(siblings[r]) - head - n for rows, n in groups for r in rows)
     shared.generate(siblings, params)
     last = shared.last_stats
-    assert (last.calls, last.prompts, last.shared_groups) == (1, 8, 2)
+    assert (last.calls, last.prompts, last.shared_groups, last.head_reused) == (1, 8, 2, 0)
     assert (last.prefill_tokens_total, last.prefill_tokens_computed) == (total, once)
+    shared.generate(siblings, params)  # the same prompts again: the head comes from the first call
+    assert (shared.last_stats.prefill_tokens_computed, shared.last_stats.head_reused) == (once - head, 1)
     assert last.prefill_tokens_computed < total / 2
     plain.generate(siblings, params)
     assert (plain.last_stats.prefill_tokens_total, plain.last_stats.prefill_tokens_computed) == (total, total)
@@ -116,12 +120,12 @@ def test_counters_count_each_prefix_once(tok, siblings):
     shared.generate(lone, params)
     assert shared.last_stats.shared_groups == 0
     assert shared.last_stats.prefill_tokens_computed == shared.last_stats.prefill_tokens_total
-    assert shared.stats.calls == 2
-    assert shared.stats.prefill_tokens_total == total + sum(map(len, lone))
-    # G = 1 across tasks still shares what all prompts have in common (system prompt, question head)
+    assert shared.stats.calls == 3 and shared.stats.head_reused == 1
+    assert shared.stats.prefill_tokens_total == 2 * total + sum(map(len, lone))
+    # G = 1 across tasks still shares what all prompts have in common (system prompt, question head): the kept head
     shared.generate(siblings[::4], params)
-    assert shared.last_stats.shared_groups == 1
-    computed = sum(len(p) for p in siblings[::4]) - _common(siblings[::4])
+    assert shared.last_stats.head_reused == 1
+    computed = sum(len(p) for p in siblings[::4]) - 2 * _common(siblings[::4])
     assert shared.last_stats.prefill_tokens_computed == computed
 
 
@@ -190,3 +194,48 @@ def test_plan_only_shares_long_enough_prefixes():
     # sharing 16 tokens of 200 saves less than a tenth of the padded prefill: not worth a second pass
     assert plan_shared_prefixes([[*head[:16], *range(k, k + 184)] for k in (1000, 2000)]) is None
     assert plan_shared_prefixes([[*head[:16], *range(k, k + 24)] for k in (1000, 2000)]) is not None
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_qwen2])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_kept_head_serves_later_calls_as_the_plain_path_would(make, attn, tok, siblings):
+    model = make(attn=attn)
+    shared, plain = backends(model, tok)
+    head = _common(siblings)
+    # the first call keeps its four prompts' common prefix (question and chunk); the second shares only the system
+    # turn with it; the third parts ways three tokens before even that ends
+    parted = [siblings[0][: head - 3] + tok.encode(f"{i} other question? Memory: none") for i in range(3)]
+    assert head - 3 >= MIN_SHARED_PREFIX and _common(parted) < head
+    for params in (SamplingParams(temperature=0, max_new_tokens=8),
+                   SamplingParams(temperature=0.9, max_new_tokens=8, seed=3)):
+        for prompts, reused in ((siblings[:4], None), (siblings[4:], 1), (parted, 1), (siblings[::4], 1)):
+            got = shared.generate(prompts, params)
+            if reused is not None:
+                assert shared.last_stats.head_reused == reused
+            assert_same(got, plain.generate(prompts, params))
+            for prompt, gen in zip(prompts, got, strict=True):
+                ref = fresh_logprobs(model, prompt, gen.output_ids, params.temperature)
+                assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_a_weight_change_makes_a_new_head(tok, siblings):
+    """A trainer samples from its live weights: after an in-place update the kept head is stale and not used."""
+    model = tiny_llama()
+    shared, plain = backends(model, tok)
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    shared.generate(siblings[:4], params)
+    before = shared.generate(siblings[4:], params)
+    assert shared.last_stats.head_reused == 1
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)  # what an optimiser step does: in place
+    got = shared.generate(siblings[4:], params)
+    assert shared.last_stats.head_reused == 0
+    assert shared.last_stats.prefill_tokens_computed > 0
+    assert_same(got, plain.generate(siblings[4:], params))
+    assert [g.logprobs for g in got] != [g.logprobs for g in before]  # the change reaches the outputs
+    shared.generate(siblings[:4], params)
+    assert shared.last_stats.head_reused == 1
+    model.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(model.model.layers[1].mlp.up_proj.weight * 2)
+    got = shared.generate(siblings[:4], params)  # a replaced parameter: a new storage
+    assert shared.last_stats.head_reused == 0
+    assert_same(got, plain.generate(siblings[:4], params))

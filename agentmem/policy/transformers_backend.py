@@ -21,6 +21,16 @@ the unshared path's to float round-off. A prompt that shares nothing sits in the
 fits there, otherwise as its own one-row "prefix" (all but its last token). When the plan would not
 save a tenth of the padded prefill positions, or no group forms (e.g. G = 1 with prompts that share
 little), the batch takes the plain path unchanged.
+
+Prompt-head cache (part of ``share_prefix``): every prompt of a call usually begins with the same head (the chat
+template's system turn and the user turn's first words: 34 tokens of the agent's prompts), call after call.
+Its keys and values are computed once and kept (``PromptHead``) while the weights stay the same (the key is
+every parameter's storage and in-place version, so a trainer sampling from its live weights gets a fresh head
+after each optimiser step); a later call whose prompts all begin with at least ``MIN_SHARED_PREFIX`` of its
+tokens starts from them and prefills only the rest (row layout ``[head | pad | rest]``, or with shared
+prefixes ``[head | pad | prefix | pad | suffix]``). Positions and attention are as before, so log-probs equal
+the plain path's to float round-off; ``last_stats.head_reused`` says whether a call took its head from an
+earlier one.
 Rows keep their order in the batch, so seeded sampling draws from the generator in the same order as
 without sharing (a token can still differ where two candidates' probabilities differ only by
 round-off). Models with sliding-window attention would count the middle pads against the window:
@@ -56,12 +66,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
@@ -84,6 +94,7 @@ class PrefillStats:
     prefill_tokens_total: int = 0
     prefill_tokens_computed: int = 0
     prefill_tokens_padded: int = 0
+    head_reused: int = 0  # calls that took their prompts' common head from an earlier call (the prompt-head cache)
 
     def add(self, other: PrefillStats) -> None:
         for name in self.__dataclass_fields__:
@@ -111,6 +122,21 @@ class PrefixPlan:
     source: list[int]
     split: list[int]
     groups: int  # groups of two or more rows sharing a prefix
+
+
+@dataclass(frozen=True)
+class PromptHead:
+    """The keys and values of ``tokens`` (a prompt head: the tokens every prompt of a call began with), per layer
+    ``[1, kv heads, len(tokens), head dim]``, under the weights and autocast state named by ``key``."""
+
+    tokens: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    key: tuple
+
+    def cache(self, n: int, rows: int, config: Any) -> DynamicCache:
+        """A cache holding the first ``n`` head tokens for each of ``rows`` rows."""
+        return DynamicCache(ddp_cache_data=[(k[:, :, :n].expand(rows, -1, -1, -1), v[:, :, :n].expand(rows, -1, -1, -1))
+                                            for k, v in self.layers], config=config)
 
 
 class TransformersBackend:
@@ -152,6 +178,7 @@ class TransformersBackend:
         reason = unsupported_reason(model) if static_decode else "turned off"
         self.decoder = StaticDecoder(model) if reason is None else None
         self.decode_path = "static" if reason is None else f"generic ({reason})"
+        self.head: PromptHead | None = None  # the prompt-head cache (share_prefix)
         self.stats = PrefillStats()  # all calls so far
         self.last_stats = PrefillStats()  # the latest call
         self.last_timing = CallTiming()
@@ -175,11 +202,18 @@ class TransformersBackend:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
 
-        plan = plan_shared_prefixes(prompts) if self.share_prefix else None
+        head, n, computed_head = self._head_for(prompts, device) if self.share_prefix else (None, 0, 0)
+        rest = [p[n:] for p in prompts]
+        plan = plan_shared_prefixes(rest) if self.share_prefix else None
         if plan is None:
-            out, mask, next_pos = self._prefill(prompts, device)
+            out, mask, next_pos, stats = self._prefill(rest, device, head, n)
         else:
-            out, mask, next_pos = self._prefill_shared(prompts, plan, device)
+            out, mask, next_pos, stats = self._prefill_shared(rest, plan, device, head, n)
+        total = sum(len(p) for p in prompts)
+        self._count(replace(stats, prefill_tokens_total=total,
+                            prefill_tokens_computed=stats.prefill_tokens_computed + computed_head,
+                            prefill_tokens_padded=stats.prefill_tokens_padded + computed_head,
+                            head_reused=int(n > 0 and not computed_head)))
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
         rows = torch.arange(len(prompts), device=device)  # original index of each live row
@@ -235,41 +269,74 @@ class TransformersBackend:
         )
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
 
+    def _weights_key(self) -> tuple:
+        device = self.model.device.type
+        return (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
+                *((p.data_ptr(), p._version, p.dtype) for p in self.model.parameters()))
+
+    def _head_for(self, prompts: list[list[int]], device: torch.device) -> tuple[PromptHead | None, int, int]:
+        """The prompt head of this call: (head, tokens of it the prompts start from, tokens computed for it now).
+        The head is the prompts' common prefix (each keeps at least one token of its own); a kept head serves
+        when the weights are the same and it matches at least ``MIN_SHARED_PREFIX`` of it, otherwise the head
+        is computed (one row) and kept. (None, 0, 0) when the prompts share fewer tokens."""
+        common = min(len(p) - 1 for p in prompts)
+        for p in prompts[1:]:
+            common = min(common, _common_prefix(prompts[0][:common], p))
+        if common < MIN_SHARED_PREFIX:
+            return None, 0, 0
+        key = self._weights_key()
+        if self.head is not None and self.head.key == key:
+            n = min(common, _common_prefix(self.head.tokens, prompts[0]))
+            if n >= MIN_SHARED_PREFIX:
+                return self.head, n, 0
+        tokens = prompts[0][:common]
+        out = self.model(input_ids=torch.tensor([tokens], device=device), use_cache=True, logits_to_keep=1)
+        self.head = PromptHead(tokens, [(layer.keys, layer.values) for layer in out.past_key_values.layers], key)
+        return self.head, common, common
+
     def _prefill(
-        self, prompts: list[list[int]], device: torch.device
-    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """One left-padded forward over whole prompts: (model output, attention mask, next positions)."""
+        self, prompts: list[list[int]], device: torch.device, head: PromptHead | None = None, n: int = 0
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, PrefillStats]:
+        """One left-padded forward over whole prompts (after the first ``n`` tokens, ``head``'s): (model output,
+        attention mask, next positions, work)."""
         input_ids, mask = self._left_pad(prompts, device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
-        total = sum(len(p) for p in prompts)
-        self._count(PrefillStats(1, len(prompts), 0, total, total, input_ids.numel()))
-        return out, mask, positions[:, -1] + 1
+        positions = n + (mask.cumsum(-1) - 1).clamp(min=0)
+        past = None
+        if head is not None:
+            past, mask = head.cache(n, len(prompts), self.model.config), torch.cat([mask.new_ones(len(prompts), n), mask], -1)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
+                         use_cache=True, logits_to_keep=1)
+        computed = sum(len(p) for p in prompts)
+        return out, mask, positions[:, -1] + 1, PrefillStats(1, len(prompts), 0, 0, computed, input_ids.numel())
 
     def _prefill_shared(
-        self, prompts: list[list[int]], plan: PrefixPlan, device: torch.device
-    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """Prefill each shared prefix once, copy its cache rows to its group, then prefill the suffixes
-        on top with padding between prefix and suffix: cache row ``[pad | prefix | pad | suffix]``."""
+        self, prompts: list[list[int]], plan: PrefixPlan, device: torch.device, head: PromptHead | None = None,
+        n: int = 0,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, PrefillStats]:
+        """Prefill each shared prefix once (after the first ``n`` tokens, ``head``'s), copy its cache rows to its
+        group, then prefill the suffixes on top with padding between prefix and suffix: cache row
+        ``[head | pad | prefix | pad | suffix]``."""
         pre_ids, pre_mask = self._left_pad(plan.prefixes, device)
+        past, head_mask = None, pre_mask.new_ones(len(plan.prefixes), n)
+        if head is not None:
+            past = head.cache(n, len(plan.prefixes), self.model.config)
         out = self.model(
             input_ids=pre_ids,
-            attention_mask=pre_mask,
-            position_ids=(pre_mask.cumsum(-1) - 1).clamp(min=0),
+            attention_mask=torch.cat([head_mask, pre_mask], -1),
+            position_ids=n + (pre_mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=past,
             use_cache=True,
             logits_to_keep=1,
         )
         cache = out.past_key_values
         source = torch.tensor(plan.source, device=device)
-        cache.batch_select_indices(source.clamp(min=0))  # rows without a prefix read row 0, fully masked
+        cache.batch_select_indices(source.clamp(min=0))  # rows without a prefix read row 0, masked but for the head
         prefix_mask = pre_mask[source.clamp(min=0)] * (source >= 0)[:, None]
         suffixes = [p[k:] for p, k in zip(prompts, plan.split, strict=True)]
         suf_ids, suf_mask = self._left_pad(suffixes, device)
         split = torch.tensor(plan.split, device=device)[:, None]
-        positions = split + (suf_mask.cumsum(-1) - 1).clamp(min=0)
-        mask = torch.cat([prefix_mask, suf_mask], dim=-1)
+        positions = n + split + (suf_mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([prefix_mask.new_ones(len(prompts), n), prefix_mask, suf_mask], dim=-1)
         out = self.model(
             input_ids=suf_ids,
             attention_mask=mask,
@@ -280,9 +347,7 @@ class TransformersBackend:
         )
         computed = sum(map(len, plan.prefixes)) + sum(map(len, suffixes))
         padded = pre_ids.numel() + suf_ids.numel()
-        total = sum(len(p) for p in prompts)
-        self._count(PrefillStats(1, len(prompts), plan.groups, total, computed, padded))
-        return out, mask, positions[:, -1] + 1
+        return out, mask, positions[:, -1] + 1, PrefillStats(1, len(prompts), plan.groups, 0, computed, padded)
 
     def _count(self, stats: PrefillStats) -> None:
         self.last_stats = stats
