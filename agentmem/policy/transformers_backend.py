@@ -21,20 +21,21 @@ the unshared path's to float round-off. A prompt that shares nothing sits in the
 fits there, otherwise as its own one-row "prefix" (all but its last token). When the plan would not
 save a tenth of the padded prefill positions, or no group forms (e.g. G = 1 with prompts that share
 little), the batch takes the plain path unchanged.
-
-Prompt-head cache (part of ``share_prefix``): every prompt of a call usually begins with the same head (the chat
-template's system turn and the user turn's first words: 34 tokens of the agent's prompts), call after call.
-Its keys and values are computed once and kept (``PromptHead``) while the weights stay the same (the key is
-every parameter's storage and in-place version, so a trainer sampling from its live weights gets a fresh head
-after each optimiser step); a later call whose prompts all begin with at least ``MIN_SHARED_PREFIX`` of its
-tokens starts from them and prefills only the rest (row layout ``[head | pad | rest]``, or with shared
-prefixes ``[head | pad | prefix | pad | suffix]``). Positions and attention are as before, so log-probs equal
-the plain path's to float round-off; ``last_stats.head_reused`` says whether a call took its head from an
-earlier one.
 Rows keep their order in the batch, so seeded sampling draws from the generator in the same order as
 without sharing (a token can still differ where two candidates' probabilities differ only by
 round-off). Models with sliding-window attention would count the middle pads against the window:
 leave ``share_prefix`` off for them.
+
+Prompt-head cache (``keep_head``, on with ``share_prefix``): every prompt of a call usually begins with the
+same head (the chat template's system turn and the user turn's first words: 34 tokens of the agent's prompts),
+call after call. Its keys and values are computed once and kept (``PromptHead``) while the weights stay the same
+(the key is every parameter's storage, in-place version and dtype, and the autocast state, so a trainer sampling
+from its live weights gets a fresh head after each optimiser step); a later call whose prompts all begin with at
+least ``MIN_SHARED_PREFIX`` of its tokens starts from them and prefills only the rest (row layout
+``[head | pad | rest]``, or with shared prefixes ``[head | pad | prefix | pad | suffix]``). Positions and
+attention are as before, so log-probs equal the plain path's to float round-off (greedy ids can differ where two
+candidates differ by round-off: in bfloat16 more often than in float32); ``last_stats.head_reused`` says whether a
+call took its head from an earlier one.
 
 Decode step (``static_decode=True``, the default): after the prefill, models of the llama family (llama,
 qwen2, mistral without sliding windows) decode through ``StaticDecoder``: the prompt's keys and values
@@ -150,9 +151,10 @@ class TransformersBackend:
         device: str = "cpu",
         share_prefix: bool = True,
         static_decode: bool = True,
+        keep_head: bool = True,
     ) -> None:
         model, tokenizer = load_model(model_path, dtype=dtype, device=device)
-        self._setup(model, tokenizer, share_prefix, static_decode)
+        self._setup(model, tokenizer, share_prefix, static_decode, keep_head)
 
     @classmethod
     def from_model(
@@ -162,18 +164,21 @@ class TransformersBackend:
         *,
         share_prefix: bool = True,
         static_decode: bool = True,
+        keep_head: bool = True,
     ) -> TransformersBackend:
         """Wrap an already loaded model (tests, or a trainer sampling from its live weights)."""
         backend = cls.__new__(cls)
-        backend._setup(model.eval(), tokenizer, share_prefix, static_decode)
+        backend._setup(model.eval(), tokenizer, share_prefix, static_decode, keep_head)
         return backend
 
     def _setup(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool, static_decode: bool
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prefix: bool, static_decode: bool,
+        keep_head: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefix = share_prefix
+        self.keep_head = share_prefix and keep_head  # the prompt-head cache (off: the shared-prefix plan per call only)
         # The static decode step when asked for and the model supports it; else the generic one.
         reason = unsupported_reason(model) if static_decode else "turned off"
         self.decoder = StaticDecoder(model) if reason is None else None
@@ -202,7 +207,7 @@ class TransformersBackend:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
 
-        head, n, computed_head = self._head_for(prompts, device) if self.share_prefix else (None, 0, 0)
+        head, n, computed_head = self._head_for(prompts, device) if self.keep_head else (None, 0, 0)
         rest = [p[n:] for p in prompts]
         plan = plan_shared_prefixes(rest) if self.share_prefix else None
         if plan is None:

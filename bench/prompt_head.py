@@ -1,0 +1,133 @@
+"""The prompt-head cache of the transformers backend against the same backend without it, measured in one run.
+
+Every prompt the agent sends begins with the same head: the chat template's system turn and the user turn's
+first words (34 tokens with the default model's template). The backend keeps that head's keys and values across
+calls (``TransformersBackend(keep_head=True)``, the default) and prefills only the rest of each prompt. This
+benchmark builds calls as an evaluation makes them: one call per round over ``--tasks`` distinct held-out tasks
+of the synthetic ladder (G = 1: the tasks share nothing but the head), with the real tokenizer:
+
+  update   each task's first update call (chunk-first layout, empty memory, a chunk of ``--chunk-tokens``);
+  answer   each task's answer call, its memory a span of the task's text around ``--memory`` tokens.
+
+It times the prefill (``generate`` with one new token, greedy) with the head kept from an earlier call against
+the backend with ``keep_head=False`` (its shared-prefix plan per call, as before), interleaved, best of
+``--repeats``, one torch thread, and checks that both give the same first token and log-prob (to 1e-4 in
+float32; bfloat16 may differ by round-off, reported as a count).
+
+    .venv/bin/python bench/prompt_head.py                    # the default model, bfloat16 (the evaluations' dtype here)
+    .venv/bin/python bench/prompt_head.py --dtype float32
+    .venv/bin/python bench/prompt_head.py --smoke            # a tiny random model: every phase, seconds
+
+Last line: ``update_kept_vs_plain=<r> answer_kept_vs_plain=<r> head_tokens=<n>`` (prefill-time ratios, > 1 is
+faster with the head kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentmem.agent.overwrite import OverwritePolicy, OverwriteState  # noqa: E402
+from agentmem.agent.prompts import answer_prompt  # noqa: E402
+from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
+from agentmem.policy.transformers_backend import TransformersBackend  # noqa: E402
+from agentmem.policy.types import SamplingParams  # noqa: E402
+from envs import load_env  # noqa: E402
+
+
+def tiny_model(folder: Path) -> str:
+    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import save_tiny
+
+    return save_tiny(folder / "tiny")
+
+
+def calls(tok, tasks: int, chunk_tokens: int, memory: int, level: int, seed: int) -> dict[str, list[list[int]]]:
+    """Per call kind, ``tasks`` prompts (token ids) of distinct held-out ladder tasks, as one evaluation round."""
+    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    env = load_env("synthetic", seed=seed, chunk_tokens=chunk_tokens, count_tokens=count, level=level, names="heldout")
+    policy = OverwritePolicy(tok, memory, layout="chunk-first")
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[list[int]]] = {"update": [], "answer": []}
+    for task in env.tasks(tasks):
+        out["update"].append(policy.next_call(OverwriteState("", 0), task).prompt.ids)
+        text = tok(" ".join(task.chunks), add_special_tokens=False)["input_ids"]
+        m = int(np.clip(rng.normal(memory * 0.8, memory * 0.15), 4, memory))
+        lo = int(rng.integers(max(1, len(text) - m)))
+        out["answer"].append(answer_prompt(tok, task.question, tok.decode(text[lo : lo + m]).strip()).ids)
+    return out
+
+
+def measure(kept: TransformersBackend, plain: TransformersBackend, prompts: list[list[int]], repeats: int,
+            tol: float) -> dict:
+    params = SamplingParams(temperature=0.0, max_new_tokens=1)
+    times: dict[str, list[float]] = {"kept": [], "plain": []}
+    for _ in range(repeats):  # interleaved rounds
+        for name, backend in (("kept", kept), ("plain", plain)):
+            t0 = time.perf_counter()
+            gens = backend.generate(prompts, params)
+            times[name].append(time.perf_counter() - t0)
+            if name == "kept":
+                stats, got = backend.last_stats, gens
+            else:
+                want = gens
+    differ = sum(g.output_ids != w.output_ids or abs(g.logprobs[0] - w.logprobs[0]) > tol
+                 for g, w in zip(got, want, strict=True))
+    best = {k: min(v) for k, v in times.items()}
+    return {"prompts": len(prompts), "tokens": sum(map(len, prompts)), "computed": stats.prefill_tokens_computed,
+            "reused": stats.head_reused, "kept_s": best["kept"], "plain_s": best["plain"],
+            "ratio": best["plain"] / best["kept"], "differ": differ}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=12, help="distinct tasks per call (the quick plan's eval: 12)")
+    ap.add_argument("--level", type=int, default=2, help="ladder level of the tasks")
+    ap.add_argument("--chunk-tokens", type=int, default=128)
+    ap.add_argument("--memory", type=int, default=48, help="memory budget (tokens)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help="model folder (default: the prepared default model)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 3 tasks, one round")
+    args = ap.parse_args()
+    if args.smoke:
+        args.tasks, args.repeats, args.chunk_tokens, args.memory = 3, 1, 48, 8
+        args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="prompt-head-smoke-")))
+    torch.set_num_threads(1)
+    model, tok = load_model(args.model or prepare_default_model(), dtype=args.dtype)
+    kept = TransformersBackend.from_model(model, tok)
+    plain = TransformersBackend.from_model(model, tok, keep_head=False)
+    by_kind = calls(tok, args.tasks * 2, args.chunk_tokens, args.memory, args.level, args.seed)
+    # the first half of the tasks warms both backends (and makes the kept head); the second half is measured
+    for prompts in by_kind.values():
+        for backend in (kept, plain):
+            backend.generate(prompts[: args.tasks], SamplingParams(temperature=0.0, max_new_tokens=1))
+    tol = 1e-4 if args.dtype == "float32" else float("inf")
+    rows = {kind: measure(kept, plain, prompts[args.tasks :], args.repeats, tol) for kind, prompts in by_kind.items()}
+    head = len(kept.head.tokens) if kept.head is not None else 0
+    print(f"{args.model or 'default model'}, {args.dtype}, 1 thread, level {args.level}, {args.tasks} tasks per call, "
+          f"chunks {args.chunk_tokens}, memory {args.memory}, best of {args.repeats}; kept head {head} tokens")
+    print(f"{'call':>7}{'tokens':>8}{'computed':>10}{'reused':>8} | {'plain s':>8}{'kept s':>8}{'x':>6} | {'differ':>6}")
+    for kind, r in rows.items():
+        print(f"{kind:>7}{r['tokens']:>8}{r['computed']:>10}{r['reused']:>8} | {r['plain_s']:>8.2f}{r['kept_s']:>8.2f}"
+              f"{r['ratio']:>6.2f} | {r['differ']:>6}")
+    print("differ: prompts whose first greedy token or its log-prob (float32: beyond 1e-4) differ between the two")
+    print(f"update_kept_vs_plain={rows['update']['ratio']:.2f} answer_kept_vs_plain={rows['answer']['ratio']:.2f} "
+          f"head_tokens={head}")
+    if args.dtype == "float32" and any(r["differ"] for r in rows.values()):
+        raise SystemExit("the kept head changed a float32 output beyond round-off")
+
+
+if __name__ == "__main__":
+    main()
