@@ -12,14 +12,17 @@ of the synthetic ladder (G = 1: the tasks share nothing but the head), with the 
 It times the prefill (``generate`` with one new token, greedy) with the head kept from an earlier call against
 the backend with ``keep_head=False`` (its shared-prefix plan per call, as before), interleaved, best of
 ``--repeats``, one torch thread, and checks that both give the same first token and log-prob (to 1e-4 in
-float32; bfloat16 may differ by round-off, reported as a count).
+float32; bfloat16 may differ by round-off, reported as a count). Then a whole greedy evaluation (``run_eval``
+of ``--tasks`` episodes at ``--level``, every call of every round, decoding included) with each backend,
+interleaved, best of ``--repeats``: there the per-call plan often forms no group (one prompt whose question
+starts with another word is left alone and the plan is dropped), and the kept head still serves.
 
     .venv/bin/python bench/prompt_head.py                    # the default model, bfloat16 (the evaluations' dtype here)
     .venv/bin/python bench/prompt_head.py --dtype float32
     .venv/bin/python bench/prompt_head.py --smoke            # a tiny random model: every phase, seconds
 
-Last line: ``update_kept_vs_plain=<r> answer_kept_vs_plain=<r> head_tokens=<n>`` (prefill-time ratios, > 1 is
-faster with the head kept).
+Last line: ``update_kept_vs_plain=<r> answer_kept_vs_plain=<r> eval_kept_vs_plain=<r> head_tokens=<n>``
+(time ratios, > 1 is faster with the head kept).
 """
 
 from __future__ import annotations
@@ -38,10 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState  # noqa: E402
 from agentmem.agent.prompts import answer_prompt  # noqa: E402
+from agentmem.config import AgentConfig, DType, EvalConfig  # noqa: E402
+from agentmem.jobs.eval import run_eval  # noqa: E402
+from agentmem.models import register, resolve  # noqa: E402
 from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
 from agentmem.policy.transformers_backend import TransformersBackend  # noqa: E402
 from agentmem.policy.types import SamplingParams  # noqa: E402
+from agentmem.runtime import CPU  # noqa: E402
 from envs import load_env  # noqa: E402
+from store.engine import open_store  # noqa: E402
 
 
 def tiny_model(folder: Path) -> str:
@@ -89,6 +97,28 @@ def measure(kept: TransformersBackend, plain: TransformersBackend, prompts: list
             "ratio": best["plain"] / best["kept"], "differ": differ}
 
 
+def evaluation(path: str, backends: dict, args) -> dict:
+    """A whole greedy evaluation with each backend, interleaved, best of ``args.repeats``; whether their
+    per-episode F1 agree."""
+    store = open_store(f"sqlite:///{tempfile.mkdtemp(prefix='prompt-head-')}/bench.db", create=True)
+    policy = register(store, resolve(store, path))
+    config = EvalConfig(env="synthetic", env_knobs={"level": args.level, "names": "heldout"}, episodes=args.tasks,
+                        seed=1000 + args.level, chunk_tokens=args.chunk_tokens, model=path, dtype=DType(args.dtype),
+                        agent=AgentConfig(memory_tokens=args.memory, answer_max_new_tokens=16, temperature=0.0, seed=0,
+                                          max_batch=32))
+    times: dict[str, list[float]] = {name: [] for name in backends}
+    f1: dict[str, float] = {}
+    for _ in range(args.repeats):
+        for name, backend in backends.items():
+            t0 = time.perf_counter()
+            row = run_eval(store, config, CPU, backend=backend, policy=policy)
+            times[name].append(time.perf_counter() - t0)
+            f1[name] = row.f1
+    best = {k: min(v) for k, v in times.items()}
+    return {"kept_s": best["kept"], "plain_s": best["plain"], "ratio": best["plain"] / best["kept"],
+            "f1_kept": f1["kept"], "f1_plain": f1["plain"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=12, help="distinct tasks per call (the quick plan's eval: 12)")
@@ -105,7 +135,8 @@ def main() -> None:
         args.tasks, args.repeats, args.chunk_tokens, args.memory = 3, 1, 48, 8
         args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="prompt-head-smoke-")))
     torch.set_num_threads(1)
-    model, tok = load_model(args.model or prepare_default_model(), dtype=args.dtype)
+    path = args.model or prepare_default_model()
+    model, tok = load_model(path, dtype=args.dtype)
     kept = TransformersBackend.from_model(model, tok)
     plain = TransformersBackend.from_model(model, tok, keep_head=False)
     by_kind = calls(tok, args.tasks * 2, args.chunk_tokens, args.memory, args.level, args.seed)
@@ -116,6 +147,7 @@ def main() -> None:
     tol = 1e-4 if args.dtype == "float32" else float("inf")
     rows = {kind: measure(kept, plain, prompts[args.tasks :], args.repeats, tol) for kind, prompts in by_kind.items()}
     head = len(kept.head.tokens) if kept.head is not None else 0
+    whole = evaluation(path, {"kept": kept, "plain": plain}, args)
     print(f"{args.model or 'default model'}, {args.dtype}, 1 thread, level {args.level}, {args.tasks} tasks per call, "
           f"chunks {args.chunk_tokens}, memory {args.memory}, best of {args.repeats}; kept head {head} tokens")
     print(f"{'call':>7}{'tokens':>8}{'computed':>10}{'reused':>8} | {'plain s':>8}{'kept s':>8}{'x':>6} | {'differ':>6}")
@@ -123,8 +155,10 @@ def main() -> None:
         print(f"{kind:>7}{r['tokens']:>8}{r['computed']:>10}{r['reused']:>8} | {r['plain_s']:>8.2f}{r['kept_s']:>8.2f}"
               f"{r['ratio']:>6.2f} | {r['differ']:>6}")
     print("differ: prompts whose first greedy token or its log-prob (float32: beyond 1e-4) differ between the two")
+    print(f"whole evaluation ({args.tasks} episodes, level {args.level}): plain {whole['plain_s']:.2f} s, kept "
+          f"{whole['kept_s']:.2f} s, {whole['ratio']:.2f}x; F1 plain {whole['f1_plain']:.3f}, kept {whole['f1_kept']:.3f}")
     print(f"update_kept_vs_plain={rows['update']['ratio']:.2f} answer_kept_vs_plain={rows['answer']['ratio']:.2f} "
-          f"head_tokens={head}")
+          f"eval_kept_vs_plain={whole['ratio']:.2f} head_tokens={head}")
     if args.dtype == "float32" and any(r["differ"] for r in rows.values()):
         raise SystemExit("the kept head changed a float32 output beyond round-off")
 
