@@ -135,7 +135,7 @@ def main() -> None:
         args.tasks, args.repeats, args.chunk_tokens, args.memory = 3, 1, 48, 8
         args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="prompt-head-smoke-")))
     torch.set_num_threads(1)
-    path = args.model or prepare_default_model()
+    path = str(args.model or prepare_default_model())
     model, tok = load_model(path, dtype=args.dtype)
     kept = TransformersBackend.from_model(model, tok)
     plain = TransformersBackend.from_model(model, tok, keep_head=False)
