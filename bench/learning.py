@@ -61,7 +61,7 @@ killed run goes on). The last line:
 ``warm_minus_base= aligned_minus_warm= aligned_minus_persistent= opd_rl_minus_rl= rl_live_fraction=
 hotpot_trained_minus_base= seeds=``.
 
-  .venv/bin/python bench/learning.py --quick --work learning-quick --jobs 2   # 28-48 min on 2 cores
+  .venv/bin/python bench/learning.py --quick --work learning-quick --jobs 2   # 28-51 min on 2 cores (the machine varies by day)
   .venv/bin/python bench/learning.py --work learning --seeds 3 --jobs 2
   .venv/bin/python bench/learning.py --smoke --work /tmp/learning-smoke   # every phase on a tiny model
 """

@@ -1,7 +1,7 @@
 """The prompt-head cache of the transformers backend against the same backend without it, measured in one run.
 
 Every prompt the agent sends begins with the same head: the chat template's system turn and the user turn's
-first words (34 tokens with the default model's template). The backend keeps that head's keys and values across
+first words (about 30 tokens with the default model's template). The backend keeps that head's keys and values across
 calls (``TransformersBackend(keep_head=True)``, the default) and prefills only the rest of each prompt. This
 benchmark builds calls as an evaluation makes them: one call per round over ``--tasks`` distinct held-out tasks
 of the synthetic ladder (G = 1: the tasks share nothing but the head), with the real tokenizer:

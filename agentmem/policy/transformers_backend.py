@@ -27,7 +27,7 @@ round-off). Models with sliding-window attention would count the middle pads aga
 leave ``share_prefix`` off for them.
 
 Prompt-head cache (``keep_head``, on with ``share_prefix``): every prompt of a call usually begins with the
-same head (the chat template's system turn and the user turn's first words: 34 tokens of the agent's prompts),
+same head (the chat template's system turn and the user turn's first words: about 30 tokens of the agent's prompts),
 call after call. Its keys and values are computed once and kept (``PromptHead``) while the weights stay the same
 (the key is every parameter's storage, in-place version and dtype, and the autocast state, so a trainer sampling
 from its live weights gets a fresh head after each optimiser step); a later call whose prompts all begin with at
@@ -183,7 +183,7 @@ class TransformersBackend:
         reason = unsupported_reason(model) if static_decode else "turned off"
         self.decoder = StaticDecoder(model) if reason is None else None
         self.decode_path = "static" if reason is None else f"generic ({reason})"
-        self.head: PromptHead | None = None  # the prompt-head cache (share_prefix)
+        self.head: PromptHead | None = None  # the prompt-head cache (keep_head)
         self.stats = PrefillStats()  # all calls so far
         self.last_stats = PrefillStats()  # the latest call
         self.last_timing = CallTiming()
