@@ -21,6 +21,10 @@ starts with another word is left alone and the plan is dropped), and the kept he
     .venv/bin/python bench/prompt_head.py --dtype float32
     .venv/bin/python bench/prompt_head.py --smoke            # a tiny random model: every phase, seconds
 
+``--batches 12,36`` (the default) also times, with nothing shared, distinct update prompts' prefill per row and the
+decode per row-token (``--new-tokens`` greedy tokens, end-of-sequence ignored) at each batch size: whether one
+batch of 36 (three held-out levels together) would cost less per episode than three of 12.
+
 Last line: ``update_kept_vs_plain=<r> answer_kept_vs_plain=<r> eval_kept_vs_plain=<r> head_tokens=<n>``
 (time ratios, > 1 is faster with the head kept).
 """
@@ -119,6 +123,26 @@ def evaluation(path: str, backends: dict, args) -> dict:
             "f1_kept": f1["kept"], "f1_plain": f1["plain"]}
 
 
+def batch_costs(backend: TransformersBackend, prompts: list[list[int]], sizes: list[int], new_tokens: int,
+                repeats: int) -> list[dict]:
+    """Per batch size: prefill ms per row and decode ms per row-token (best of ``repeats``), eos ignored."""
+    stop, backend.stop_ids = backend.stop_ids, {-1}  # no token stops a row: every size decodes the same tokens
+    try:
+        out = []
+        for size in sizes:
+            rows = prompts[:size]
+            best = None
+            for _ in range(repeats):
+                backend.generate(rows, SamplingParams(temperature=0.0, max_new_tokens=new_tokens))
+                t = backend.last_timing
+                best = t if best is None or t.prefill_s + t.decode_s < best.prefill_s + best.decode_s else best
+            out.append({"batch": size, "prefill_ms_row": 1000 * best.prefill_s / size,
+                        "decode_ms_row_token": 1000 * best.decode_s / max(best.decode_tokens, 1)})
+        return out
+    finally:
+        backend.stop_ids = stop
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=12, help="distinct tasks per call (the quick plan's eval: 12)")
@@ -127,12 +151,14 @@ def main() -> None:
     ap.add_argument("--memory", type=int, default=48, help="memory budget (tokens)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", default="12,36", help="batch sizes of the per-row cost table ('' skips it)")
+    ap.add_argument("--new-tokens", type=int, default=24, help="decode steps per row in the batch table")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="model folder (default: the prepared default model)")
     ap.add_argument("--smoke", action="store_true", help="a tiny random model, 3 tasks, one round")
     args = ap.parse_args()
     if args.smoke:
-        args.tasks, args.repeats, args.chunk_tokens, args.memory = 3, 1, 48, 8
+        args.tasks, args.repeats, args.chunk_tokens, args.memory, args.batches, args.new_tokens = 3, 1, 48, 8, "2,4", 4
         args.model = args.model or tiny_model(Path(tempfile.mkdtemp(prefix="prompt-head-smoke-")))
     torch.set_num_threads(1)
     path = str(args.model or prepare_default_model())
@@ -148,6 +174,10 @@ def main() -> None:
     rows = {kind: measure(kept, plain, prompts[args.tasks :], args.repeats, tol) for kind, prompts in by_kind.items()}
     head = len(kept.head.tokens) if kept.head is not None else 0
     whole = evaluation(path, {"kept": kept, "plain": plain}, args)
+    sizes = [int(b) for b in args.batches.split(",") if b]
+    distinct = calls(tok, max(sizes, default=0), args.chunk_tokens, args.memory, args.level, args.seed + 1)["update"]
+    unshared = TransformersBackend.from_model(model, tok, share_prefix=False)  # nothing shared: batch size alone
+    costs = batch_costs(unshared, distinct, sizes, args.new_tokens, args.repeats)
     print(f"{args.model or 'default model'}, {args.dtype}, 1 thread, level {args.level}, {args.tasks} tasks per call, "
           f"chunks {args.chunk_tokens}, memory {args.memory}, best of {args.repeats}; kept head {head} tokens")
     print(f"{'call':>7}{'tokens':>8}{'computed':>10}{'reused':>8} | {'plain s':>8}{'kept s':>8}{'x':>6} | {'differ':>6}")
@@ -157,6 +187,9 @@ def main() -> None:
     print("differ: prompts whose first greedy token or its log-prob (float32: beyond 1e-4) differ between the two")
     print(f"whole evaluation ({args.tasks} episodes, level {args.level}): plain {whole['plain_s']:.2f} s, kept "
           f"{whole['kept_s']:.2f} s, {whole['ratio']:.2f}x; F1 plain {whole['f1_plain']:.3f}, kept {whole['f1_kept']:.3f}")
+    for c in costs:
+        print(f"batch {c['batch']:>3} (distinct update prompts, nothing shared): prefill {c['prefill_ms_row']:.0f} ms per row, decode "
+              f"{c['decode_ms_row_token']:.2f} ms per row-token")
     print(f"update_kept_vs_plain={rows['update']['ratio']:.2f} answer_kept_vs_plain={rows['answer']['ratio']:.2f} "
           f"eval_kept_vs_plain={whole['ratio']:.2f} head_tokens={head}")
     if args.dtype == "float32" and any(r["differ"] for r in rows.values()):
