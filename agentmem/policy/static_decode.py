@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -59,6 +60,12 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         if not hasattr(norm, "variance_epsilon") or not type(norm).__name__.endswith("RMSNorm"):
             return f"{type(norm).__name__} is not a llama-style RMSNorm"
     return None
+
+
+def version_key(tensors: Iterable[torch.Tensor]) -> tuple:
+    """What changes when any of ``tensors`` is replaced (a new storage), updated in place (its version) or cast:
+    a key for work derived from weights (fused weights, a prompt head's keys and values)."""
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in tensors)
 
 
 class StaticDecoder:
@@ -100,7 +107,7 @@ class StaticDecoder:
 
     def refresh(self) -> bool:
         """Rebuild the fused weights when a source weight changed; return whether it rebuilt."""
-        key = tuple((t.data_ptr(), t._version, t.dtype) for t in self._sources())
+        key = version_key(self._sources())
         if key == self._fused_key:
             return False
         start = time.perf_counter()

@@ -76,7 +76,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
-from agentmem.policy.static_decode import StaticDecoder, unsupported_reason
+from agentmem.policy.static_decode import StaticDecoder, unsupported_reason, version_key
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
@@ -276,8 +276,7 @@ class TransformersBackend:
 
     def _weights_key(self) -> tuple:
         device = self.model.device.type
-        return (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
-                *((p.data_ptr(), p._version, p.dtype) for p in self.model.parameters()))
+        return (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device), version_key(self.model.parameters()))
 
     def _head_for(self, prompts: list[list[int]], device: torch.device) -> tuple[PromptHead | None, int, int]:
         """The prompt head of this call: (head, tokens of it the prompts start from, tokens computed for it now).
