@@ -96,14 +96,13 @@ def measure(kept: TransformersBackend, plain: TransformersBackend, prompts: list
     differ = sum(g.output_ids != w.output_ids or abs(g.logprobs[0] - w.logprobs[0]) > tol
                  for g, w in zip(got, want, strict=True))
     best = {k: min(v) for k, v in times.items()}
-    return {"prompts": len(prompts), "tokens": sum(map(len, prompts)), "computed": stats.prefill_tokens_computed,
+    return {"tokens": sum(map(len, prompts)), "computed": stats.prefill_tokens_computed,
             "reused": stats.head_reused, "kept_s": best["kept"], "plain_s": best["plain"],
             "ratio": best["plain"] / best["kept"], "differ": differ}
 
 
 def evaluation(path: str, backends: dict, args) -> dict:
-    """A whole greedy evaluation with each backend, interleaved, best of ``args.repeats``; whether their
-    per-episode F1 agree."""
+    """A whole greedy evaluation with each backend, interleaved, best of ``args.repeats``; each one's mean F1."""
     store = open_store(f"sqlite:///{tempfile.mkdtemp(prefix='prompt-head-')}/bench.db", create=True)
     policy = register(store, resolve(store, path))
     config = EvalConfig(env="synthetic", env_knobs={"level": args.level, "names": "heldout"}, episodes=args.tasks,
