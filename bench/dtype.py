@@ -39,14 +39,7 @@ from agentmem.records import Invocation  # noqa: E402
 from agentmem.replay import pack, rebuild_aligned  # noqa: E402
 from agentmem.training.collate import collate_rows  # noqa: E402
 from agentmem.training.packed_attention import action_logits  # noqa: E402
-
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
+from bench.common.tiny import tiny_model  # noqa: E402
 
 
 def row(vocab: int, tokens: int):

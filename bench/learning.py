@@ -114,6 +114,7 @@ from agentmem.training.checkpoints import carry_trainer_state, save_checkpoint  
 from agentmem.training.dynamics import EMPTY_WARN, round_warnings  # noqa: E402
 from agentmem.training.schedule import lr_at  # noqa: E402
 from bench.common.phases import State, say  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from envs.metrics import cluster_bootstrap  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
@@ -948,14 +949,6 @@ def plot_dynamics(bench: Bench, results: dict, path: Path) -> None:
 
 # -- main ------------------------------------------------------------------------------------------------
 
-def tiny_model(work: Path) -> str:
-    """A tiny random model folder (the tests' tokenizer and config) for ``--smoke``."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_models import save_tiny
-
-    folder = work / "tiny-model"
-    return str(folder) if (folder / "config.json").exists() else save_tiny(folder)
-
 
 def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
@@ -1227,7 +1220,7 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model = args.model or (tiny_model(work) if args.smoke else "default")
+    model = args.model or (tiny_model(work, "tiny-model") if args.smoke else "default")
     plan = make_plan(args, model)
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")

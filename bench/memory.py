@@ -42,6 +42,7 @@ from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.records import Checkpoint  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
 from bench.common.phases import State, say  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
@@ -76,13 +77,6 @@ class Plan:
                            temperature=temperature, seed=seed, max_batch=32, memory_policy=policy,
                            memory_options=options)
 
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def options_for(arm: str, store, plan: Plan, state: State, runtime: Runtime) -> dict:

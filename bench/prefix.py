@@ -55,17 +55,11 @@ from agentmem.policy.types import SamplingParams  # noqa: E402
 from agentmem.records import Invocation  # noqa: E402
 from agentmem.replay import rebuild_aligned, shareable_prefix  # noqa: E402
 from agentmem.training.forward import PackedModel, plan  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from envs import load_env  # noqa: E402
 
 HOTPOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
 
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def env_groups(args, tok, g: int, n_groups: int, seed: int) -> list[list[list[int]]]:

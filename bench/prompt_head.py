@@ -52,16 +52,9 @@ from agentmem.policy.models import load_model, prepare_default_model  # noqa: E4
 from agentmem.policy.transformers_backend import TransformersBackend  # noqa: E402
 from agentmem.policy.types import SamplingParams  # noqa: E402
 from agentmem.runtime import CPU  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from envs import load_env  # noqa: E402
 from store.engine import open_store  # noqa: E402
-
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def calls(tok, tasks: int, chunk_tokens: int, memory: int, level: int, seed: int) -> dict[str, list[list[int]]]:

@@ -34,6 +34,7 @@ from agentmem.jobs.eval import run_eval  # noqa: E402
 from agentmem.jobs.rollout import StoreSink, run_rollout  # noqa: E402
 from agentmem.policy.models import prepare_default_model  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from store.engine import open_store  # noqa: E402
 
 
@@ -52,13 +53,6 @@ class TimedSink(StoreSink):
         super().episodes_finished(episodes)
         self.seconds += time.perf_counter() - t0
 
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def measure(label: str, backend_kind: str, dtype: str, model: str, batch: int, job: str, args, tmp: str) -> dict:

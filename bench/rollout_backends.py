@@ -13,7 +13,6 @@ CPU time is what wall time would be on an idle core).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,19 +20,13 @@ from pathlib import Path
 import torch
 
 from agentmem.policy import SamplingParams, TransformersBackend, resolve_model
+from bench.common.tiny import tiny_model
 
 CHUNK = (
     "Alice was born in Lyon in 1984 and moved to Berlin in 2010, where she worked as a nurse at the "
     "Charite hospital. Her brother Bob lives in Oslo and teaches mathematics. "
 )
 
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def make_prompt(tokenizer, target: int, salt: int) -> list[int]:

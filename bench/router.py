@@ -40,6 +40,7 @@ from agentmem.agent.routed_memory import ROUTE, RoutedPolicy, p_yes, router_labe
 from agentmem.config import HELD_OUT_SEED, AgentConfig  # noqa: E402
 from agentmem.records import Episode  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from envs import load_env  # noqa: E402
 
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
@@ -86,13 +87,6 @@ def curve(tasks, full, router, thresholds):
         rows.append((t, sum(f1s) / len(f1s), secs, now / len(tasks)))
     return rows
 
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def best(rows, full_f1: float, full_secs: float, tolerance: float):

@@ -36,17 +36,10 @@ from agentmem.jobs.rollout import run_rollout  # noqa: E402
 from agentmem.jobs.sft import run_sft  # noqa: E402
 from agentmem.records import TrainStep  # noqa: E402
 from agentmem.runtime import Runtime  # noqa: E402
+from bench.common.tiny import tiny_model  # noqa: E402
 from store import repository as repo  # noqa: E402
 from store.engine import make_engine, open_store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
-
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int | None, model: str = "default"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from agentmem.policy import SamplingParams, TransformersBackend, VLLMBackend
 from agentmem.policy.errors import BackendError
+from bench.common.tiny import tiny_model
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -45,13 +45,6 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
     logp = torch.log_softmax(logits / t, dim=-1)
     return logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
 
-
-def tiny_model(folder: Path) -> str:
-    """A tiny random model folder (the tests' ``tiny_models``), for ``--smoke``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import save_tiny
-
-    return save_tiny(folder / "tiny")
 
 
 def main() -> None:
