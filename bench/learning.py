@@ -894,8 +894,10 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             "`teacher_min_confidence` left out, mean over the steps. Push shared: the share of the teacher term's push at "
             "first tokens that `teacher_centering` removed (its mean over each call kind's calls), mean over the steps. "
             "Training ran in "
-            + ("mixed precision (decoders in bf16 autocast, float32 weights and optimiser). " if bench.mixed()
-               else "float32. ")
+            + ("mixed precision (decoders in bf16 autocast, float32 weights and optimiser)" if bench.mixed()
+               else "float32")
+            + f", the evaluations in {bench.eval_dtype()} (`auto` takes bfloat16 where this CPU has it natively; a "
+            "table made in one dtype is reproduced in that dtype, since round-off flips a few greedy answers). "
             + ("Momentum: the warm start's carried AdamW stepped with zero gradients (the move every method makes "
                "before its own gradient counts)." if p.coasts else
                "Momentum is the warm start itself: no first moment is carried, so the carried state moves nothing "
