@@ -125,7 +125,9 @@ LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_pers
                "opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory",
                "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
 ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
-ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
+ALWAYS = ("base", "warm", "momentum")
+# the base model's evaluation starts after these (task_order): the ladder arms of the last line
+BASE_AFTER = ("opd_aligned", "grpo", "opd_grpo", "opd_persistent")  # the yardsticks: every run has them, whatever --arms says
 # --quick's arms: the issue's comparisons (the last line's arms, SFT continued, off-policy distillation, every
 # persistent context, PSD on- and off-policy, ReOPD, the teacher itself) and the best distillation arm measured so
 # far; the other ablations (the RL term beside a privileged or centred teacher, centring by kind) run in the full
@@ -1082,13 +1084,18 @@ def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str
 
 def task_order(plan: Plan) -> list[tuple[str, str | int]]:
     """The tasks of ``run_jobs``, in the order a free process takes them (the first whose needs are there): the
-    warm starts and the teachers first, since every method waits for them, then the arms in ``RUN_ORDER``, then
-    the base model's evaluation, which nothing waits for but the report (first, it kept a process from the
-    critical path: the quick run's methods started 13.5 min in, behind the base evaluation and the SQuAD
-    teacher)."""
+    warm starts and the teachers first, since every method waits for them, then the arms in ``RUN_ORDER``, with
+    the base model's evaluation after the ladder arms of the last line (``BASE_AFTER``). Nothing waits for it but
+    the report, and it is the longest evaluation (base runs every call to its token cap, on real text too): first,
+    it kept a process from the critical path (the quick run's methods started 13.5 min in, behind it and the SQuAD
+    teacher); last, it ran alone at the end (session 42's float32 quick run: 9.4 of its 11.7 min, one process idle).
+    Mid-list, a list-scheduling simulation on that run's task times ends 3.6-4.3% sooner (99.6 against 103.9 min;
+    session 39's times: 29.7-29.9 against 31.4)."""
     arms = [(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]
     warm = [t for t in arms if t[0] == "warm"]
-    return [*warm, *[("teacher", k) for k in teacher_keys(plan)], *[t for t in arms if t not in warm], ("base", 0)]
+    rest = [t for t in arms if t not in warm]
+    cut = max((i + 1 for i, t in enumerate(rest) if t[0] in BASE_AFTER), default=len(rest))
+    return [*warm, *[("teacher", k) for k in teacher_keys(plan)], *rest[:cut], ("base", 0), *rest[cut:]]
 
 
 def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, threads: int) -> None:

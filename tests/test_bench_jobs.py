@@ -148,7 +148,7 @@ def test_run_order_covers_every_arm_once():
     assert len(set(learning.RUN_ORDER)) == len(learning.RUN_ORDER)
 
 
-def test_task_order_starts_what_every_method_waits_for_and_ends_with_the_base_evaluation():
+def test_task_order_starts_what_every_method_waits_for_and_puts_the_base_evaluation_mid_list():
     import argparse
 
     import bench.learning as learning
@@ -163,7 +163,12 @@ def test_task_order_starts_what_every_method_waits_for_and_ends_with_the_base_ev
     seeds = list(range(plan.seeds))
     assert order[:plan.seeds] == [("warm", s) for s in seeds]
     assert order[plan.seeds:plan.seeds + 2] == [("teacher", "ladder"), ("teacher", "squad")] or not plan.squad
-    assert order[-1] == ("base", 0)
+    # the base evaluation right after the last line's ladder arms (every seed of them), before the rest
+    at = order.index(("base", 0))
+    assert order[at - 1] == ("opd_persistent", plan.seeds - 1)
+    assert {t[0] for t in order[:at]} >= set(learning.BASE_AFTER)
+    assert not {t[0] for t in order[at + 1:]} & set(learning.BASE_AFTER)
+    assert order[at + 1:] and order[-1][0] != "base"
     assert len(order) == len(set(order))
     assert set(plan.arms) == set(learning.ARMS) - (set() if plan.squad else {"squad_warm", "squad_opd"})
     trained = {(a, s) for a in plan.arms if a != "base" for s in learning.arm_seeds(plan, a)}
@@ -173,6 +178,9 @@ def test_task_order_starts_what_every_method_waits_for_and_ends_with_the_base_ev
     assert set(learning.QUICK_ARMS) <= set(learning.ARMS)
     assert {"opd_persistent_update", "opd_persistent_answer", "psd_off", "reopd"} <= set(quick.arms)
     assert learning.task_order(quick)[:1] == [("warm", 0)]
+    assert learning.task_order(quick)[8:10] == [("opd_persistent", 0), ("base", 0)]
+    subset = learning.make_plan(argparse.Namespace(**{**vars(ns), "quick": True, "arms": "sft_more"}), "default")
+    assert learning.task_order(subset)[-2:] == [("sft_more", 0), ("base", 0)]  # none of BASE_AFTER: base last
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
