@@ -61,7 +61,7 @@ killed run goes on). The last line:
 ``warm_minus_base= aligned_minus_warm= aligned_minus_persistent= opd_rl_minus_rl= rl_live_fraction=
 hotpot_trained_minus_base= seeds=``.
 
-  .venv/bin/python bench/learning.py --quick --work learning-quick --jobs 2   # 28-51 min on 2 cores (the machine varies by day)
+  .venv/bin/python bench/learning.py --quick --work learning-quick --jobs 2   # 28-51 min on 2 cores with native bf16, ~105 without
   .venv/bin/python bench/learning.py --work learning --seeds 3 --jobs 2
   .venv/bin/python bench/learning.py --smoke --work /tmp/learning-smoke   # every phase on a tiny model
 """
@@ -1089,7 +1089,7 @@ def task_order(plan: Plan) -> list[tuple[str, str | int]]:
     the report, and it is the longest evaluation (base runs every call to its token cap, on real text too): first,
     it kept a process from the critical path (the quick run's methods started 13.5 min in, behind it and the SQuAD
     teacher); last, it ran alone at the end (session 42's float32 quick run: 9.4 of its 11.7 min, one process idle).
-    Mid-list, a list-scheduling simulation on that run's task times ends 3.6-4.3% sooner (99.6 against 103.9 min;
+    Mid-list, a list-scheduling simulation on that run's task times ends 3-4% sooner (99.6 against 103.9 min;
     session 39's times: 29.7-29.9 against 31.4)."""
     arms = [(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]
     warm = [t for t in arms if t[0] == "warm"]
