@@ -125,9 +125,9 @@ LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_pers
                "opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory",
                "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
 ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
-ALWAYS = ("base", "warm", "momentum")
+ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the base model's evaluation starts after these (task_order): the ladder arms of the last line
-BASE_AFTER = ("opd_aligned", "grpo", "opd_grpo", "opd_persistent")  # the yardsticks: every run has them, whatever --arms says
+BASE_AFTER = ("opd_aligned", "grpo", "opd_grpo", "opd_persistent")
 # --quick's arms: the issue's comparisons (the last line's arms, SFT continued, off-policy distillation, every
 # persistent context, PSD on- and off-policy, ReOPD, the teacher itself) and the best distillation arm measured so
 # far; the other ablations (the RL term beside a privileged or centred teacher, centring by kind) run in the full
