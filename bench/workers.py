@@ -192,6 +192,7 @@ def main() -> None:
         args.episodes, args.group_size, args.workers, args.kills = 4, 1, "1,2", 1
     cfg = config(args.episodes, args.group_size, args.batch)
     work = Path(tempfile.mkdtemp(prefix="agentmem-workers-"))
+    work.chmod(0o755)  # mkdtemp makes it 0700: the throwaway server runs as `postgres` and must reach work/pg
     server, stop = args.pg_url, None
     if not server:
         data = work / "pg"
