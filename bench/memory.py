@@ -78,7 +78,6 @@ class Plan:
                            memory_options=options)
 
 
-
 def options_for(arm: str, store, plan: Plan, state: State, runtime: Runtime) -> dict:
     """The arm's memory options; ``teacher`` gets the memory bank built from overwrite's oracle run."""
     policy, options = ARMS[arm]

@@ -61,7 +61,6 @@ from envs import load_env  # noqa: E402
 HOTPOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
 
 
-
 def env_groups(args, tok, g: int, n_groups: int, seed: int) -> list[list[list[int]]]:
     """``n_groups`` groups of ``g`` chunk-first update prompts (token ids) over real chunks."""
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731

@@ -54,7 +54,6 @@ class TimedSink(StoreSink):
         self.seconds += time.perf_counter() - t0
 
 
-
 def measure(label: str, backend_kind: str, dtype: str, model: str, batch: int, job: str, args, tmp: str) -> dict:
     store = open_store(f"sqlite:///{tmp}/bench-{label}-{job}-{batch}.db", create=True)
     knobs = {"context_tokens": args.context_tokens, "distractors": 2}

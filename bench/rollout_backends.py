@@ -28,7 +28,6 @@ CHUNK = (
 )
 
 
-
 def make_prompt(tokenizer, target: int, salt: int) -> list[int]:
     body = f"Note {salt}. " + CHUNK * 20
     ids = tokenizer.apply_chat_template(

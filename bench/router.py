@@ -88,7 +88,6 @@ def curve(tasks, full, router, thresholds):
     return rows
 
 
-
 def best(rows, full_f1: float, full_secs: float, tolerance: float):
     ok = [r for r in rows if r[1] >= full_f1 - tolerance] or rows
     return max(ok, key=lambda r: (round(1 - r[2] / full_secs, 6), r[1], -r[0]))

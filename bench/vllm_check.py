@@ -46,7 +46,6 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
     return logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=None, help="model folder (required unless --smoke)")
