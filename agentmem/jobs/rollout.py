@@ -244,9 +244,12 @@ def work_run(store: Store, run_id: str, loop: AgentLoop, setup: RolloutSetup, le
     order = {(t.task_id, g): i for i, t in enumerate(setup.tasks) for g in range(setup.config.group_size)}
     tasks = {t.task_id: t for t in setup.tasks}
     stats = WorkStats()
-    with store.session() as s:
-        leases.release_dead(s, run_id)
-        s.commit()
+    def release_dead() -> None:
+        with store.session() as s:
+            leases.release_dead(s, run_id)
+            s.commit()
+
+    retrying(release_dead, "releasing the leases of dead processes")
     live: list[EpisodeState] = []
     dry = False  # the last claim found less than it asked for: claim again only once the batch is empty
     try:
@@ -279,13 +282,16 @@ def work_run(store: Store, run_id: str, loop: AgentLoop, setup: RolloutSetup, le
 
 def _claim(store: Store, run_id: str, loop: AgentLoop, tasks: Mapping[str, Task], lease: LeaseTerms,
            n: int | None) -> list[EpisodeState]:
-    with store.session() as s:
-        claimed = retrying(lambda: _claim_now(s, run_id, lease, n), "claiming episodes")
-        stored: dict[str, list[Invocation]] = {e.id: [] for e in claimed}
-        if claimed:
-            for inv in retrying(lambda: list(repo.stream_invocations(s, episode_ids=list(stored))),
-                                "reading stored calls"):
-                stored[inv.episode_id].append(inv)
+    claimed = retrying(lambda: _claim_now(store, run_id, lease, n), "claiming episodes")
+    stored: dict[str, list[Invocation]] = {e.id: [] for e in claimed}
+
+    def read() -> list[Invocation]:  # its own session: a retried read never meets a failed transaction
+        with store.session() as s:
+            return list(repo.stream_invocations(s, episode_ids=list(stored)))
+
+    if claimed:
+        for inv in retrying(read, "reading stored calls"):
+            stored[inv.episode_id].append(inv)
     try:
         missing = sorted({e.task_id for e in claimed} - set(tasks))
         if missing:
@@ -299,14 +305,11 @@ def _claim(store: Store, run_id: str, loop: AgentLoop, tasks: Mapping[str, Task]
         raise
 
 
-def _claim_now(s, run_id: str, lease: LeaseTerms, n: int | None) -> list[Episode]:
-    try:
+def _claim_now(store: Store, run_id: str, lease: LeaseTerms, n: int | None) -> list[Episode]:
+    with store.session() as s:
         claimed = leases.claim(s, run_id, lease.owner, n, lease.seconds, lease.max_attempts)
         s.commit()
         return claimed
-    except Exception:
-        s.rollback()
-        raise
 
 
 def _announce(store: Store, run_id: str, on_start: Callable[[int, int], None]) -> None:

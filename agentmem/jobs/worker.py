@@ -92,13 +92,16 @@ def run_worker(
 
 def _next_run(store: Store, run_id: str | None, done: set[str]) -> str | None:
     if run_id is not None:
-        rid, _ = load_rollout_config(store, run_id)
-        with store.session() as s:
-            run = repo.get_run(s, rid)
-            if run.status not in ("running", "finished") and leases.running_episodes(s, rid):
-                repo.claim_run(s, rid)  # an interrupted or failed run: running again, worked by this process
-                s.commit()
-        return rid
+        def claim() -> str:
+            rid, _ = load_rollout_config(store, run_id)
+            with store.session() as s:
+                run = repo.get_run(s, rid)
+                if run.status not in ("running", "finished") and leases.running_episodes(s, rid):
+                    repo.claim_run(s, rid)  # an interrupted or failed run: running again, worked by this process
+                    s.commit()
+            return rid
+
+        return retrying(claim, "reading the run")
     def find() -> list[str]:
         with store.session() as s:
             return [r for r in leases.runs_with_work(s, RunKind.rollout.value) if r not in done]
@@ -110,16 +113,19 @@ def _next_run(store: Store, run_id: str | None, done: set[str]) -> str | None:
 def _work_one(store: Store, rid: str, runtime: Runtime, lease: LeaseTerms, result: WorkerResult,
               samplers: dict, *, batch: int | None, wait: bool, backend, policy,
               on_round: Callable[[RoundStats], None] | None) -> None:
-    _, config = load_rollout_config(store, rid)
     if (backend is None) != (policy is None):
         raise RunError("give both backend and policy, or neither")
-    setup = rollout_setup(store, config, RunKind.rollout, backend)
+    # every store read of the set-up is retried while the store is unreachable (a worker may start, or pick
+    # up its next run, during a Postgres restart); the set-up writes nothing but the model's checkpoint row
+    _, config = retrying(lambda: load_rollout_config(store, rid), "reading the run's config")
+    setup = retrying(lambda: rollout_setup(store, config, RunKind.rollout, backend), "setting up the run")
     if backend is None and not setup.oracle:
         key = (setup.model.path, config.backend, config.dtype)
         if key not in samplers:
             samplers.clear()  # one model in memory at a time
-            samplers[key] = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
-                                           base_url=config.base_url)
+            samplers[key] = retrying(lambda: models.sampler(store, setup.model, config.backend, config.dtype,
+                                                            runtime, base_url=config.base_url),
+                                     "registering the model")  # the store is touched before any weights load
         policy, backend = samplers[key]
     handle = RunHandle(store, rid)
     loop = rollout_loop(store, setup, backend, policy)

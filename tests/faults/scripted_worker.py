@@ -5,7 +5,8 @@ until it is finished, answering every call as ``tests/test_leases.py``'s scripte
 outputs in every process) after ``SLEEP_S`` seconds per batch, and stores ``TAG`` (a number naming this
 process) as every call's ``latency_s``, so a test can tell which process stored which call. Prints the
 worker's one-line summary, and with ``AGENTMEM_INSERT_TIMES=PATH`` writes each round's store write time
-(seconds, one a line) to PATH.
+(seconds, one a line) to PATH. With ``AGENTMEM_WORKER_GO=stdin`` it waits, once started up (store opened,
+policy registered, ``registered`` printed), for a line on stdin before it works the run.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def main() -> None:
     store = open_store(url)
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
     print("registered", flush=True)  # start-up done: a test may now disturb the store
+    if os.environ.get("AGENTMEM_WORKER_GO") == "stdin":
+        sys.stdin.readline()  # the test says when to start working (after it has stopped the store)
     times_path = os.environ.get("AGENTMEM_INSERT_TIMES")
     if times_path:
         worker.StoreSink = TimedSink  # the sink the worker builds

@@ -52,6 +52,10 @@ def own_server():
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _port(url: str) -> str:
+    return url.rsplit(":", 1)[1].split("/")[0]
+
+
 def _pg_ctl(data, *args: str) -> None:
     cmd = f"'{BINDIR[-1]}/pg_ctl' -D '{data}' {' '.join(args)}"
     subprocess.run(["su", "postgres", "-s", "/bin/sh", "-c", cmd] if _is_root() else ["sh", "-c", cmd],
@@ -76,8 +80,9 @@ def test_workers_finish_after_a_postgres_restart(own_server):
                                  "0.1", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for tag in range(2)]
     engine = store.engine
-    # restart only once both workers are past start-up (registering the policy is not retried; a worker that
-    # started during the restart fails at once, which is not what this test is about)
+    # restart only once both workers are past start-up (opening the store checks its schema, which is not
+    # retried: a worker that cannot reach the store when it starts fails at once; the next test covers a
+    # store that goes away between start-up and the first claim)
     for w in workers:
         assert w.stdout is not None and w.stdout.readline().strip() == "registered", w.stderr and w.stderr.read()[-3000:]
 
@@ -91,7 +96,7 @@ def test_workers_finish_after_a_postgres_restart(own_server):
         time.sleep(0.1)
     before = stored()
     engine.dispose()
-    _pg_ctl(data, "-m", "fast", "-w", "-l", f"'{data}/server.log'", "restart", "-o", f"'-h 127.0.0.1 -p {url.rsplit(':', 1)[1].split('/')[0]} "
+    _pg_ctl(data, "-m", "fast", "-w", "-l", f"'{data}/server.log'", "restart", "-o", f"'-h 127.0.0.1 -p {_port(url)} "
                   "-k /tmp -F'")
     outs = [w.communicate(timeout=300) for w in workers]
     for w, (_out, err) in zip(workers, outs, strict=True):
@@ -104,3 +109,41 @@ def test_workers_finish_after_a_postgres_restart(own_server):
     assert {k: [r[:-1] for r in v] for k, v in got.items()} == {k: [r[:-1] for r in v] for k, v in want.items()}
     assert 0 < before < sum(len(v) for v in want.values())  # the restart came mid-run
     assert any("lost its connection" in err for _, err in outs)  # and the workers did retry
+
+
+def test_a_worker_waits_for_a_store_that_goes_away_before_its_first_claim(own_server):
+    """The store stops between a worker's start-up and its first read of the run (the worker is held at that
+    point): reading the run's config, setting it up, releasing dead leases and claiming all wait for the
+    server, and the run finishes with the same calls as an uninterrupted run."""
+    import os
+
+    url, data = own_server
+    upgrade(make_engine(url))
+    store = open_store(url)
+    tok = tiny_tokenizer()
+    policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
+    reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
+    run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
+    w = subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, "0", "30", "0", "2"],
+                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "AGENTMEM_WORKER_GO": "stdin"})
+    assert w.stdout is not None and w.stdout.readline().strip() == "registered", w.stderr and w.stderr.read()[-3000:]
+    store.engine.dispose()
+    _pg_ctl(data, "-m", "fast", "-w", "stop")
+    assert w.stdin is not None and w.stderr is not None
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    seen = ""
+    while "lost its connection" not in seen:  # blocks until the worker has met the stopped server
+        line = w.stderr.readline()
+        assert line, seen[-3000:]  # the worker ended without retrying
+        seen += line
+    assert "store: reading the run lost its connection" in seen, seen[-3000:]
+    _pg_ctl(data, "-w", "-l", f"'{data}/server.log'", "start", "-o", f"'-h 127.0.0.1 -p {_port(url)} -k /tmp -F'")
+    out, err = w.communicate(timeout=300)
+    assert w.returncode == 0, (seen + err)[-3000:]
+    assert "calls=" in out and "finished=" + run_id in out, out
+    with store.engine.connect() as c:
+        assert c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar() == "finished"
+    want, got = calls_by_episode(store.engine, reference), calls_by_episode(store.engine, run_id)
+    assert {k: [r[:-1] for r in v] for k, v in got.items()} == {k: [r[:-1] for r in v] for k, v in want.items()}
