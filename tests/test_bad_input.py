@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tiny_models import save_tiny, tiny_tokenizer
 
+from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from cli.app import main
 from store.engine import open_store
 from store.migrations import downgrade

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from helpers import KilledBackend, canonical_calls, register_policy, stored_calls
-from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.agent.events import (
     Event,
@@ -52,6 +51,7 @@ from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, EpisodeStatus, Fact, Task, TeacherContext
 from agentmem.replay import rebuild_aligned
+from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import select
 from envs import load_env

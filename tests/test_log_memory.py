@@ -10,7 +10,6 @@ import pytest
 import torch
 from helpers import register_policy
 from test_memory_policy import KilledBackend
-from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.agent.log_memory import LogOptions, LogPolicy
 from agentmem.agent.log_query import (
@@ -33,6 +32,7 @@ from agentmem.jobs.sft import run_sft
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, Fact, Task
 from agentmem.replay import rebuild_aligned
+from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import select
 from envs import load_env
