@@ -106,7 +106,7 @@ def sqlite_store(tmp_path):
 def tokenizer_folder(tmp_path) -> str:
     """A model folder with a config and a tokenizer but no weights: an oracle rollout loads only these, and
     anything that loads weights fails."""
-    from tiny_models import tiny_llama, tiny_tokenizer
+    from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 
     folder = tmp_path / "tokenizer-only"
     tiny_tokenizer().save_pretrained(folder)

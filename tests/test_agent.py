@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_llama, tiny_tokenizer
 
 import agentmem.config
 from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, ListSink, resume_state
@@ -18,6 +17,7 @@ from agentmem.models import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, EpisodeStatus, InvocationKind, Task
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from envs import load_env
 from store import repository as repo
 

@@ -186,7 +186,7 @@ def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
     """rollout, score, distill, sft and eval on a tiny model: each run's exported config, run again with
     --config alone, stores the same config (the first runs were made from flags, the rollout and the distill
     from examples/ files with flags over them)."""
-    from tiny_models import save_tiny
+    from agentmem.testing.tiny_models import save_tiny
 
     model = save_tiny(tmp_path / "tiny")
     db = f"sqlite:///{tmp_path / 'a.db'}"
@@ -240,7 +240,7 @@ def test_a_stored_train_config_exports_and_loads_again(tmp_path):
 def test_train_runs_from_the_recipe_file_and_again_from_its_exported_config(tmp_path):
     """`train --config examples/learning_recipe.yaml` with flags over it runs (warm start, rollout, distill) on
     a tiny model; its stored config, exported and run again with --config alone, stores the same config."""
-    from tiny_models import save_tiny
+    from agentmem.testing.tiny_models import save_tiny
 
     model = save_tiny(tmp_path / "tiny")
     db = f"sqlite:///{tmp_path / 'a.db'}"

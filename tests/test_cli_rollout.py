@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
-from tiny_models import save_tiny
+
+from agentmem.testing.tiny_models import save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_models import tiny_tokenizer
 
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Checkpoint
+from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 
 ROOT = Path(__file__).resolve().parents[1]

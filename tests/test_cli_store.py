@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_records import make_episode, make_invocation, make_run
 
+from agentmem.testing.store_records import make_episode, make_invocation, make_run
 from store import repository as repo
 from store.engine import open_store
 

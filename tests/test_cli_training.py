@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiny_models import save_tiny
+from agentmem.testing.tiny_models import save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}

@@ -8,7 +8,6 @@ import pytest
 import torch
 from helpers import register_policy
 from test_agent import SYNTH
-from tiny_models import tiny_llama, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TeacherSourceKind
@@ -17,6 +16,7 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, TeacherContext
 from agentmem.replay import ReplayError, pack
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.distill import Models, advantages, step_indices
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, accumulate_step

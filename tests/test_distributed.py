@@ -15,13 +15,13 @@ import torch
 from helpers import register_policy
 from safetensors.torch import load_file
 from test_agent import SYNTH
-from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.runtime import Runtime
+from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from store import repository as repo
 
 ROOT = Path(__file__).resolve().parents[1]

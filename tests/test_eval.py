@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from helpers import register_policy
-from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.config import AgentConfig, EvalConfig
 from agentmem.jobs.eval import run_eval
@@ -21,6 +20,7 @@ from agentmem.plots import plot_eval_results, series
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, EvalResult, RunKind
+from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from store import repository as repo
 
 ROOT = Path(__file__).resolve().parents[1]

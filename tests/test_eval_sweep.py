@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tiny_models import save_tiny
 
 from agentmem.config import AgentConfig, EvalConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.eval import sweep_configs
+from agentmem.testing.tiny_models import save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
-from store_records import make_episode, make_invocation, make_run
 
 from agentmem.jobs.export import export_invocations
 from agentmem.records import SamplingContext
+from agentmem.testing.store_records import make_episode, make_invocation, make_run
 from store import repository as repo
 
 

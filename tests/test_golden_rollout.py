@@ -13,9 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from tiny_models import tiny_tokenizer
-
 from agentmem.policy.scripted import ScriptedBackend
+from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 
 GOLDEN = Path(__file__).parent / "golden" / "scripted_rollout.json"

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_models import save_tiny, tiny_llama
+
+from agentmem.testing.tiny_models import save_tiny, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--knob", "context_tokens=600", "--chunk-tokens", "48", "--memory-tokens", "12", "--answer-tokens", "6",

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tiny_models import save_tiny, tiny_tokenizer
 
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import (
@@ -34,21 +33,14 @@ from agentmem.jobs.worker import run_worker
 from agentmem.models import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, Invocation
+from agentmem.testing.scripted_worker import respond
+from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import leases
 from store import repository as repo
 from store.errors import LeaseLost
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
-
-
-def respond(tok):
-    def reply(prompt: list[int]) -> str:
-        text = tok.decode(prompt)
-        if "Reply with the short answer" in text:
-            return f"Oslo {len(prompt) % 7}"
-        return f"note {len(prompt)} {sum(prompt) % 97}"
-    return reply
 
 
 def config(episodes: int = 4, group_size: int = 2) -> RolloutConfig:

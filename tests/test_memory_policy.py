@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 
 import pytest
 from helpers import KilledBackend, canonical_calls, stored_calls
-from tiny_models import tiny_tokenizer
 
 from agentmem.agent.loop import AgentConfig, AgentLoop, ListSink, memory_policy, register_memory_policy
 from agentmem.agent.memory import Call, MemoryPolicyBase, replay
@@ -22,6 +21,7 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.models import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, EpisodeStatus
+from agentmem.testing.tiny_models import tiny_tokenizer
 from envs import load_env
 from store import repository as repo
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 from agentmem.policy import DEFAULT_MODEL, ModelError, load_model, prepare_default_model, resolve_model
 from agentmem.policy import models as models_mod
 from agentmem.policy.models import is_model_folder
+from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 MESSAGES = [{"role": "user", "content": "Where does Bob live?"}]
 

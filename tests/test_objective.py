@@ -10,7 +10,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_llama
 
 from agentmem.config import DistillConfig, Divergence, TeacherCentering, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
@@ -18,6 +17,7 @@ from agentmem.records import Invocation
 from agentmem.replay import Sequence, pack
 from agentmem.replay.groups import centering_groups
 from agentmem.runtime import Runtime
+from agentmem.testing.tiny_models import tiny_llama
 from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.forward import PackedModel, plan
 from agentmem.training.losses import reverse_kl, sampled_logprobs, sampled_reverse_kl_loss, topk_union_jsd

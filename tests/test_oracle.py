@@ -18,8 +18,6 @@ import pytest
 import sqlalchemy as sa
 import torch
 from helpers import register_policy
-from store_records import make_episode, make_invocation, make_run
-from tiny_models import tiny_llama, tiny_tokenizer
 
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.oracle import OracleWriter
@@ -32,6 +30,8 @@ from agentmem.jobs.rollout import StoreSink, build_env, run_rollout
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, Fact, FinishReason, Invocation, RunKind, Task
 from agentmem.replay import rebuild_aligned
+from agentmem.testing.store_records import make_episode, make_invocation, make_run
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.distill import Models
 from agentmem.training.terms import MicroBatch, PolicyGradientTerm
 from envs.metrics import score_answer

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_llama, tiny_qwen2
 
 from agentmem.replay import Row, Sequence, pack
+from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2
 from agentmem.training.collate import collate_rows
 from agentmem.training.packed_attention import (
     SEGMENT_ATTENTION,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from tiny_models import tiny_llama, tiny_tokenizer
 
 from agentmem.agent.memory import Call, MemoryPolicyBase, consume
 from agentmem.agent.oracle import OracleWriter
@@ -25,6 +24,7 @@ from agentmem.errors import AgentError, ConfigError
 from agentmem.jobs.replay import teacher_calls
 from agentmem.jobs.rollout import rollout_setup
 from agentmem.records import Fact, Run, RunKind, Task
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from store import repository as repo
 
 TASK = Task(task_id="t", env="synthetic", question="Where does Bob live?", chunks=["Alice works.", "Bob: Oslo."],

@@ -3,12 +3,11 @@ before their memory) and memory-first (MemAgent's order, and what runs stored be
 
 from __future__ import annotations
 
-from tiny_models import tiny_tokenizer
-
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
 from agentmem.agent.registry import memory_policy
 from agentmem.config import AgentConfig, PromptLayout, RolloutConfig
 from agentmem.records import Task
+from agentmem.testing.tiny_models import tiny_tokenizer
 
 SYSTEM_TURN = ("<|im_start|>system\nYou are a careful reading agent. You read a long text in sections and keep a "
                "short memory.<|im_end|>\n")

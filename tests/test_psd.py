@@ -12,7 +12,6 @@ import pytest
 import torch
 from helpers import register_policy
 from test_agent import SYNTH
-from tiny_models import tiny_llama, tiny_tokenizer
 from typer.testing import CliRunner
 
 from agentmem.agent.overwrite import OverwritePolicy
@@ -25,6 +24,7 @@ from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, Invocation, SamplingContext, TeacherContext
 from agentmem.replay import pack, rebuild_aligned
 from agentmem.replay.privileged import privileged_ids
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.distill import Models, Trainer, advantages, psd_mix
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, accumulate_step

@@ -9,10 +9,10 @@ import io
 import sys
 
 import pytest
-from tiny_models import save_tiny
 
 from agentmem.jobs.rollout import RolloutResult
 from agentmem.records import Episode, EpisodeStatus
+from agentmem.testing.tiny_models import save_tiny
 from cli.app import main
 from cli.rollout import UNTRAINED_NOTE, rollout
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from test_distill import config, models, rolled  # noqa: F401  (fixture)
 from test_train_loop import tiny_train
-from tiny_models import save_tiny, tiny_tokenizer
 
 from agentmem.config import LrSchedule, RewardKind, TrainConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.distill import run_distill
 from agentmem.jobs.train import run_train
 from agentmem.records import Episode, TrainStep
+from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from agentmem.training.distill import episode_reward
 from agentmem.training.dynamics import finish_sums, group_liveness, note, output_stats, round_warnings
 from agentmem.training.schedule import lr_at
@@ -215,7 +215,7 @@ def test_each_step_logs_its_dynamics(rolled, tmp_path):  # noqa: F811
 
 
 def test_first_token_eos_is_the_softmax_at_the_last_prompt_position():
-    from tiny_models import tiny_llama
+    from agentmem.testing.tiny_models import tiny_llama
 
     model = tiny_llama(seed=4)
     ids = [3, 7, 11, 5]
@@ -227,7 +227,7 @@ def test_first_token_eos_is_the_softmax_at_the_last_prompt_position():
 def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
     """A teacher whose every first token is end-of-sequence (its lm head says so) is refused before any
     rollout or distill, naming its empty share."""
-    from tiny_models import tiny_llama
+    from agentmem.testing.tiny_models import tiny_llama
 
     eos = tiny_tokenizer().eos_token_id
     stopper = tiny_llama(seed=5)
@@ -249,9 +249,8 @@ def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
 def test_aligned_kinds_score_those_calls_in_the_aligned_context(rolled):  # noqa: F811
     """persistent with aligned_kinds=[answer]: answer calls get exactly the aligned rebuild, update calls
     the persistent one (the persistent context's effect on update calls alone)."""
-    from tiny_models import tiny_llama
-
     from agentmem.records import TeacherContext
+    from agentmem.testing.tiny_models import tiny_llama
     from agentmem.training.selection import select, teacher_sequences
     from agentmem.training.teachers import OnlineTeacher
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from store_records import make_run
 from test_cli_store import agentmem
 
 from agentmem.policy.errors import BackendError
 from agentmem.records import utcnow
+from agentmem.testing.store_records import make_run
 from store import repository as repo
 from store.engine import open_store
 from store.errors import NotFound, ReadOnlyDatabase, SchemaOutOfDate, StoreUnavailable

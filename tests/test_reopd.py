@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 from helpers import register_policy
-from store_records import make_episode, make_invocation
 from test_agent import SYNTH
-from tiny_models import tiny_llama, tiny_tokenizer
 from typer.testing import CliRunner
 
 from agentmem.config import AgentConfig, DistillConfig, ReplayConfig, RolloutConfig
@@ -23,6 +21,8 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, Run, RunKind
 from agentmem.replay.reopd import branch_probabilities, draw_branch_steps, state_coverage
+from agentmem.testing.store_records import make_episode, make_invocation
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.distill import Models
 from cli.app import app, error_message
 from store import repository as repo

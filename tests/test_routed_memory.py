@@ -10,7 +10,6 @@ import pytest
 from helpers import canonical_calls, register_policy, stored_calls
 from test_memory_policy import KilledBackend
 from test_scoring import direct_logprobs
-from tiny_models import tiny_llama, tiny_tokenizer
 
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.prompts import answer_prompt, render, update_prompt
@@ -24,6 +23,7 @@ from agentmem.jobs.score import run_score
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, EpisodeStatus, Task, TeacherContext
 from agentmem.replay import rebuild
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
 from envs import load_env
 from store import repository as repo
@@ -305,11 +305,11 @@ def route_nll(model, invocations) -> float:
 def test_sft_on_oracle_labelled_route_calls_trains_the_router(sqlite_store, tokenizer_folder, tmp_path):
     """`agentmem sft --run ORACLE_ROUTED_RUN --kinds route`: exactly the route calls are selected (one label
     token each) and training lowers their loss."""
-    from tiny_models import save_tiny
     from transformers import AutoModelForCausalLM
 
     from agentmem.config import SftConfig
     from agentmem.jobs.sft import run_sft
+    from agentmem.testing.tiny_models import save_tiny
     from agentmem.training.selection import select
 
     runs = []

@@ -10,7 +10,6 @@ from helpers import register_policy
 from safetensors.torch import load_file
 from test_agent import SYNTH
 from test_teachers import user_content
-from tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from agentmem.agent.prompts import SYSTEM
@@ -20,6 +19,7 @@ from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay.privileged import privileged_ids
+from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
 from store import repository as repo
 

@@ -16,7 +16,6 @@ import numpy as np
 import openai
 import pytest
 from serve_helpers import running
-from tiny_models import tiny_tokenizer
 
 from agentmem.policy.types import Progress, SamplingParams
 from agentmem.records import FinishReason
@@ -24,6 +23,7 @@ from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.sampler import Job, Tokens
 from agentmem.serve.server import ServeConfig, build_server
+from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 
 QUESTION = [{"role": "user", "content": "Where does Bob live?"}]
@@ -200,7 +200,7 @@ def test_vllm_progress_reads_delta_outputs():
 def test_vllm_serves_with_continuous_batching(sqlite_store, tmp_path):
     """vLLM's async engine behind the server: concurrent clients, stored ids and log-probs are vLLM's own, and
     a seeded call equals the offline engine's sample of the same prompt."""
-    from tiny_models import save_tiny, tiny_llama_vllm
+    from agentmem.testing.tiny_models import save_tiny, tiny_llama_vllm
 
     model_dir = save_tiny(tmp_path / "tiny", tiny_llama_vllm())
     server = build_server(sqlite_store, ServeConfig(model=model_dir, backend="vllm", dtype="float32"))

@@ -16,7 +16,6 @@ import pytest
 import torch
 from helpers import register_policy
 from test_agent import SYNTH
-from tiny_models import save_tiny, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from agentmem.config import AgentConfig, RolloutConfig, SftConfig
@@ -27,6 +26,7 @@ from agentmem.models import resolve
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import InvocationKind, Run, RunKind
 from agentmem.runtime import CPU
+from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from agentmem.training import lora
 from agentmem.training.distill import Trainer
 from agentmem.training.selection import select

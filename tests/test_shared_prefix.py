@@ -12,7 +12,6 @@ import pytest
 import torch
 from helpers import register_policy
 from test_agent import SYNTH
-from tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 
 from agentmem.config import AgentConfig, DistillConfig, Packing, RolloutConfig, ScoreConfig
 from agentmem.jobs.distill import run_distill
@@ -21,6 +20,7 @@ from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay import Sequence, pack, shareable_prefix
+from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from agentmem.training.collate import collate_rows
 from agentmem.training.distill import Models, advantages
 from agentmem.training.forward import PackedModel

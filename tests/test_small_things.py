@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_models import save_tiny
 
 from agentmem.records import TrainStep
+from agentmem.testing.tiny_models import save_tiny
 from cli.app import main
 from cli.training_progress import loss_parts
 from store.engine import open_store

@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from store_records import make_episode, make_invocation, make_run
 
 from agentmem.records import (
     Checkpoint,
@@ -20,6 +19,7 @@ from agentmem.records import (
     TeacherScore,
     TrainStep,
 )
+from agentmem.testing.store_records import make_episode, make_invocation, make_run
 from store import repository as repo
 from store.engine import make_engine, open_store
 from store.errors import NotFound, SchemaOutOfDate

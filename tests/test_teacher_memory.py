@@ -9,7 +9,6 @@ import pytest
 from helpers import canonical_calls, register_policy, stored_calls
 from test_memory_policy import KilledBackend
 from test_sft import am
-from tiny_models import save_tiny, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from agentmem.agent.prompts import ANSWER, SYSTEM, UPDATE, answer_prompt, render, update_prompt
@@ -31,6 +30,7 @@ from agentmem.jobs.sft import run_sft
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, Invocation, RunKind, WorkflowMemory
+from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from envs import load_env
 from store import memories as memory_repo
 from store import repository as repo

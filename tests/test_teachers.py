@@ -9,7 +9,6 @@ import pytest
 import torch
 from helpers import register_policy
 from test_agent import SYNTH
-from tiny_models import tiny_llama, tiny_tokenizer
 
 from agentmem.agent.prompts import SYSTEM
 from agentmem.config import (
@@ -27,6 +26,7 @@ from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay import ReplayError
+from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.distill import Models
 from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import Selection, select, teacher_sequences

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from test_agent import SYNTH
-from tiny_models import save_tiny
 
 from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TrainConfig
 from agentmem.jobs.train import run_train
 from agentmem.records import TeacherContext
+from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
 
 

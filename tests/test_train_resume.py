@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from test_train_loop import tiny_train
-from tiny_models import save_tiny
 from transformers import AutoModelForCausalLM
 
 from agentmem.errors import RunError
 from agentmem.jobs.train import load_train_state, round_out, run_train
+from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
 
 

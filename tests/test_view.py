@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
-from tiny_models import tiny_tokenizer
 from view_seed import TEACHER, seed_view_store
 
 from agentmem.records import TeacherContext
+from agentmem.testing.tiny_models import tiny_tokenizer
 from agentmem.view.app import create_app
 from agentmem.view.diff import word_diff
 from agentmem.view.report import write_report

@@ -1,7 +1,7 @@
 """One rollout worker process with the scripted backend, for the fault tests and ``bench/workers.py``.
 
-``python tests/faults/scripted_worker.py DB_URL RUN_ID TAG [LEASE_S] [SLEEP_S] [BATCH]``: works the run
-until it is finished, answering every call as ``tests/test_leases.py``'s scripted backend does (the same
+``python -m agentmem.testing.scripted_worker DB_URL RUN_ID TAG [LEASE_S] [SLEEP_S] [BATCH]``: works the run
+until it is finished, answering every call with ``respond`` (the lease tests' scripted answer: the same
 outputs in every process) after ``SLEEP_S`` seconds per batch, and stores ``TAG`` (a number naming this
 process) as every call's ``latency_s``, so a test can tell which process stored which call. Prints the
 worker's one-line summary, and with ``AGENTMEM_INSERT_TIMES=PATH`` writes each round's store write time
@@ -14,18 +14,26 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+from agentmem.jobs import rollout, worker
+from agentmem.jobs.rollout import LeaseTerms
+from agentmem.models import ModelRef, register
+from agentmem.policy.scripted import ScriptedBackend
+from agentmem.testing.tiny_models import tiny_tokenizer
+from store.engine import open_store
 
-from test_leases import respond  # noqa: E402  (the one scripted answer of the lease tests)
-from tiny_models import tiny_tokenizer  # noqa: E402
 
-from agentmem.jobs import rollout, worker  # noqa: E402
-from agentmem.jobs.rollout import LeaseTerms  # noqa: E402
-from agentmem.models import ModelRef, register  # noqa: E402
-from agentmem.policy.scripted import ScriptedBackend  # noqa: E402
-from store.engine import open_store  # noqa: E402
+def respond(tok) -> Callable[[list[int]], str]:
+    """The scripted answer of the lease and worker tests: a function of the prompt's token ids alone."""
+
+    def reply(prompt: list[int]) -> str:
+        text = tok.decode(prompt)
+        if "Reply with the short answer" in text:
+            return f"Oslo {len(prompt) % 7}"
+        return f"note {len(prompt)} {sum(prompt) % 97}"
+    return reply
 
 
 class TaggedBackend(ScriptedBackend):

@@ -5,17 +5,11 @@ mid-rollout gives one error line, and the store stays readable and resumable."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("bench_faults", Path(__file__).resolve().parents[2] / "bench" / "faults.py")
-faults = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_faults"] = faults  # dataclasses look their module up
-_SPEC.loader.exec_module(faults)
+from agentmem.testing import faults
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from test_worker_kills import HERE, ROOT, calls_by_episode, config, respond
-from tiny_models import tiny_tokenizer
+from test_worker_kills import ROOT, calls_by_episode, config, respond
 
 from agentmem.jobs.rollout import create_rollout, run_rollout
 from agentmem.models import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
+from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import make_engine, open_store
 from store.migrations import upgrade
 
@@ -76,7 +76,7 @@ def test_workers_finish_after_a_postgres_restart(own_server):
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
     reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
     run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
-    workers = [subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, str(tag), "30",
+    workers = [subprocess.Popen([sys.executable, "-m", "agentmem.testing.scripted_worker", url, run_id, str(tag), "30",
                                  "0.1", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for tag in range(2)]
     engine = store.engine
@@ -124,7 +124,7 @@ def test_a_worker_waits_for_a_store_that_goes_away_before_its_first_claim(own_se
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
     reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
     run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
-    w = subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, "0", "30", "0", "2"],
+    w = subprocess.Popen([sys.executable, "-m", "agentmem.testing.scripted_worker", url, run_id, "0", "30", "0", "2"],
                          cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "AGENTMEM_WORKER_GO": "stdin"})
     assert w.stdout is not None and w.stdout.readline().strip() == "registered", w.stderr and w.stderr.read()[-3000:]

@@ -1,6 +1,6 @@
 """Rollout workers killed with SIGKILL at random points, on Postgres: nothing lost, duplicated or mixed.
 
-Three worker processes (``scripted_worker.py``: the scripted backend, so every process answers a prompt
+Three worker processes (``agentmem.testing.scripted_worker``: the scripted backend, so every process answers a prompt
 alike) share one run; a live worker that stored the latest call of an unfinished episode is killed (kill -9)
 whenever new calls were stored since the last kill, and a fresh one started in its place,
 ``AGENTMEM_FAULT_KILLS`` times (default 6). Choosing the victim that way makes every kill land mid-episode, so
@@ -30,16 +30,15 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from test_leases import respond
-from tiny_models import tiny_tokenizer
 
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import create_rollout, run_rollout
 from agentmem.models import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
+from agentmem.testing.scripted_worker import respond
+from agentmem.testing.tiny_models import tiny_tokenizer
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
 KILLS = int(os.environ.get("AGENTMEM_FAULT_KILLS", "6"))
 
@@ -80,7 +79,7 @@ def test_killed_workers_lose_duplicate_and_mix_nothing(store):
     rng = random.Random(13)
 
     def start(tag: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(HERE / "scripted_worker.py"), url, run_id, str(tag), "30",
+        return subprocess.Popen([sys.executable, "-m", "agentmem.testing.scripted_worker", url, run_id, str(tag), "30",
                                  "0.05", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stored() -> int:

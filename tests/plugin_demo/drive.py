@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import sqlalchemy as sa
-from tiny_models import save_tiny
 
 from agentmem.config import AgentConfig, DistillConfig, PolicySource, RolloutConfig, ScoreConfig, SftConfig
 from agentmem.errors import AgentmemError
@@ -18,6 +17,7 @@ from agentmem.jobs.distill import run_distill
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.jobs.sft import run_sft
+from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
 from store.engine import make_engine, open_store
 from store.migrations import upgrade
