@@ -194,7 +194,7 @@ class Plan:
     heldout_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     # with the warm start's AdamW carried, 2e-5 was best or equal for opd_aligned on every seed (full plan, 3
     # seeds: aligned - warm +0.032, against -0.004 at 5e-5) and equal for sft_more (+0.060 against +0.062);
-    # grpo at 2e-5 with groups of 8: +0.082 [+0.021, +0.157] over warm (docs/learning.md, sessions 28-29)
+    # grpo at 2e-5 with groups of 8: +0.082 [+0.021, +0.157] over warm (bench/results/learning/legacy.json)
     lr: float = 2e-5
     warm_lr: float = 5e-5  # 8 steps at 2e-5 left the warm start writing `(empty)` and the RL term dead (probe)
     warmup: int = 1
@@ -206,7 +206,7 @@ class Plan:
     carry_warm_optimizer: bool = True
     # False: the carried state's first moment (the warm start's running mean of SFT gradients) starts at zero, its
     # second moment and step count kept, so the null move is zero and a method's update is its own gradients'
-    # (session 34: with it carried, much of every method's move was the warm start's momentum)
+    # (with it carried, much of every method's move is the warm start's momentum: the momentum arm)
     carry_warm_first_moment: bool = True
     chunk_tokens: int = 128
     memory_tokens: int = 48
@@ -228,13 +228,13 @@ class Plan:
     # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
     teacher_min_confidence: float = 0.0
     # the teacher term's weight in an arm that also has the RL term (opd_grpo, opd_privileged_grpo); the RL term keeps
-    # weight 1. Alone a term's weight is moot under AdamW; beside the RL term it sets the balance (session 29: the teacher term's
-    # gradient norm was 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
+    # weight 1. Alone a term's weight is moot under AdamW; beside the RL term it sets the balance (the teacher term's
+    # gradient norm is 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
     rl_kd_weight: float = 1.0
     # the privileged arms' teacher (opd_privileged, opd_privileged_grpo, psd_off): True, the default model fine-tuned
     # on the oracle calls under the privileged prompt it distils with (gold answer and evidence spliced before every
     # prompt), picked on validation under that prompt; False, the ladder teacher (fine-tuned on the plain prompt)
-    # reading a splice it never saw in training. Session 33: the SFT one writes `(empty)` after evidence on 0.06 of its
+    # reading a splice it never saw in training. The SFT one writes `(empty)` after evidence on 0.06 of its
     # validation updates (plain: 0.38), yet its students drift to `(empty)` as opd_aligned's do (docs/learning.md),
     # so the default stays the plan the earlier folders were made with
     privileged_teacher_sft: bool = False
@@ -285,7 +285,7 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8,
                     mixed_precision="auto", arms=[a for a in ARMS if a in QUICK_ARMS], **common)
     else:
-        # the recipe measured best on three seeds (docs/learning.md, sessions 28-29): 24 calls per method step
+        # the recipe measured best on three seeds (bench/results/learning/legacy.json): 24 calls per method step
         # (8: the first step's noise decided the seed), groups of 8 (RL live 0.60, against 0.33 with 4), and a
         # teacher chosen among 32/64/96 SFT steps on 32 validation episodes (16/24/32 on 12 left none with headroom)
         plan = Plan(seeds=3, warm_steps=16, steps=8, steps_per_round=2, calls_per_step=24, rollout_tasks=4, group=8,
@@ -1088,9 +1088,9 @@ def task_order(plan: Plan) -> list[tuple[str, str | int]]:
     the base model's evaluation after the ladder arms of the last line (``BASE_AFTER``). Nothing waits for it but
     the report, and it is the longest evaluation (base runs every call to its token cap, on real text too): first,
     it kept a process from the critical path (the quick run's methods started 13.5 min in, behind it and the SQuAD
-    teacher); last, it ran alone at the end (session 42's float32 quick run: 9.4 of its 11.7 min, one process idle).
+    teacher); last, it ran alone at the end (a float32 quick run: 9.4 of its 11.7 min, one process idle).
     Mid-list, a list-scheduling simulation on that run's task times ends 3-4% sooner (99.6 against 103.9 min;
-    session 39's times: 29.7-29.9 against 31.4)."""
+    on a bf16 CPU's times: 29.7-29.9 against 31.4)."""
     arms = [(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]
     warm = [t for t in arms if t[0] == "warm"]
     rest = [t for t in arms if t not in warm]
