@@ -1,4 +1,4 @@
-"""The job configs are the one source of every option (issue 21): each config field has an option whose
+"""The job configs are the one source of every option: each config field has an option whose
 default is the config's, ``--config FILE`` sets any field with flags over it, ``agentmem config show`` prints
 what a job stores, ``examples/`` files load, and a stored run's config runs again to the same config."""
 

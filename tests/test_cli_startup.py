@@ -1,5 +1,5 @@
-"""A bad id, a missing data file or a wrong model answers before torch, transformers or datasets load
-(issue 23, item 3): each case runs the real CLI entry point in one fresh interpreter, in order, and records
+"""A bad id, a missing data file or a wrong model answers before torch, transformers or datasets load:
+each case runs the real CLI entry point in one fresh interpreter, in order, and records
 which heavy modules each case imported and how long it took. ``agentmem --help`` and every command's
 ``--help`` load none of them either.
 

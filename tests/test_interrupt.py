@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM (issue 23, item 1): a real signal sent to a real ``agentmem`` process. The job prints its
+"""Ctrl-C and SIGTERM: a real signal sent to a real ``agentmem`` process. The job prints its
 run id as its first line, before any model loads; on SIGINT or SIGTERM it prints one line naming what is
 stored and the command that resumes, exits 130 or 143, and its run is marked ``interrupted``."""
 

@@ -1,4 +1,4 @@
-"""The quick start's first result (issue 23, item 2): a rollout suggests a narrow query that runs (question,
+"""The quick start's first result: a rollout suggests a narrow query that runs (question,
 gold, prediction, F1, calls, status), and a rollout of the untrained default model ends with one line saying
 that a score near 0 is expected and which commands show learning."""
 

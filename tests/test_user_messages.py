@@ -1,4 +1,4 @@
-"""Messages in the user's words (issue 23, item 5): an environment that needs --data says so by the flag and
+"""Messages in the user's words: an environment that needs --data says so by the flag and
 says what file it wants (needle: any plain-text filler, not a JSON release); MuSiQue's reader takes its
 records as one JSON array as well as JSON lines, and names a bad record by its index."""
 
