@@ -128,14 +128,14 @@ ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm"
 ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the base model's evaluation starts after these (task_order): the ladder arms of the last line
 BASE_AFTER = ("opd_aligned", "grpo", "opd_grpo", "opd_persistent")
-# --quick's arms: the comparisons (the last line's arms, SFT continued, off-policy distillation, every
+# --quick's arms: the paper's comparisons (the last line's arms, SFT continued, off-policy distillation, every
 # persistent context, PSD on- and off-policy, ReOPD, the teacher itself) and the best distillation arm measured so
 # far; the other ablations (the RL term beside a privileged or centred teacher, centring by kind) run in the full
 # plan or with --arms, so that --quick does not grow with every ablation
 QUICK_ARMS = ("base", "warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent",
               "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat",
               "opd_privileged", "psd_off", "reopd", "opd_centered_memory", "squad_warm", "squad_opd")
-# the order --jobs starts them in: the last line's arms first (a partial run answers the goals),
+# the order --jobs starts them in: the last line's arms first (a partial run answers the benchmark's goals),
 # then the other comparisons
 RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
@@ -1160,7 +1160,7 @@ def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, thread
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="one seed, a short budget, fewer held-out questions, the issue's arms (QUICK_ARMS)")
+                    help="one seed, a short budget, fewer held-out questions, the paper's comparisons (QUICK_ARMS)")
     ap.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in a minute or two")
     ap.add_argument("--work", type=Path, default=Path("learning-bench"), help="folder for the store and outputs")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in all (split between --jobs)")

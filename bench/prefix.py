@@ -22,7 +22,7 @@ It then times, with the default model (SmolLM2-135M-Instruct), one torch thread:
 Throughput is in call tokens (every call's full length) per second, so a ratio is a speedup of the same
 work. Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shared).
 
-  .venv/bin/python bench/prefix.py --env hotpotqa --chunk-tokens 1024          # the HotpotQA case
+  .venv/bin/python bench/prefix.py --env hotpotqa --chunk-tokens 1024          # the HotpotQA case of docs/benchmarks.md
   .venv/bin/python bench/prefix.py --env synthetic                              # the default synthetic calls
   .venv/bin/python bench/prefix.py --quick                                      # 1 group per G, G = 1, 8
   .venv/bin/python bench/prefix.py --smoke      # a tiny random model, synthetic, G = 1 and 2: every phase, seconds
