@@ -546,7 +546,7 @@ def test_oracle_rollout_picks_the_views_that_cover_the_evidence(sqlite_store, ti
 
 
 def test_oracle_view_falls_back_to_the_timeline_without_parsable_evidence():
-    task = TASK.model_copy(update={"evidence": ["Session 3: Bob moved to Oslo."]})
+    task = TASK.model_copy(update={"evidence": ["On day 3 Bob moved to Oslo."]})
     assert oracle_view(task) == ViewRequest("timeline")
     assert oracle_view(TASK.model_copy(update={"evidence": TASK.evidence[1:]})) == ViewRequest("state",
                                                                                                entity="Dorutek")

@@ -1,4 +1,4 @@
-"""Smaller things of issue 23, item 8: sft's progress shows the loss terms that are on (cross-entropy, no kd or
+"""CLI output details: sft's progress shows the loss terms that are on (cross-entropy, no kd or
 rl), an empty SQL result says "0 rows", numbers are right-aligned in the table format, and ``export`` prints
 no tqdm bar."""
 

@@ -1,4 +1,4 @@
-"""The viewer and report fixes of issue 23, item 7, on the seeded store of ``test_view``: the report's CSS is
+"""The viewer and the report, on the seeded store of ``test_view``: the report's CSS is
 inlined unescaped and carries no "read-only" badge; step charts have whole-number ticks, full legends and a
 dash per line; a run without episodes shows its scores, steps and checkpoints instead of an empty table; the
 teacher is named ``default`` or by its checkpoint, not by a cache path; the run page says which teacher scores
