@@ -1,7 +1,8 @@
 """The typer application and its error boundary.
 
 Errors: an ``AgentmemError`` (any area: store, env, replay, policy, config, run, training) or a pydantic
-validation error of a job's config is the user's to fix: it prints as one ``error:`` line and exits 1.
+validation error of a job's config is the user's to fix: it prints as one ``error:`` line and exits 1; a
+usage error (unknown flag, bad value) prints as one ``error:`` line and exits 2 (``cli.command``).
 Anything else is a bug and keeps its traceback. ``--debug`` (or ``AGENTMEM_DEBUG=1``) prints the whole
 traceback for every error. Hub downloads are off unless ``HF_HUB_OFFLINE`` says otherwise.
 
@@ -17,6 +18,7 @@ from typing import Annotated
 
 import typer
 
+from cli import command
 from cli import config_show as config_commands
 from cli import db as db_commands
 from cli import distill as distill_commands
@@ -40,6 +42,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=command.Group,
 )
 app.add_typer(db_commands.app, name="db")
 config_commands.register(app)
@@ -78,7 +81,10 @@ def error_message(exc: BaseException) -> str:
         parts = []
         for err in exc.errors():
             names = [str(x) for x in err["loc"] if not isinstance(x, int)]
-            parts.append(f"{flag_of(names[-1])}: {err['msg']}" if names else err["msg"])
+            if names and err["type"] == "missing":
+                parts.append(f"{flag_of(names[-1])} is required")
+            else:
+                parts.append(f"{flag_of(names[-1])}: {err['msg']}" if names else err["msg"])
         return "; ".join(parts)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -66,10 +66,22 @@ def training_store(db: str | None, rt):
 
 def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | None = None, kind=None,
               models: tuple[str | None, ...] = (), data: str | None = None, create: bool = False,
-              kinds: list[str] | None = None) -> None:
-    """The cheap checks of a job's ids, model references, call kinds (the memory policies' registry) and data
-    file, run before torch is imported (``runtime``, ``setup_logging``), so a bad one answers within a second.
-    The job checks them again; these are the same functions, so the messages are the same."""
+              kinds: list[str] | None = None, rollout=None) -> None:
+    """The cheap checks of a job's database URL, ids, model references, call kinds (the memory policies'
+    registry), data file and, for a job that reads an environment (``rollout``: its ``RolloutConfig``), the
+    environment's knobs and data requirement and the memory policy and its options; run before torch is
+    imported (``runtime``, ``setup_logging``), so a bad one answers within a second. The job checks them
+    again; these are the same functions, so the messages are the same."""
+    from store.engine import check_url
+
+    check_url(db)
+    if rollout is not None:
+        from agentmem.agent.registry import policy_options
+        from envs import check_env
+
+        check_env(rollout.env, rollout.data, rollout.env_knobs)
+        policy_options(rollout.agent.memory_policy, rollout.agent.memory_options)
+        data = rollout.data if data is None else data
     if kinds is not None:
         from agentmem.agent.registry import check_kinds
 

@@ -22,6 +22,7 @@ Only this module turns a model into options; it imports no torch (``tests/test_c
 
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import inspect
@@ -38,6 +39,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from agentmem.errors import ConfigError
+from cli.command import HelpAllOption
 
 # A field whose flag is not its own name (kept from before the options were generated, so docs and scripts
 # keep working). Keyed by the field's name in any section.
@@ -73,6 +75,7 @@ class JobSpec:
     ties: Mapping[str, str] = field(default_factory=dict)
     extras: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (Annotated option, default)
     prepare: Callable[[dict, set[str], dict], None] | None = None
+    common: frozenset[str] = frozenset()  # the flags `--help` shows (none: all); `--help-all` shows every one
 
     def options(self) -> list[Option]:
         return self._options
@@ -213,21 +216,92 @@ def _option(path: str, flags: tuple[str, ...], info: Any, default: Any, cli_type
         show = not missing
         if base is bool:
             flags = (f"{flags[0]}/--no-{flags[0][2:]}", *flags[1:])
-    metavar = {"list": "VALUE[,VALUE]", "map": "KEY=VALUE"}.get(kind)
+    if default is PydanticUndefined and not section:
+        help_text += "  [required]"
+    metavar = {"list": "TEXT,...", "map": "KEY=VALUE"}.get(kind)
     option = typer.Option(*flags, help=help_text, show_default=show, metavar=metavar,
-                          rich_help_panel=f"{section} options" if section else "Config options")
+                          rich_help_panel=f"{section.replace('_', ' ').replace('.', ' ')} options" if section
+                          else "Config options")
     return Option(path, _PREFIX + path.replace(".", "__"), flags, kind, Annotated[cli, option], default,
                   typer_default, nullable=_optional(info.annotation) and inner is str)
 
 
+HELP_ALL = "help_all"
+HelpAllFlag = Annotated[bool, HelpAllOption]
 ConfigFileOption = Annotated[str | None, typer.Option(
     "--config", help="Experiment file (YAML, or TOML by its .toml suffix) that sets any config field, nested "
     "sections included (`agentmem config show JOB` prints one); flags given on the command line override it.",
     show_default=False)]
 
 
-def load_file(path: str) -> dict:
-    """A config file's mapping (YAML, or TOML by suffix)."""
+@dataclass(frozen=True)
+class ConfigFile:
+    """A ``--config`` file: its mapping and the line of each key (dotted path -> 1-based line)."""
+
+    path: str
+    data: dict
+    lines: Mapping[str, int]
+
+    def where(self, key: str) -> str:
+        """``FILE, line N`` of dotted ``key`` (or of its nearest section that has a line)."""
+        while key and key not in self.lines:
+            key = key.rpartition(".")[0]
+        return f"{self.path}, line {self.lines[key]}" if key else self.path
+
+    def check_keys(self, model: type[BaseModel]) -> None:
+        """A ``ConfigError`` for the first key that is no field of ``model`` (sections nested), naming the
+        file, the line and the closest field."""
+        import difflib
+
+        def walk(data: dict, model: type[BaseModel], prefix: str) -> None:
+            for key, value in data.items():
+                info = model.model_fields.get(key)
+                if info is None:
+                    close = difflib.get_close_matches(str(key), list(model.model_fields), n=1)
+                    hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+                    raise ConfigError(f"--config {self.where(prefix + str(key))}: unknown key {prefix}{key}{hint}")
+                sub = _section(info.annotation)
+                if sub is not None and isinstance(value, dict):
+                    walk(value, sub, f"{prefix}{key}.")
+
+        walk(self.data, model, "")
+
+
+def _yaml_lines(text: str) -> dict[str, int]:
+    import yaml
+
+    out: dict[str, int] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                path = f"{prefix}{key.value}"
+                out[path] = key.start_mark.line + 1
+                walk(value, path + ".")
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    return out
+
+
+def _toml_lines(text: str) -> dict[str, int]:
+    import re
+
+    out: dict[str, int] = {}
+    section = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$", line)
+        if header:
+            section = header.group(1).replace('"', "") + "."
+            out[section[:-1]] = number
+            continue
+        key = re.match(r"\s*([A-Za-z0-9_.\"-]+?)\s*=", line)
+        if key:
+            out[section + key.group(1).replace('"', "")] = number
+    return out
+
+
+def read_config_file(path: str) -> ConfigFile:
+    """A ``--config`` file (YAML, or TOML by suffix); a syntax error names the line and column."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--config {path}: no such file")
@@ -239,18 +313,29 @@ def load_file(path: str) -> dict:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"--config {path}: {exc}") from None
+        lines = _toml_lines(text)
     else:
         import yaml
 
         try:
             data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            at = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"--config {path}{at}: {exc.problem or exc.context} (not valid YAML)") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"--config {path}: {str(exc).splitlines()[0]}") from None
+        lines = _yaml_lines(text) if isinstance(data, dict) else {}
     if data is None:
-        return {}
+        return ConfigFile(path, {}, {})
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of config fields, got {type(data).__name__}")
-    return data
+    return ConfigFile(path, data, lines)
+
+
+def load_file(path: str) -> dict:
+    """A config file's mapping (YAML, or TOML by suffix)."""
+    return read_config_file(path).data
 
 
 @dataclass
@@ -268,9 +353,18 @@ class Invocation:
         source = self.ctx.get_parameter_source(param)
         return source is not None and source.name in _GIVEN
 
+    def config_file(self) -> ConfigFile | None:
+        """The ``--config`` file read and its keys checked against the job's config (None: no file)."""
+        if not self.file:
+            return None
+        file = read_config_file(self.file)
+        file.check_keys(self.spec.model)
+        return file
+
     def given(self) -> tuple[dict, set[str]]:
         """The file's mapping with the command-line flags over it (nested), and the paths they set."""
-        data = load_file(self.file) if self.file else {}
+        file = self.config_file()
+        data = copy.deepcopy(file.data) if file else {}
         paths = set(_paths(data, self.spec.model))
         for option in self.spec.options():
             if self.passed(option.param):
@@ -279,7 +373,10 @@ class Invocation:
         return data, paths
 
     def config(self) -> BaseModel:
-        """The job's config: defaults < ``--config`` file < flags given."""
+        """The job's config: defaults < ``--config`` file < flags given. A bad value that came from the file
+        (not a flag) is a ``ConfigError`` naming the file, the key and its line."""
+        from pydantic import ValidationError
+
         data, paths = self.given()
         for target, source in self.spec.ties.items():
             section = target.rpartition(".")[0]
@@ -288,7 +385,18 @@ class Invocation:
         merged = _merge(self.spec.model, self.spec.model_defaults(), data)
         if self.spec.prepare is not None:
             self.spec.prepare(merged, paths, self.extras)
-        return self.spec.model.model_validate(merged)
+        try:
+            return self.spec.model.model_validate(merged)
+        except ValidationError as exc:
+            file = self.config_file()
+            flags = {o.path for o in self.spec.options() if self.passed(o.param)}
+            keys = [".".join(str(x) for x in err["loc"] if not isinstance(x, int)) for err in exc.errors()]
+            if file is None or not any(k in file.lines and k not in flags for k in keys):
+                raise
+            problems = [f"{k}: {'is required' if err['type'] == 'missing' else err['msg']}"
+                        for k, err in zip(keys, exc.errors(), strict=True)]
+            where = next(file.where(k) for k in keys if k in file.lines and k not in flags)
+            raise ConfigError(f"--config {where}: {'; '.join(problems)}") from None
 
 
 def _paths(data: dict, model: type[BaseModel] | None, prefix: str = "") -> Iterator[str]:
@@ -346,8 +454,9 @@ def job_command(spec: JobSpec) -> Callable[[Callable], Callable]:
                   for name, (annotation, default) in spec.extras.items()]
         config_file = inspect.Parameter(CONFIG_FILE, inspect.Parameter.KEYWORD_ONLY, annotation=ConfigFileOption,
                                         default=None)
+        help_all = inspect.Parameter(HELP_ALL, inspect.Parameter.KEYWORD_ONLY, annotation=HelpAllFlag, default=False)
         params = [own[0].replace(kind=inspect.Parameter.KEYWORD_ONLY), config_file, *generated, *extras,
-                  *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:])]
+                  *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:]), help_all]
 
         @functools.wraps(func)
         def command(**kwargs: Any) -> Any:
@@ -355,6 +464,7 @@ def job_command(spec: JobSpec) -> Callable[[Callable], Callable]:
             ctx.meta["agentmem.invocation"] = Invocation(
                 spec, ctx, {o.param: kwargs.pop(o.param) for o in options}, kwargs.pop(CONFIG_FILE),
                 {name: kwargs.pop(name) for name in spec.extras})
+            kwargs.pop(HELP_ALL)
             return func(**kwargs)
 
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = N
     swept = _sweep(docs, sweep)
     if swept is not None:
         sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads
-    preflight(db, models=(config.model,), data=config.data, create=True)
+    preflight(db, models=(config.model,), rollout=config, create=True)
     results, store = _run(measured_dtype(call, config, db, threads), swept, device, threads, db)
     for result in results:
         _summary(result)

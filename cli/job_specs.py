@@ -55,19 +55,37 @@ def _train_prepare(data: dict, given: set[str], extras: dict) -> None:
 
 
 _LEVEL = {"level": (LevelOption, None)}
+# The flags `--help` shows per job (`--help-all` shows every one): the few a first run sets.
+_ALWAYS = ("--config", "--resume", "--device", "--db", "--help", "--help-all")
+_ENV = ("--level", "--env", "--data", "--knob", "--episodes", "--seed", "--memory", "--memory-option")
+# A teacher's temperature and context are not a sampler's (`rollout --temperature`, `rollout --context`): the
+# teacher's flags say so; the old names stay as hidden aliases for one version.
+_TEACHER = {"temperature": ("--kd-temperature", "--temperature"), "context": ("--teacher-context", "--context")}
 
 ROLLOUT = JobSpec(RolloutConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
-                  ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""))
+                  ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""),
+                  common=frozenset((*_ALWAYS, *_ENV, "--workers", "--model", "--policy", "--group-size",
+                                    "--temperature", "--chunk-tokens", "--memory-tokens", "--dtype",
+                                    "--replay-from")))
 EVAL = JobSpec(EvalConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
-               ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""))
-SCORE = JobSpec(ScoreConfig, names={"kinds": ("--kind", "--kinds")})
-DISTILL = JobSpec(DistillConfig)
-SFT = JobSpec(SftConfig)
+               ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""),
+               common=frozenset((*_ALWAYS, *_ENV, "--model", "--docs", "--sweep", "--plot", "--chunk-tokens",
+                                 "--memory-tokens", "--dtype")))
+SCORE = JobSpec(ScoreConfig, names={"kinds": ("--kind", "--kinds"), **_TEACHER})
+DISTILL = JobSpec(DistillConfig, names=_TEACHER,
+                  common=frozenset((*_ALWAYS, "--run", "--student", "--teacher", "--teacher-context", "--loss",
+                                    "--rl", "--kinds", "--steps", "--lr", "--invocations-per-step", "--out",
+                                    "--report-to")))
+SFT = JobSpec(SftConfig, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--steps", "--lr",
+                                           "--invocations-per-step", "--lora-rank", "--out", "--keep-last",
+                                           "--dtype", "--report-to")))
 TRAIN = JobSpec(
     TrainConfig, sections=("distill", "rollout", "rollout.agent", "warm_start"), types={"env": EnvName},
     names={"distill.student": ("--student", "--init"), "distill.steps": ("--steps-per-round",),
            "warm_start.run_ids": ("--warm-start-sft",), "warm_start.steps": ("--warm-start-steps",),
-           "warm_start.lr": ("--warm-start-lr",)},
+           "warm_start.lr": ("--warm-start-lr",), **{f"distill.{k}": v for k, v in _TEACHER.items()}},
+    common=frozenset((*_ALWAYS, *_ENV, "--rounds", "--student", "--teacher", "--group-size", "--steps-per-round",
+                      "--lr", "--out", "--warm-start-sft", "--warm-start-steps")),
     # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position; the warm
     # start trains the student under its own prompt (never the privileged one)
     set_by_job=frozenset({"rollout.model", "rollout.seed", "distill.run_ids", "distill.seed",

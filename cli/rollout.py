@@ -42,8 +42,8 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
     if replay_from is not None or call.passed("kappa") or (resume and _is_replay(resume, db)):
         return _replay(call, replay_from, resume, kappa=kappa, device=device, threads=threads, db=db)
     config = None if resume else call.config()
-    preflight(db, resume=resume, kind=RunKind.rollout, models=(config.model,) if config else (),
-              data=config.data if config else None, create=True)
+    preflight(db, resume=resume, kind=RunKind.rollout, models=(config.model,) if config else (), rollout=config,
+              create=True)
     config = measured_dtype(call, config, db, threads)
     if workers > 1:
         return _with_workers(workers, config, resume, db=db, device=device, threads=threads)

@@ -33,7 +33,7 @@ def train(
     trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else job_config(ctx)
-    preflight(db, resume=resume, kind=RunKind.train, data=config.rollout.data if config else None)
+    preflight(db, resume=resume, kind=RunKind.train, rollout=config.rollout if config else None)
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=not resume)

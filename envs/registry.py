@@ -91,6 +91,20 @@ def knobs_of(name: str) -> dict[str, Any]:
     return {k: p.default for k, p in params.items() if k not in _COMMON}
 
 
+def check_env(name: str, data_path: str | Path | None, knobs: dict[str, Any]) -> None:
+    """The checks of ``load_env`` that read no data: the name, the knob names and whether the environment
+    takes a data file (an ``EnvError`` each); run by the CLI before any model loads."""
+    allowed = knobs_of(name)
+    unknown = sorted(set(knobs) - set(allowed))
+    if unknown:
+        raise EnvError(f"{name}: unknown knob(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
+    if "data_path" in inspect.signature(env_class(name)).parameters:
+        if data_path is None:
+            raise EnvError(f"{name}: needs a data file: give --data FILE ({DATA_HINTS.get(name, 'the official release')})")
+    elif data_path is not None:
+        raise EnvError(f"{name}: takes no data file (--data), got {str(data_path)!r}")
+
+
 def load_env(
     name: str,
     *,
@@ -100,20 +114,13 @@ def load_env(
     seed: int,
     **knobs: Any,
 ) -> Env:
-    allowed = knobs_of(name)
-    unknown = sorted(set(knobs) - set(allowed))
-    if unknown:
-        raise EnvError(f"{name}: unknown knob(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
+    check_env(name, data_path, knobs)
     check_int(f"{name}: chunk_tokens", chunk_tokens, 1)
     check_int(f"{name}: seed", seed, 0)
     cls = env_class(name)
     common: dict[str, Any] = {"count_tokens": count_tokens, "chunk_tokens": chunk_tokens, "seed": seed}
-    if "data_path" in inspect.signature(cls).parameters:
-        if data_path is None:
-            raise EnvError(f"{name}: needs a data file: give --data FILE ({DATA_HINTS.get(name, 'the official release')})")
+    if data_path is not None:
         common["data_path"] = Path(data_path)
-    elif data_path is not None:
-        raise EnvError(f"{name}: takes no data file (--data), got {str(data_path)!r}")
     try:
         return cls(**common, **knobs)
     except EnvError as err:

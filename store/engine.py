@@ -96,23 +96,47 @@ def _sqlite_errors(db: str):
     return hook
 
 
-def make_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine:
-    """An engine for ``url``; raises StoreUnavailable for a malformed URL, a missing driver or a
-    directory that does not exist. Nothing is connected yet. ``read_only`` makes every Postgres
-    transaction read-only (SQLite files are opened read-only by ``open_read_only``)."""
+def shown_url(url: sa.URL | str | None) -> str:
+    """A database URL as the user wrote it (``postgresql://``, not the driver's ``postgresql+psycopg://``),
+    its password hidden."""
+    text = url.render_as_string() if isinstance(url, sa.URL) else resolve_url(url)
+    return text.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+_KINDS = "sqlite:///PATH or postgresql://USER@HOST/DB"
+
+
+def check_url(url: str | None) -> sa.URL:
+    """The parsed URL of ``url`` (or ``$AGENTMEM_DB``, or the default) after the checks that need no
+    connection: a URL of a database kind agentmem uses (SQLite, Postgres) and, for a SQLite file, an existing
+    folder that is not the file itself. Each failure is one ``StoreUnavailable`` line."""
     resolved = resolve_url(url)
     try:
         parsed = make_url(resolved)
-    except ArgumentError as exc:
-        raise StoreUnavailable(f"bad database URL {resolved!r}: {exc}") from None
+    except ArgumentError:
+        raise StoreUnavailable(f"bad database URL {shown_url(url)!r}: give {_KINDS}") from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StoreUnavailable(f"unknown database kind {parsed.get_backend_name()!r} in {shown_url(parsed)}: "
+                               f"give {_KINDS}")
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database or ":memory:"
         path = sqlite_file(resolved)
         if path is not None and not path.resolve().parent.is_dir():
-            raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder does not exist")
+            raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder {str(path.parent)!r} does not "
+                                   "exist")
         if path is not None and path.is_dir():
             raise StoreUnavailable(f"{db} is a directory, not a SQLite database file: give a file path, "
                                    f"e.g. {path / 'agentmem.db'}")
+    return parsed
+
+
+def make_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine:
+    """An engine for ``url``; raises StoreUnavailable for a malformed URL, a missing driver or a
+    directory that does not exist (``check_url``). Nothing is connected yet. ``read_only`` makes every
+    Postgres transaction read-only (SQLite files are opened read-only by ``open_read_only``)."""
+    parsed = check_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database or ":memory:"
         engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         sa.event.listen(engine, "handle_error", _sqlite_errors(db))
@@ -123,7 +147,7 @@ def make_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine
             connect_args["options"] = "-c default_transaction_read_only=on"
         return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     except (ArgumentError, ImportError) as exc:
-        raise StoreUnavailable(f"cannot use database URL {parsed.render_as_string()}: {exc}") from None
+        raise StoreUnavailable(f"cannot use database URL {shown_url(parsed)}: {exc}") from None
 
 
 def check_reachable(engine: sa.Engine) -> None:
@@ -132,7 +156,7 @@ def check_reachable(engine: sa.Engine) -> None:
             conn.execute(sa.text("SELECT 1"))
     except OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise StoreUnavailable(f"cannot reach database {engine.url.render_as_string()}: {reason}") from None
+        raise StoreUnavailable(f"cannot reach database {shown_url(engine.url)}: {reason}") from None
 
 
 def check_schema(engine: sa.Engine, name: str | None = None) -> None:
@@ -145,7 +169,7 @@ def check_schema(engine: sa.Engine, name: str | None = None) -> None:
     if current != head:
         where = "has no agentmem schema" if current is None else f"is at revision {current}, code expects {head}"
         raise SchemaOutOfDate(
-            f"database {name or engine.url.render_as_string()} {where}: run `agentmem db upgrade --db URL`"
+            f"database {name or shown_url(engine.url)} {where}: run `agentmem db upgrade --db URL`"
         )
 
 

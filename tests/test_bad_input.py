@@ -96,7 +96,8 @@ def run_id(world):
 # (case id, argv with {db} {root} {run} {model_a} {model_b} {old} placeholders, the expected line's start or part)
 CASES = [
     ("unreachable-postgres", "runs --db postgresql://postgres@127.0.0.1:1/agentmem", "cannot reach database"),
-    ("malformed-url", "runs --db foo://bar", "cannot use database URL foo://bar"),
+    ("malformed-url", "runs --db foo://bar",
+     "unknown database kind 'foo' in foo://bar: give sqlite:///PATH or postgresql://USER@HOST/DB"),
     ("folder-as-sqlite", "runs --db {root}/a_folder.db", "is a directory, not a SQLite database file"),
     ("missing-database", "runs --db {root}/nothing.db", "no database at"),
     ("read-only-database", "sql --write --db sqlite:///file:{db}?mode=ro&uri=true delete from eval_results",
@@ -134,7 +135,7 @@ CASES = [
      "the database is opened read-only; pass --write"),
     ("sql-syntax-error", "sql --db {db} selec * from runs", "syntax error"),
     ("unknown-memory-option", "rollout --memory-option nope=1 --policy oracle --model {model_a} --db {db}",
-     "memory policy 'overwrite': bad --memory-option (nope: Extra inputs are not permitted); known: none"),
+     "memory policy 'overwrite': bad --memory-option (nope: unknown option); known: none"),
 ]
 
 

@@ -400,7 +400,7 @@ KNOWN = "; known: recorder, view_tokens, record_tokens"
 @pytest.mark.parametrize(("options", "message"), [
     ({"recorder": "regex"}, "memory policy 'events': bad --memory-option (recorder: Input should be 'model' or "
                             "'rules')" + KNOWN),
-    ({"recoder": "rules"}, "memory policy 'events': bad --memory-option (recoder: Extra inputs are not permitted)"
+    ({"recoder": "rules"}, "memory policy 'events': bad --memory-option (recoder: unknown option)"
                            + KNOWN),
     ({"view_tokens": 0}, "memory policy 'events': bad --memory-option (view_tokens: Input should be greater than or "
                          "equal to 1)" + KNOWN),

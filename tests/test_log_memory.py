@@ -118,7 +118,7 @@ def agent(**options) -> AgentConfig:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"conditon": "full-log"}, "conditon: Extra inputs are not permitted"),
+    ({"conditon": "full-log"}, "conditon: unknown option"),
     ({"condition": "window"}, "condition: Input should be 'full-log', 'windowed-log' or 'in-prompt'"),
     ({"condition": "windowed-log"}, "option 'window' is required with condition=windowed-log and only there"),
     ({"window": 3}, "option 'window' is required with condition=windowed-log and only there"),

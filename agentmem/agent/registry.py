@@ -96,7 +96,8 @@ def policy_options(name: str, values: dict[str, Any]) -> Any:
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: "
+                             + ("unknown option" if e["type"] == "extra_forbidden" else e["msg"]) for e in exc.errors())
         known = ", ".join(model.model_fields) or "none"
         raise AgentError(f"memory policy {name!r}: bad --memory-option ({problems}); known: {known}") from None
 

@@ -1,0 +1,151 @@
+"""The click classes behind every agentmem command: help that fits a screen, and one error style.
+
+Help is plain text (no rich markup: a help string's ``[tensorboard]`` is printed as written), wrapped to the
+terminal (at most 100 columns) with every flag's name whole:
+
+- the commands are listed in the order of the workflow (``WORKFLOW``), then the rest;
+- an option shows its first name only (a flag's other names are aliases kept for old scripts), a switch as
+  ``--write / --no-write``, a value as the user writes it (``TEXT``, ``INTEGER``, ``NUMBER``, ``[a|b]``,
+  ``TEXT,...``);
+- a job whose ``JobSpec.common`` names its common flags shows those (its own options grouped as they are
+  declared) and one line that ``--help-all`` (or ``agentmem config show JOB``) shows the rest.
+
+Errors: a usage error (an unknown flag, a bad value, a missing argument) is one line ``error: ...`` with exit
+code 2, any other click error exit code 1; the jobs' own errors are printed by ``cli.app.main`` (exit 1).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
+
+# The commands in the order of the workflow (collect, evaluate, train), then the utilities and inspection.
+WORKFLOW = ("rollout", "eval", "sft", "score", "distill", "train", "worker", "replay-audit", "serve", "memories",
+            "runs", "show", "sql", "view", "report", "export", "config", "models", "db")
+HELP_ALL = "agentmem.help_all"
+MAX_WIDTH = 100
+_TYPES = {"str": "TEXT", "int": "INTEGER", "int range": "INTEGER", "float": "NUMBER", "float range": "NUMBER",
+          "path": "PATH", "file": "PATH", "directory": "PATH", "dir": "PATH", "bool": "BOOLEAN"}
+
+
+def metavar(display: str) -> str:
+    """What a value is, as a user writes it, from typer's ``<type>`` (``<list[str]>`` -> ``TEXT,...``)."""
+    inner = display.strip("<>").removesuffix("...")
+    if inner.startswith("list[") and inner.endswith("]"):
+        return metavar(inner[5:-1]) + ",..."
+    if "|" in inner:
+        return f"[{inner}]"
+    return _TYPES.get(inner, inner.upper())
+
+
+def _common(command: Any) -> frozenset[str]:
+    from cli.job_specs import JOBS
+
+    spec = JOBS.get(command.name or "")
+    return spec.common if spec is not None else frozenset()
+
+
+def _help_all(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+HelpAllOption = typer.Option("--help-all", is_eager=True, callback=_help_all, show_default=False,
+                             help="Show every option (`agentmem config show JOB` prints them as a config file).")
+
+
+class Command(TyperCommand):
+    """A command whose help is the module docstring's (plain, grouped, common flags first)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        common = _common(self)
+        show_all = ctx.meta.get(HELP_ALL, False) or not common
+        panels: dict[str, list[tuple[str, str]]] = {}
+        left = 0
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None or not isinstance(param, TyperOption):
+                continue
+            name = param.opts[0]
+            if not show_all and name not in common and name not in ("--help", "--help-all"):
+                left += 1
+                continue
+            names = name + (f" / {param.secondary_opts[0]}" if param.secondary_opts else "")
+            if not param.is_flag and not param.count:
+                names += f" {param.metavar or metavar(param.display_type(ctx))}"
+            panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append((names, record[1]))
+        for panel, rows in panels.items():
+            with formatter.section(panel):
+                formatter.write_dl(rows)
+        if left:
+            formatter.write_paragraph()
+            formatter.write_text(f"{left} more options: agentmem {ctx.command_path.partition(' ')[2]} --help-all, "
+                                 "or as a config file: agentmem config show "
+                                 f"{ctx.command_path.rpartition(' ')[2]}")
+
+
+class Group(TyperGroup):
+    """A command group: workflow order, plain help, and the one error style (``main``)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        plain(self)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = list(self.commands)
+        order = {name: i for i, name in enumerate(WORKFLOW)}
+        return sorted(names, key=lambda n: (order.get(n, len(order)), names.index(n)))
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        from typer._click import exceptions as click_errors
+
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_errors.NoArgsIsHelpError as exc:
+            if not standalone_mode:
+                raise
+            typer.echo(exc.format_message())
+            sys.exit(0)
+        except click_errors.ClickException as exc:
+            if not standalone_mode:
+                raise
+            typer.echo(f"error: {usage_message(exc)}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+def usage_message(exc: Any) -> str:
+    """A click error in one line, with where to read the command's help."""
+    text = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and exc.exit_code == 2:
+        text += f" (see: {ctx.command_path} --help)"
+    return text
+
+
+def plain(command: Any) -> None:
+    """``command`` and every command under it: plain help (no rich markup), the values' metavars, the
+    commands' ``Command`` class. Run once, when the top group is built."""
+    command.rich_markup_mode = None
+    command.context_settings.setdefault("max_content_width", MAX_WIDTH)
+    if type(command) is TyperCommand:
+        command.__class__ = Command
+    for param in command.params:
+        if isinstance(param, TyperOption) and not param.is_flag and param.metavar is None:
+            param.metavar = metavar(param.display_type(typer.Context(command)))
+    for sub in getattr(command, "commands", {}).values():
+        plain(sub)
