@@ -36,7 +36,9 @@ def score(
     with job_session(db), _progress() as (on_start, on_batch):
         result = run_score(open_store(db), config, rt, on_start=on_start, on_batch=on_batch)
     typer.echo(f"scored={result.scored} skipped_already_scored={result.skipped} fill={result.fill:.3f} "
-               f"teacher_truncated_calls={result.teacher_truncated_calls} seconds={time.perf_counter() - t0:.1f} "
+               f"teacher_truncated_calls={result.teacher_truncated_calls} "
+               + (f"skipped_not_chat={result.not_chat} " if result.not_chat else "")
+               + f"seconds={time.perf_counter() - t0:.1f} "
                f"score_run_id={result.run_id}")
     typer.echo("inspect: agentmem sql \"select invocation_id, context, n_tokens, mean_logprob, mean_reverse_kl, "
                f"mean_entropy, temperature from teacher_scores where run_id = '{result.run_id}'\"")

@@ -28,8 +28,9 @@ def serve(
     run_name: Annotated[str | None, typer.Option(help="Name of the serve run: restarting with the same name "
                                                       "continues the same run (default: a new run).",
                                                  show_default=False)] = None,
-    api_key: Annotated[str | None, typer.Option(help=f"Require `Authorization: Bearer KEY` (default "
-                                                     f"${API_KEY_VAR}; unset: no key).", show_default=False)] = None,
+    api_key: Annotated[str | None, typer.Option(help=f"Require `Authorization: Bearer KEY` or `api-key: KEY` on "
+                                                     f"every route (default ${API_KEY_VAR}; unset: no key).",
+                                                show_default=False)] = None,
     served_model_name: Annotated[str | None, typer.Option(help="The `model` name clients send (default: the "
                                                                "--model value, or `default`).",
                                                           show_default=False)] = None,
@@ -61,8 +62,6 @@ def serve(
     setup_logging()
     rt = runtime(device, threads)
 
-    import uvicorn
-
     from agentmem.serve.server import build_server
     from store.engine import open_store
 
@@ -70,13 +69,10 @@ def serve(
     server = build_server(store, config, rt, api_key=key)
     auth = "bearer key required" if key else "no key"
     typer.echo(f"agentmem serve: http://{host}:{port}/v1  model={config.name}  run_id={server.run_id}  ({auth}; "
-               "Ctrl-C stops)")
-    status = "failed"
-    try:
-        uvicorn.run(server.app, host=host, port=port, log_level="warning")
-        status = "interrupted"
-    finally:
-        server.close(status)
+               "Ctrl-C or SIGTERM stops)")
+    status = server.serve(host, port)
+    resume = f"; --run-name {run_name} continues it" if run_name else ""
+    typer.echo(f"agentmem serve: stopped, run {server.run_id} {status}{resume}")
 
 
 def register(app: typer.Typer) -> None:

@@ -96,7 +96,7 @@ def test_requests_go_to_the_engine_as_they_arrive_and_stream_its_tokens():
                 break
         return events
 
-    events = asyncio.run(collect(Job([prompt], 1, params, top_k=1)))
+    events = asyncio.run(collect(Job([prompt], 1, params, top_logprobs=1)))
     tokens, final = events[:-1], events[-1]
     assert all(isinstance(e, Tokens) for e in tokens) and [t for e in tokens for t in e.ids] == engine.ids
     assert [e.index for e in tokens] == [0] * len(engine.ids)

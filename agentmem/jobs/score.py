@@ -8,6 +8,7 @@ by running it again. Teacher contexts over the row budget are refused or cut fro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,10 +17,12 @@ from agentmem.agent.registry import check_kinds
 from agentmem.config import ScoreConfig
 from agentmem.errors import AgentmemError, ConfigError, TrainingError
 from agentmem.jobs.runs import check_runs, tracked_run
-from agentmem.records import RunKind
+from agentmem.records import RunKind, TeacherContext
 from agentmem.runtime import CPU, Runtime
 from store import repository as repo
 from store.engine import Store
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
     from agentmem.training.scoring import LoadedModel, ScoreProgress, ScoreResult
@@ -91,6 +94,14 @@ def run_score(
         selection = select(store, config.run_ids, kinds=config.kinds)
         if privileged is not None:
             selection = with_privileged(selection, privileged)
+        not_chat = 0
+        if config.context is TeacherContext.persistent_chat:  # completions calls have no place in a chat
+            from agentmem.training.chat_history import chat_calls
+
+            selection, not_chat = chat_calls(selection, teacher.tokenizer)
+            if not_chat:
+                log.warning("persistent_chat: %d call(s) that are no chat turns (completions) are not scored",
+                            not_chat)
         with store.session() as s:
             done = repo.scored_invocation_ids(s, teacher.name, config.context)
         sequences = teacher_sequences(selection, config.context, teacher.tokenizer)
@@ -99,7 +110,7 @@ def run_score(
         if on_start:
             on_start(len(sequences), skipped)
         if not todo:
-            return ScoreResult(run.id, 0, skipped, 0.0)
+            return ScoreResult(run.id, 0, skipped, 0.0, not_chat=not_chat)
         batches = scorer.plan(todo)
         wanted = {s.invocation_id for s in todo}
         student_seqs = ({s.invocation_id: s for s in student_sequences(selection) if s.invocation_id in wanted}
@@ -114,4 +125,4 @@ def run_score(
             if on_batch:
                 on_batch(ScoreProgress(len(part.scores), part.tokens, part.seconds))
     return ScoreResult(run.id, scored, skipped, batches.stats.fill, batches.stats.truncated_sequences,
-                       batches.stats.truncated_tokens)
+                       batches.stats.truncated_tokens, not_chat)

@@ -36,6 +36,8 @@ class OpenAIBackend:
                 "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0, "return_token_ids": True}
         if params.seed is not None:
             body["seed"] = params.seed
+        body.update({k: {str(t): b for t, b in v.items()} if k == "logit_bias" else v
+                     for k, v in params.shaping.items()})  # the server's names (agentmem serve's and vLLM's)
         answer = self._post("/completions", body)
         latency = time.perf_counter() - start
         choices = sorted(answer["choices"], key=lambda c: c["index"])

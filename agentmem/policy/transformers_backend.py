@@ -49,7 +49,8 @@ model) and rebuilt only when the weights change in place. ``last_timing`` splits
 into prefill and decode.
 
 Log-probs: for each sampled token the backend stores ``log_softmax(logits / T)`` at that token,
-over the FULL vocabulary, computed in float32 from the model's logits. Top-p only restricts which
+over the FULL vocabulary, computed in float32 from the model's logits (with shaping options, of the shaped
+logits: ``policy.shaping``). Top-p only restricts which
 tokens may be sampled (the smallest set of most likely tokens whose tempered probability reaches
 ``top_p``; the most likely token is always in it); it does not renormalise the stored log-prob.
 Greedy decoding (T == 0) takes the argmax and stores the log-prob under T = 1.
@@ -76,6 +77,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
+from agentmem.policy.shaping import Shaper
 from agentmem.policy.static_decode import StaticDecoder, unsupported_reason, version_key
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
@@ -142,6 +144,8 @@ class PromptHead:
 
 class TransformersBackend:
     name = "transformers"
+    shaping = True  # applies SamplingParams' shaping options (policy.shaping)
+    lists_top_logprobs = True  # generate(..., top_logprobs=k)
 
     def __init__(
         self,
@@ -195,7 +199,9 @@ class TransformersBackend:
         self.pad_id = pad if pad is not None else min(self.stop_ids)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *, top_logprobs: int = 0) -> list[Generation]:
+        """One ``Generation`` per prompt; with ``top_logprobs`` k > 0 each lists, per output token, the ``k``
+        most likely tokens of the distribution its token was drawn from (the same tensor as its log-prob)."""
         start = time.perf_counter()
         if not prompts:
             return []
@@ -229,11 +235,21 @@ class TransformersBackend:
 
         ids: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]
         results: list[Generation | None] = [None] * len(prompts)
+        shaper = Shaper(params, prompts, device) if params.shaping else None
         for step in range(params.max_new_tokens):
-            tokens, logprobs = sample(logits, params, generator)
+            tokens, dist = sample_from(logits, params, generator, shaper)
+            logprobs = dist.gather(-1, tokens[:, None]).squeeze(-1)
             if step == 0:
                 first_token, first_cpu = time.perf_counter(), time.process_time()
+            if shaper is not None:
+                shaper.add(tokens)
+            if top_logprobs:
+                values, index = dist.topk(top_logprobs, dim=-1)
+                for row, i, v in zip(rows.tolist(), index.tolist(), values.tolist(), strict=True):
+                    # tokens top-k or min-p cut (log-prob -inf) are no alternatives
+                    tops[row].append([(t, x) for t, x in zip(i, v, strict=True) if x != float("-inf")])
             stopped = torch.isin(tokens, stop)
             now = time.perf_counter() - start
             for row, tok, lp, st in zip(
@@ -243,12 +259,14 @@ class TransformersBackend:
                 lps[row].append(lp)
                 if st or step == params.max_new_tokens - 1:
                     reason = FinishReason.stop if st else FinishReason.length
-                    results[row] = Generation(ids[row], lps[row], reason, now)
+                    results[row] = Generation(ids[row], lps[row], reason, now, tops[row] if top_logprobs else None)
             live = ~stopped
             if step == params.max_new_tokens - 1 or not live.any():
                 break
             if not live.all():
                 keep = live.nonzero().squeeze(-1)
+                if shaper is not None:
+                    shaper.keep(keep)
                 if decoder is not None:
                     decoder.keep(keep)
                 else:
@@ -459,11 +477,24 @@ def sample(
 
     The log-prob is under ``log_softmax(logits / T)`` over the full vocabulary (T = 1 for greedy).
     """
+    tokens, logp = sample_from(logits, params, generator)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sample_from(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, shaper: Shaper | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, the log-softmax [batch, vocab] they were drawn from): ``log_softmax(logits / T)`` (T = 1 for
+    greedy), after ``shaper``'s bias, penalties, top-k and min-p when given (``policy.shaping``). Top-p
+    restricts the draw to the nucleus without renormalising."""
+    if shaper is not None:
+        logits = shaper.shape(logits)
+    scores = logits if params.greedy else logits / params.temperature
+    if shaper is not None:
+        scores = shaper.cut(scores)
+    logp = torch.log_softmax(scores, dim=-1)
     if params.greedy:
-        tokens = logits.argmax(-1)
-        logp = torch.log_softmax(logits, dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        return scores.argmax(-1), logp
     if params.top_p < 1:
         sorted_lp, order = logp.sort(dim=-1, descending=True)
         probs = sorted_lp.exp()
@@ -473,4 +504,4 @@ def sample(
         tokens = order.gather(-1, choice).squeeze(-1)
     else:
         tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logp

@@ -11,13 +11,19 @@ distribution over the FULL vocabulary, ``log_softmax(logits / T)``. Top-p only r
 token may be sampled; it does not change the stored log-prob. For greedy decoding (T == 0) the
 log-prob is taken at T = 1. A sampled end-of-sequence token is included in ``output_ids`` and
 ``logprobs`` (the policy chose to stop, and that choice is trained on).
+
+The shaping options (``logit_bias``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+``top_k``, ``min_p``; all off by default, and agentmem's own rollouts never set them) change the distribution
+sampled from, and then the log-prob is that distribution's: ``log_softmax`` of the logits after the bias and
+penalties, divided by T, with the tokens top-k and min-p cut removed (``policy.shaping``). Top-p keeps its
+rule above: it restricts the draw without renormalising.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentmem.records import FinishReason
 
@@ -27,12 +33,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature == 0`` means greedy; ``seed`` makes sampling reproducible for the same batch."""
+    """``temperature == 0`` means greedy; ``seed`` makes sampling reproducible for the same batch. The
+    shaping options follow vLLM's (and OpenAI's) names and meanings; their neutral values turn them off:
+    ``top_k`` 0 (all tokens), ``min_p`` 0, ``repetition_penalty`` 1 (divides positive logits and multiplies
+    negative ones of tokens in the prompt or output), ``presence_penalty`` and ``frequency_penalty`` 0
+    (subtracted once per token present in the output, and per occurrence), ``logit_bias`` () (token id, bias)
+    pairs added to the logits."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 128
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -41,6 +58,23 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def shaping(self) -> dict[str, Any]:
+        """The shaping options that are on, by name (``logit_bias`` as ``{token id: bias}``): what a backend
+        must apply, or refuse."""
+        on = {"top_k": self.top_k, "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+              "frequency_penalty": self.frequency_penalty, "logit_bias": dict(self.logit_bias)}
+        out = {k: v for k, v in on.items() if v}
+        if self.repetition_penalty != 1:
+            out["repetition_penalty"] = self.repetition_penalty
+        return out
 
     @property
     def greedy(self) -> bool:
@@ -53,12 +87,15 @@ class Generation:
     sampler wrote the ids: the oracle, ``agentmem.agent.oracle``); ``finish_reason`` is
     ``stop`` when the last token is an end-of-sequence token, ``length`` when ``max_new_tokens`` was
     reached. ``latency_s`` is the wall time from the start of the batched call until this sequence
-    finished."""
+    finished. ``top``: when the caller asked a backend that can (``TransformersBackend.generate(...,
+    top_logprobs=k)``), per output token its ``k`` most likely tokens (id, log-prob), most likely first, from
+    the same distribution as ``logprobs``."""
 
     output_ids: list[int]
     logprobs: list[float] | None
     finish_reason: FinishReason
     latency_s: float
+    top: list[list[tuple[int, float]]] | None = None
 
 
 class Backend(Protocol):
@@ -89,6 +126,7 @@ class AsyncEngine(Protocol):
     tokenizer: PreTrainedTokenizerBase
     max_model_len: int
     nucleus: bool  # whether top_p < 1 keeps the full-vocabulary log-probs above (vLLM's do not)
+    shaping: bool  # whether it applies the shaping options of SamplingParams
 
     def stream(self, prompt: list[int], params: SamplingParams, *, index: int, top_k: int,
                request_id: str) -> AsyncIterator[Progress]:

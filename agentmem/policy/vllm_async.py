@@ -4,7 +4,8 @@ Every request is added to the engine as it arrives (``AsyncLLM.generate``) and s
 samples, step by step (``RequestOutputKind.DELTA``: each output holds only the new ids and their log-probs);
 the engine schedules all live requests together. Stored ids and log-probs are vLLM's own, with the
 semantics of the offline backend (``vllm_backend``): ``logprobs_mode="processed_logprobs"`` (log-probs
-after temperature), ``top_p == 1`` only, the sampled id's log-prob always, plus the ``top_k`` most likely
+after the shaping options, which go to vLLM's ``SamplingParams`` under their own names, and temperature),
+``top_p == 1`` only, the sampled id's log-prob always, plus the ``top_k`` most likely
 alternatives when asked (vLLM's ``logprobs=k``, the same distribution), and completion ``index`` of a
 request sampled with seed ``seed + index``. Closing a stream early (the client left, a stop string
 completed) closes vLLM's generator, which aborts the request in the engine.
@@ -30,6 +31,7 @@ TOP_P_REFUSED = ("vLLM returns nucleus-renormalised log-probs for top_p < 1, not
 class AsyncVLLMEngine:
     name = "vllm"
     nucleus = False  # top_p < 1: vLLM's log-probs are renormalised over the nucleus
+    shaping = True  # logit_bias, penalties, top_k and min_p go to vLLM's SamplingParams
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
         """``engine_kwargs`` go to ``vllm.AsyncEngineArgs`` as they are (``max_model_len``, ...)."""
@@ -54,7 +56,7 @@ class AsyncVLLMEngine:
         sampling = self._vllm.SamplingParams(
             temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
             logprobs=top_k, seed=None if params.seed is None else params.seed + index, detokenize=False,
-            output_kind=self._delta)
+            output_kind=self._delta, **params.shaping)
         outputs = self.llm.generate(self._vllm.TokensPrompt(prompt_token_ids=list(prompt)), sampling, request_id)
         try:
             async for out in outputs:

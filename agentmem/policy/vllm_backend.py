@@ -62,6 +62,7 @@ class VLLMBackend:
             logprobs=0,  # only the sampled token's log-prob
             seed=None if params.seed is None else params.seed + index,
             detokenize=False,
+            **params.shaping,  # logit_bias, penalties, top_k, min_p: vLLM's own names
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

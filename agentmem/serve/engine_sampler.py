@@ -91,7 +91,7 @@ class EngineSampler:
         logprobs: list[float] = []
         top: list[list[tuple[int, float]]] = []
         reason = FinishReason.error
-        steps = self.engine.stream(prompt, job.params, index=index, top_k=job.top_k,
+        steps = self.engine.stream(prompt, job.params, index=index, top_k=job.top_logprobs,
                                    request_id=f"agentmem-{uuid.uuid4().hex}")
         async with contextlib.aclosing(steps):
             async for step in steps:
@@ -108,7 +108,7 @@ class EngineSampler:
                     break  # closing the stream aborts the engine request
         choice = to_choice(self.tokenizer, prompt, Generation(ids, logprobs, reason, time.perf_counter() - start),
                            job.stops)
-        return replace(choice, top=top[: len(choice.output_ids)]) if job.top_k else choice
+        return replace(choice, top=top[: len(choice.output_ids)]) if job.top_logprobs else choice
 
 
 async def _build(make_engine: Callable[[], AsyncEngine]) -> AsyncEngine:

@@ -1,19 +1,26 @@
 """The OpenAI request bodies the server accepts, and the error bodies it answers with.
 
-Bodies follow the OpenAI API: unknown fields are ignored (clients send many), known fields are checked.
+Every option is either applied and recorded, or refused: a request field the server does not apply gets a
+400 that names it (``param``), unless its value is the neutral one (``REFUSED``: e.g. ``response_format``
+``{"type": "text"}``), and a field the server does not know gets a 400 naming it too. What a call is stored
+with (``serve_calls.sampling``) is ``options()``: the fields the client gave, as given, but the model, the
+messages or prompt, and the tools (stored beside them); ``max_tokens`` holds the output limit whichever of
+``max_tokens`` and ``max_completion_tokens`` set it, ``stop`` a list, and ``n`` is always there.
 An ``ApiError`` carries the HTTP status and the ``{"error": {"message", "type", "param", "code"}}`` body
 an OpenAI client expects (the ``openai`` package raises ``BadRequestError`` for 400,
-``AuthenticationError`` for 401, ``NotFoundError`` for 404).
+``AuthenticationError`` for 401, ``NotFoundError`` for 404, ``ConflictError`` for 409).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentmem.errors import AgentmemError
+from agentmem.policy.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 
@@ -38,8 +45,46 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class _Sampling(_Body):
-    """The sampling fields both endpoints share (OpenAI defaults: temperature 1, top_p 1, n 1)."""
+def _neutral(*values: Any) -> Callable[[Any], bool]:
+    return lambda value: value in values
+
+
+# Fields the server does not apply: refused (400 naming the field) unless null or neutral. Value: (neutral
+# test, why it is refused).
+REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "response_format": (_neutral({"type": "text"}), "structured output (json_object, json_schema) is not "
+                        "supported yet: send {\"type\": \"text\"} or leave it out"),
+    "parallel_tool_calls": (_neutral(True), "parallel_tool_calls: false is not supported: a reply may hold "
+                            "several tool calls"),
+    "store": (_neutral(True), "store: false is not supported: agentmem serve stores every call"),
+    "modalities": (_neutral(["text"]), "only text output is supported"),
+    "audio": (_neutral(), "audio output is not supported"),
+    "prediction": (_neutral(), "predicted outputs are not supported"),
+    "reasoning_effort": (_neutral(), "reasoning_effort is not supported: the served model has no reasoning "
+                         "setting"),
+    "verbosity": (_neutral(), "verbosity is not supported"),
+    "web_search_options": (_neutral(), "web search is not supported"),
+    "moderation": (_neutral(), "moderation is not supported"),
+    "functions": (_neutral(), "functions is not supported: send tools"),
+    "function_call": (_neutral(), "function_call is not supported: send tools and tool_choice"),
+    "best_of": (_neutral(1), "best_of > 1 is not supported: send n and pick"),
+    "suffix": (_neutral(""), "suffix (insertion) is not supported"),
+    "echo": (_neutral(False), "echo: true is not supported"),
+}
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """The 400 for the first field of ``body`` the server does not apply and whose value is not neutral."""
+    for name, (neutral, why) in REFUSED.items():
+        if body.get(name) is not None and not neutral(body[name]):
+            raise bad_request(why, name, code="unsupported_parameter")
+
+
+class _Sampling(BaseModel):
+    """The fields both endpoints share (OpenAI defaults: temperature 1, top_p 1, n 1; vLLM's top_k, min_p
+    and repetition_penalty, off by default). Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str
     n: int = Field(1, ge=1)
@@ -49,24 +94,30 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
-    # not implemented by the sampler: refused unless neutral, so that no client believes they were applied
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    user: str | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("penalties are not supported: the stored log-probs are the plain tempered model's")
-        return value
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    return_token_ids: bool = False  # vLLM's flag: the response carries the prompt's and each choice's ids
+    # accepted as neutral (REFUSED checks their values before parsing)
+    store: bool | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported: the stored log-probs are the plain tempered model's")
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids (as strings), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases are in [-100, 100], got {bias}")
         return value
 
     @field_validator("stop")
@@ -81,11 +132,36 @@ class _Sampling(_Body):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling(self, **extra: Any) -> dict[str, Any]:
-        """The sampling fields as the client gave them (omitted: the default), as ``serve_calls`` stores them."""
-        fields = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.output_limit,
-                  "seed": self.seed, "stop": self.stops or None, "n": self.n, **extra}
-        return {k: v for k, v in fields.items() if v is not None}
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def params(self, max_new_tokens: int) -> SamplingParams:
+        """The sampling the backend applies."""
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, max_new_tokens=max_new_tokens, seed=self.seed,
+            top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=tuple(sorted((int(k), float(v)) for k, v in (self.logit_bias or {}).items())))
+
+    def options(self) -> dict[str, Any]:
+        """The options as the client gave them, as ``serve_calls.sampling`` stores them (see the module)."""
+        given = self.model_dump(mode="json", exclude_unset=True, exclude_none=True,
+                                exclude={"model", "messages", "prompt", "tools", "max_completion_tokens",
+                                         "return_token_ids"})
+        given["n"] = self.n
+        given.pop("max_tokens", None)
+        if self.output_limit is not None:
+            given["max_tokens"] = self.output_limit
+        if self.stops:
+            given["stop"] = self.stops
+        return given
 
 
 class ChatMessage(_Body):
@@ -134,28 +210,39 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # accepted as neutral (REFUSED checks their values before parsing), or recorded only
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
 
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
     @property
-    def top_k(self) -> int:
+    def output_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
+    @property
+    def top_logprobs_k(self) -> int:
         """How many alternatives each token's log-prob entry lists (0 unless asked)."""
-        return self.top_logprobs or 0
+        return (self.top_logprobs or 0) if self.logprobs else 0
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: Literal[False] = False
 
     @property
-    def output_limit(self) -> int | None:
-        return self.max_tokens
+    def output_param(self) -> str:
+        return "max_tokens"
 
     @property
-    def top_k(self) -> int:
+    def top_logprobs_k(self) -> int:
         return self.logprobs or 0
 
 
@@ -163,6 +250,7 @@ class RewardRequest(_Body):
     reward: float
     metrics: dict[str, float] = Field(default_factory=dict)
     prediction: str | None = None
+    replace: bool = False  # a second reward replaces the first only when asked (else 409)
 
 
 class PrivilegedRequest(_Body):

@@ -70,6 +70,7 @@ class CallContext:
     task: str | None = None
     kind: str = "chat"
     parent: str | None = None
+    reopen: bool = False  # a call may continue an episode already rewarded (it goes back to running)
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,26 @@ class Recorder:
         self.store, self.run_id, self.policy_version = store, run_id, policy_version
         self._lock = threading.Lock()
 
-    def check_parent(self, parent: str | None) -> None:
-        if parent is None:
-            return
+    def check_call(self, ctx: CallContext, planned: Planned) -> None:
+        """Before generating: the parent call exists, and no episode of the call was rewarded (unless
+        ``ctx.reopen``). ``record`` checks the second again, in its transaction."""
         with self.store.session() as s:
-            if not serve_repo.invocation_exists(s, parent):
-                raise ApiError(400, f"X-Agentmem-Parent: no stored invocation with id {parent!r}",
+            if ctx.parent is not None and not serve_repo.invocation_exists(s, ctx.parent):
+                raise ApiError(400, f"X-Agentmem-Parent: no stored invocation with id {ctx.parent!r}",
                                param="X-Agentmem-Parent", code="parent_not_found")
+            for client, ep_id in zip(planned.client_episodes, planned.episode_ids, strict=True):
+                self._check_open(s, ctx, client, ep_id)
+
+    def _check_open(self, s, ctx: CallContext, client: str, ep_id: str) -> Episode | None:
+        """The episode ``ep_id`` when it exists; 409 when it was rewarded and ``ctx`` does not reopen it."""
+        if ctx.episode is None or not serve_repo.episode_in_run(s, self.run_id, ep_id):
+            return None
+        ep = repo.get_episode(s, ep_id)
+        if ep.stop_reason == "reward" and not ctx.reopen:
+            raise ApiError(409, f"episode {client!r} was rewarded: a call after its reward needs "
+                                "X-Agentmem-Reopen: true (the episode then goes back to running, without its reward)",
+                           type="conflict", param="episode", code="episode_rewarded")
+        return ep
 
     def plan(self, ctx: CallContext, prompts: int, n: int) -> Planned:
         call_id, total = new_id(), prompts * n
@@ -131,6 +145,11 @@ class Recorder:
         with self._lock, self.store.session() as s:
             for i, choice in enumerate(choices):
                 prompt, ep_id = i // n, planned.episode_ids[i]
+                rewarded = self._check_open(s, ctx, planned.client_episodes[i], ep_id)
+                if rewarded is not None and rewarded.stop_reason == "reward":  # reopened: running, no reward
+                    repo.update_episode(s, rewarded.model_copy(update={
+                        "reward": None, "f1": None, "em": None, "sub_em": None, "status": EpisodeStatus.running,
+                        "stop_reason": None, "finished_at": None}))
                 if not serve_repo.episode_in_run(s, self.run_id, ep_id):
                     task = planned.tasks[i]
                     repo.insert_episodes(s, [Episode(
@@ -171,11 +190,16 @@ class Recorder:
                                code="episode_not_found", type="not_found_error")
         return repo.get_episode(s, ep_id)
 
-    def reward(self, client_id: str, reward: float, metrics: dict[str, float], prediction: str | None) -> Episode:
+    def reward(self, client_id: str, reward: float, metrics: dict[str, float], prediction: str | None, *,
+               replace: bool = False) -> Episode:
         """Close an episode with its outcome: ``reward``, F1 (``metrics['f1']``, else the reward), EM and
-        substring EM when given."""
+        substring EM when given. An episode already rewarded gets 409 unless ``replace``."""
         with self._lock, self.store.session() as s:
             ep = self._episode(s, client_id)
+            if ep.stop_reason == "reward" and not replace:
+                raise ApiError(409, f"episode {client_id!r} already has a reward ({ep.reward}): send "
+                                    '"replace": true to replace it', type="conflict", param="replace",
+                               code="episode_rewarded")
             closed = ep.model_copy(update={
                 "reward": reward, "f1": metrics.get("f1", reward), "em": metrics.get("em"),
                 "sub_em": metrics.get("sub_em"), "status": EpisodeStatus.answered, "stop_reason": "reward",

@@ -2,16 +2,17 @@
 
 One worker thread owns the backend (a transformers model is not thread-safe). A request waits at most
 ``window_s`` after the first pending request arrived, then every pending request with the same sampling
-parameters (temperature, top_p, max tokens) goes to the backend in one ``generate`` call; requests that
-arrive while a batch runs form the next one. A request with a ``seed`` is generated alone, so that the same
+parameters (``SamplingParams``: temperature, top_p, max tokens, the shaping options) goes to the backend in
+one ``generate`` call; requests that arrive while a batch runs form the next one. A request with a ``seed`` is generated alone, so that the same
 request with the same seed gives the same output whatever else the server is doing.
 
 What a request gets back (``Choice``) is exactly what the backend sampled, cut at the first stop string:
 ``output_ids`` are the sampled ids up to and including the token that completed the stop string (the
 sampler chose them; nothing after it was returned), ``logprobs`` the backend's log-probs of those ids
-(``policy.types``: full-vocabulary, temperature-scaled), ``text`` the decoded ids without special tokens,
-cut before the stop string, as OpenAI returns it. ``top`` holds, when asked, the ``k`` most likely tokens at
-each output position under the same distribution, from one extra forward pass over prompt + output.
+(``policy.types``: full-vocabulary, temperature-scaled; with shaping options, of the shaped distribution),
+``text`` the decoded ids without special tokens, cut before the stop string, as OpenAI returns it. ``top``
+holds, when asked, the ``k`` most likely tokens at each output position, taken by the backend from the same
+tensor as the sampled token's log-prob (``TransformersBackend.generate(..., top_logprobs=k)``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from agentmem.records import FinishReason
 
 @dataclass(frozen=True)
 class Job:
-    """One request's generation: ``prompts`` (each sampled ``n`` times), its sampling, stops and top-k."""
+    """One request's generation: ``prompts`` (each sampled ``n`` times), its sampling, stops, and how many
+    alternatives each output token lists (``top_logprobs``, 0: none)."""
 
     prompts: list[list[int]]
     n: int
     params: SamplingParams
     stops: tuple[str, ...] = ()
-    top_k: int = 0
+    top_logprobs: int = 0
 
     @property
     def rows(self) -> list[list[int]]:
@@ -94,7 +96,7 @@ def cut_at_stop(tokenizer, ids: list[int], stops: Sequence[str]) -> tuple[int, s
     return len(ids), text[:pos]
 
 
-def to_choice(tokenizer, prompt: list[int], gen: Generation, stops: Sequence[str]) -> Choice:
+def to_choice(tokenizer, prompt: list[int], gen: Generation, stops: Sequence[str], top_logprobs: int = 0) -> Choice:
     ids, lps, reason = list(gen.output_ids), gen.logprobs, gen.finish_reason
     cut = cut_at_stop(tokenizer, ids, stops)
     if cut is not None:
@@ -102,20 +104,8 @@ def to_choice(tokenizer, prompt: list[int], gen: Generation, stops: Sequence[str
         ids, lps, reason = ids[:keep], (lps[:keep] if lps is not None else None), FinishReason.stop
     else:
         text = tokenizer.decode(ids, skip_special_tokens=True)
-    return Choice(list(prompt), ids, None if lps is None else list(lps), reason, text, gen.latency_s)
-
-
-def top_logprobs(model, prompt: list[int], output: list[int], temperature: float, k: int) -> list[list[tuple[int, float]]]:
-    """The ``k`` most likely tokens at each output position of ``prompt + output`` under
-    ``log_softmax(logits / T)`` (T = 1 for greedy), the distribution the backend stores log-probs from."""
-    import torch
-
-    ids = torch.tensor([prompt + output], device=model.device)
-    with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) + len(output) - 1].float()
-    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    values, index = logp.topk(k, dim=-1)
-    return [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, values, strict=True)]
+    top = [row[:top_logprobs] for row in gen.top[: len(ids)]] if top_logprobs and gen.top is not None else None
+    return Choice(list(prompt), ids, None if lps is None else list(lps), reason, text, gen.latency_s, top)
 
 
 class Sampler:
@@ -166,7 +156,7 @@ class Sampler:
                 if _batch_key(item.job) == key and (not taken or rows + len(item.job.rows) <= self.max_batch):
                     taken.append(item)
                     rows += len(item.job.rows)
-                    if key[-1] is not None:  # a seeded job runs alone
+                    if key.seed is not None:  # a seeded job runs alone
                         break
             self._pending = [p for p in self._pending if p not in taken]
             return taken
@@ -182,27 +172,18 @@ class Sampler:
 
     def _run(self, taken: list[_Pending]) -> None:
         rows = [r for item in taken for r in item.job.rows]
-        gens = self.backend.generate(rows, taken[0].job.params)
+        k = max(item.job.top_logprobs for item in taken)
+        params = taken[0].job.params
+        # only a backend that lists alternatives is asked for them (the app checks before submitting)
+        gens = self.backend.generate(rows, params, top_logprobs=k) if k else self.backend.generate(rows, params)  # type: ignore[call-arg]
         self.batches += 1
         at = 0
         for item in taken:
             job, mine = item.job, gens[at : at + len(item.job.rows)]
             at += len(job.rows)
-            choices = [to_choice(self.backend.tokenizer, row, gen, job.stops) for row, gen in zip(job.rows, mine, strict=True)]
-            if job.top_k:
-                model = self.backend.model  # type: ignore[attr-defined]  # checked by the app before submitting
-                choices = [_with_top(model, c, job) for c in choices]
-            item.future.set_result(choices)
+            item.future.set_result([to_choice(self.backend.tokenizer, row, gen, job.stops, job.top_logprobs)
+                                    for row, gen in zip(job.rows, mine, strict=True)])
 
 
-def _with_top(model, choice: Choice, job: Job) -> Choice:
-    if not choice.output_ids:
-        return choice
-    top = top_logprobs(model, choice.prompt_ids, choice.output_ids, job.params.temperature, job.top_k)
-    return Choice(choice.prompt_ids, choice.output_ids, choice.logprobs, choice.finish_reason, choice.text,
-                  choice.latency_s, top)
-
-
-def _batch_key(job: Job) -> tuple:
-    p = job.params
-    return p.temperature, p.top_p, p.max_new_tokens, p.seed
+def _batch_key(job: Job) -> SamplingParams:
+    return job.params  # frozen: jobs that sample alike share a batch

@@ -18,7 +18,8 @@ from agentmem import models as model_refs
 from agentmem.config import BackendKind, DType
 from agentmem.policy.types import AsyncEngine, Backend
 from agentmem.runtime import CPU, Runtime
-from agentmem.serve.app import ServeSettings, create_app
+from agentmem.serve.app import create_app
+from agentmem.serve.calls import ServeSettings
 from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.recorder import Recorder, open_run
 from agentmem.serve.sampler import Sampler
@@ -71,6 +72,28 @@ class Server:
         self.sampler.close()
         self.recorder.finish(status)
 
+    def serve(self, host: str, port: int) -> str:
+        """Serve on ``host:port`` until SIGINT (Ctrl-C) or SIGTERM, then close, marking the run
+        ``interrupted`` (``failed`` when the server itself fails); the status. uvicorn stops gracefully on
+        either signal (calls in flight are answered) and then raises the signal again, after putting back the
+        handlers it found: the ones set here only note it, so that the run is closed either way (a SIGTERM's
+        default action would end the process before). Call it from the main thread."""
+        import signal
+
+        import uvicorn
+
+        signals = (signal.SIGINT, signal.SIGTERM)
+        found = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
+        status = "failed"
+        try:
+            uvicorn.run(self.app, host=host, port=port, log_level="warning")
+            status = "interrupted"
+        finally:
+            for sig, handler in found.items():
+                signal.signal(sig, handler)
+            self.close(status)
+        return status
+
 
 def context_length(backend: Backend) -> int:
     """The longest prompt + output the backend's model takes."""
@@ -99,14 +122,17 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
     if engine is not None:  # continuous batching: every request goes to the engine as it arrives
         live = EngineSampler(engine)
         settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
-                                 config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus)
+                                 config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus,
+                                 shaping=getattr(live.engine, "shaping", False))
         recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
         return Server(create_app(live, recorder, live.tokenizer, settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
     sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch)
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
-                             config.default_max_tokens, api_key, top_logprobs=hasattr(backend, "model"))
+                             config.default_max_tokens, api_key,
+                             top_logprobs=getattr(backend, "lists_top_logprobs", False),
+                             shaping=getattr(backend, "shaping", False))
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
     return Server(create_app(sampler, recorder, backend.tokenizer, settings), sampler, recorder)
 
@@ -129,5 +155,5 @@ def _gateway(store: Store, config: ServeConfig, api_key: str | None) -> Server:
     sampler = UpstreamSampler(config.upstream, upstream_name, tokenizer)
     length = config.context_length or upstream_len or int(tokenizer.model_max_length)
     settings = ServeSettings(config.name, length, config.max_n, config.default_max_tokens, api_key,
-                             top_logprobs=False)
+                             top_logprobs=False, shaping=True)  # the options go upstream (vLLM applies them)
     return Server(create_app(sampler, recorder, tokenizer, settings), sampler, recorder)

@@ -4,7 +4,8 @@ The gateway renders each chat with the served model's own tokenizer and chat tem
 it; no weights load), sends the token ids to the upstream's ``/v1/completions`` with
 ``"return_token_ids": true``, ``logprobs: 0`` and ``prompt_logprobs: 0``, and records what comes back: the
 ids the upstream consumed (checked equal to the ids sent), the ids it sampled and their log-probs, and the
-prompt tokens' log-probs (``serve_calls.prompt_logprobs``). Requests go upstream
+prompt tokens' log-probs (``serve_calls.prompt_logprobs``). The shaping options (``logit_bias``,
+penalties, ``top_k``, ``min_p``) go upstream under vLLM's names. Requests go upstream
 concurrently (vLLM batches them continuously). Start vLLM with ``--logprobs-mode processed_logprobs`` so
 its log-probs are the temperature-scaled ones every agentmem backend stores (``policy.types``).
 
@@ -66,6 +67,7 @@ class UpstreamSampler:
             body["seed"] = p.seed
         if job.stops:
             body["stop"] = list(job.stops)
+        body.update({k: {str(t): b for t, b in v.items()} if k == "logit_bias" else v for k, v in p.shaping.items()})
         start = time.perf_counter()
         answer = _call(f"{self.base_url}/completions", body, self.api_key, self.timeout_s)
         latency = time.perf_counter() - start

@@ -24,18 +24,26 @@ all of call k's messages after its system message: the teacher reads
 
 rendered with call t's ``tools``. A one-turn call gives the same chat either way. An agent that resends its
 history in every call has that history twice here: ``aligned`` is its own full-history context.
+
+A call that is no chat turn (a served ``/v1/completions`` call whose prompt is not one ``[system?, user]``
+turn of the teacher's template) has no place in such a chat: ``chat_calls`` leaves it out of the selection,
+counted, and the later calls of its episode read the chat without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
 from agentmem.records import Invocation, ServeCall
+
+if TYPE_CHECKING:
+    from agentmem.training.selection import Selection
 
 _SYSTEM, _USER = "\ue000", "\ue001"  # private-use characters: probes no stored prompt contains
 
@@ -85,6 +93,17 @@ class ChatHistory:
             return first.get("content"), [dict(m) for m in rest]
         return None, [dict(m) for m in chat.messages]
 
+    def is_chat(self, inv: Invocation) -> bool:
+        """Whether ``inv`` reads as chat turns: a served chat call, or a prompt this template can split."""
+        chat = self.chats.get(inv.id)
+        if chat is not None and chat.messages:
+            return True
+        try:
+            self.split(inv)
+        except TrainingError:
+            return False
+        return True
+
     def split(self, inv: Invocation) -> tuple[str | None, str]:
         """(system content or None, user content) of a stored prompt rendered as one ``[system?, user]``
         turn with the generation prompt. Raises TrainingError when this template cannot have rendered it."""
@@ -114,3 +133,17 @@ class ChatHistory:
                 return found
         raise TrainingError(f"invocation {inv.id}: its stored prompt_text is not one [system, user] turn of the "
                             "teacher's chat template, so the persistent_chat context cannot rebuild its messages")
+
+
+def chat_calls(selection: Selection, tokenizer: PreTrainedTokenizerBase) -> tuple[Selection, int]:
+    """(``selection`` without the calls that are no chat turns, how many were left out). The calls kept get
+    their step within what is kept (in memory only: scores are stored by invocation id), so each episode
+    reads as whole."""
+    history = ChatHistory(tokenizer, selection.chats)
+    kept: list[Invocation] = []
+    steps: dict[str, int] = {}
+    for inv in selection.invocations:
+        if history.is_chat(inv):
+            step = steps[inv.episode_id] = steps.get(inv.episode_id, -1) + 1
+            kept.append(inv if inv.step == step else inv.model_copy(update={"step": step}))
+    return replace(selection, invocations=kept), len(selection.invocations) - len(kept)

@@ -1,0 +1,38 @@
+"""``POST /v1/chat/completions``: messages (and tools) rendered by the model's chat template
+(``apply_chat_template(..., add_generation_prompt=True)``, tokenised without added special tokens, as the
+agent loop renders its prompts); with ``tools``, tool calls in the reply come back as ``tool_calls``
+(``tool_calls.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from agentmem.serve.calls import parse, read_json
+from agentmem.serve.protocol import ChatRequest, bad_request
+from agentmem.serve.recorder import Sent
+from agentmem.serve.routes import calls, episode
+from agentmem.serve.tool_calls import ToolCallParser
+
+router = APIRouter()
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Any:
+    shared = calls(request)
+    tokenizer = shared.tokenizer
+    req = parse(ChatRequest, await read_json(request))
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    messages = [m.as_template() for m in req.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # noqa: BLE001  a template refusing these messages is the client's error
+        raise bad_request(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+    sent = Sent([text], [question], messages, req.tools, req.options())
+    prep = await shared.prepare(request, req, episode(request), [ids], sent, "chat")
+    parser = ToolCallParser.for_request(tokenizer, req.tools, req.tool_choice, text)
+    return await shared.respond(request, req, prep, chat=True, logprobs=req.logprobs, tool_calls=parser)

@@ -1,0 +1,31 @@
+"""agentmem's own episode routes: ``POST /agentmem/episodes/{episode}/reward`` (the episode's outcome; a
+second reward gets 409 unless its body says ``"replace": true``) and ``.../privileged`` (its privileged
+context)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from agentmem.serve.calls import parse, read_json
+from agentmem.serve.protocol import PrivilegedRequest, RewardRequest
+from agentmem.serve.routes import calls
+
+router = APIRouter(prefix="/agentmem")
+
+
+@router.post("/episodes/{episode}/reward")
+async def reward(request: Request, episode: str) -> dict[str, Any]:
+    req = parse(RewardRequest, await read_json(request), openai=False)
+    ep = await asyncio.to_thread(calls(request).recorder.reward, episode, req.reward, req.metrics, req.prediction,
+                                 replace=req.replace)
+    return {"episode_id": ep.id, "reward": ep.reward, "f1": ep.f1, "status": ep.status.value}
+
+
+@router.post("/episodes/{episode}/privileged")
+async def privileged(request: Request, episode: str) -> dict[str, Any]:
+    req = parse(PrivilegedRequest, await read_json(request), openai=False)
+    ep = await asyncio.to_thread(calls(request).recorder.privileged, episode, req.text, req.answers, req.task)
+    return {"episode_id": ep.id, "answers": ep.gold_answers, "evidence": ep.evidence}
