@@ -1,6 +1,7 @@
-"""A bad id, a missing data file or a wrong model answers before torch, transformers or datasets load:
-each case runs the real CLI entry point in one fresh interpreter, in order, and records
-which heavy modules each case imported and how long it took. ``agentmem --help`` and every command's
+"""A bad id, a missing data file, a wrong model, an unknown knob, memory policy or option, an environment's
+missing (or needless) data file, a bad database URL or a config file's misspelt key answers before torch,
+transformers or datasets load: each case runs the real CLI entry point in one fresh interpreter, in order,
+and records which heavy modules each case imported and how long it took. ``agentmem --help`` and every command's
 ``--help`` load none of them either.
 
 The seconds are printed (``pytest -s``) for the record; the assertion is on the imports, which is what makes
@@ -44,6 +45,24 @@ ERRORS = [
     ("rollout-missing-config", "rollout --config {root}/nope.yaml --db {db}", "nope.yaml: no such file"),
     ("train-bad-config-field", "config show train --rounds 0", "--rounds: Input should be greater than or equal to 1"),
     ("replay-unknown-run", "rollout --replay-from 0123456789ab --db {db}", "no run with id '0123456789ab'"),
+    # the checks of an environment, a memory policy and a database URL, before any model
+    ("rollout-unknown-knob", "rollout --knob nosuch=3 --db {db}", "synthetic: unknown knob(s) nosuch; known: "),
+    ("rollout-unknown-memory", "rollout --memory nosuch --db {db}", "unknown memory policy 'nosuch'; registered: "),
+    ("rollout-unknown-memory-option", "rollout --memory-option foo=bar --db {db}",
+     "memory policy 'overwrite': bad --memory-option (foo: unknown option); known: none"),
+    ("rollout-env-needs-data", "rollout --env hotpotqa --db {db}", "hotpotqa: needs a data file: give --data FILE"),
+    ("rollout-env-takes-no-data", "rollout --env synthetic --data {db} --db {db}",
+     "synthetic: takes no data file (--data)"),
+    ("eval-env-needs-data", "eval --env squad --db {db}", "squad: needs a data file: give --data FILE"),
+    ("train-env-needs-data", "train --env hotpotqa --db {db}", "hotpotqa: needs a data file: give --data FILE"),
+    ("eval-unknown-knob", "eval --knob nosuch=3 --db {db}", "synthetic: unknown knob(s) nosuch"),
+    ("rollout-unknown-database-kind", "rollout --db bogus://x",
+     "unknown database kind 'bogus' in bogus://x: give sqlite:///PATH or postgresql://USER@HOST/DB"),
+    ("rollout-sqlite-missing-folder", "rollout --db {root}/no_folder/a.db", "/no_folder' does not exist"),
+    ("sft-db-missing-folder", "sft --run {run} --db {root}/no_folder/a.db", "/no_folder' does not exist"),
+    ("sft-without-run", "sft --db {db}", "--run is required"),
+    ("rollout-config-unknown-key", "rollout --config {root}/typo.yaml --db {db}",
+     "typo.yaml, line 3: unknown key agent.memory_tokns (did you mean agent.memory_tokens?)"),
 ]
 
 # Runs in the fresh interpreter: each case calls ``cli.app.main`` and reports exit code, stderr, seconds and
@@ -99,6 +118,7 @@ def world(tmp_path_factory):
                                                output_text="a")])
         s.commit()
     store.dispose()
+    (root / "typo.yaml").write_text("episodes: 2\nagent:\n  memory_tokns: 3\n")
     return {"root": root, "db": db, "run": run.id}
 
 
@@ -124,3 +144,4 @@ def test_bad_input_answers_before_heavy_imports(world):
         assert r["code"] == 1, r
         assert len(lines) == 1 and lines[0].startswith("error: ") and needles[r["case"]] in lines[0], r
         assert r["heavy"] == [], r
+        assert r["seconds"] < 5.0, r  # under 1.5 s on an idle machine; a loaded CI box gets slack
