@@ -261,7 +261,7 @@ class RolloutConfig(Frozen):
     env_knobs: dict[str, Any] = Field(default_factory=dict)
     """Environment knob KEY=VALUE, e.g. hops=3, context_tokens=4096, docs=20."""
     model: str = "default"
-    """Model folder, hub name, checkpoint id, or 'default' (SmolLM2-135M-Instruct, prepared on first use)."""
+    """Model folder, checkpoint id, or 'default' (SmolLM2-135M-Instruct, prepared on first use)."""
     policy: PolicySource = PolicySource.model  # oracle: ``model`` gives only the tokenizer and chat template
     """Who writes the outputs: the model (sampled, with log-probs) or the oracle (scripted from the task's
     evidence and gold answer: no model, no log-probs; --model gives only the tokenizer and chat template)."""
@@ -336,7 +336,7 @@ class ScoreConfig(Frozen):
     run_ids: list[str] = Field(min_length=1)
     """Rollout run id(s) to score."""
     teacher: str = "default"
-    """Teacher: model folder, hub name, checkpoint id or 'default'."""
+    """Teacher: model folder, checkpoint id or 'default'."""
     student: str | None = None
     """Student model; adds the per-token reverse KL KL(student_T || teacher_T) at --temperature."""
     context: TeacherContext = TeacherContext.aligned
@@ -410,7 +410,7 @@ class DistillConfig(Frozen):
     run_ids: list[str] = Field(default_factory=list)
     """Run id(s) to train on (a train run's rounds set it themselves)."""
     student: str = "default"
-    """Student: model folder, checkpoint id, hub name or 'default'."""
+    """Student: model folder, checkpoint id or 'default'."""
     teacher: str | None = "default"
     """Teacher (same tokenizer as the student); 'none' for RL only."""
     teacher_source: TeacherSourceKind = TeacherSourceKind.model
@@ -423,8 +423,8 @@ class DistillConfig(Frozen):
     # call kinds the teacher scores in the aligned context whatever ``context`` is: e.g. ``[answer]`` with
     # ``persistent`` measures the persistent context on update calls alone (teacher_source=model only)
     aligned_kinds: list[CallKind] | None = None
-    """Call kinds the teacher scores in the aligned context whatever --context is, e.g. answer with persistent
-    (teacher_source model only). Default: none."""
+    """Call kinds the teacher scores in the aligned context whatever --teacher-context is, e.g. answer with
+    persistent (--teacher-source model only). Default: none."""
     loss: Divergence = Divergence.reverse_kl
     """Divergence at action positions."""
     beta: float = Field(0.5, ge=0, le=1)
@@ -434,7 +434,7 @@ class DistillConfig(Frozen):
     teacher_temperature: float = Field(1.0, gt=0)
     """Sharpen (below 1) or flatten (above 1) the teacher's distribution before the divergence: its log-probs
     are divided by this, so the target is p_t^(1/tau) renormalised (towards the teacher's greedy choice as tau
-    goes to 0). Full-distribution teachers only (not teacher_source scores)."""
+    goes to 0). Full-distribution teachers only (not --teacher-source scores)."""
     teacher_min_confidence: float = Field(0.0, ge=0, lt=1)
     """Distil only where the teacher is decided: a sampled position whose teacher top probability is below this
     gets no distillation term (the other terms, e.g. the RL term, still apply there). 0: every position.
@@ -457,8 +457,7 @@ class DistillConfig(Frozen):
     """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (in train: each
     round's starting checkpoint; in sft: the starting weights, without LoRA adapters)."""
     loss_terms: dict[str, NonNegativeFloat] = Field(default_factory=dict)
-    """Weights of loss terms that installed packages register (entry-point group agentmem.loss_terms), by
-    name: NAME=WEIGHT."""
+    """Weights of the loss terms that installed packages add (docs/design.md, plug-ins), by name: NAME=WEIGHT."""
     normalize_std: bool = False
     """Divide advantages by the group's std."""
     clip_eps: float = Field(0.2, ge=0)
@@ -480,7 +479,7 @@ class DistillConfig(Frozen):
     warmup_steps: int = Field(0, ge=0)
     """Linear warmup steps (step s at lr x (s+1)/(warmup+1); train: over all rounds)."""
     schedule: LrSchedule = LrSchedule.constant
-    """Learning rate after warmup: constant, or cosine decay to min_lr_ratio x lr at the schedule's last step
+    """Learning rate after warmup: constant, or cosine decay to --min-lr-ratio x lr at the schedule's last step
     (train: the last round's)."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """Cosine schedule: the last step's learning rate as a share of lr."""
@@ -494,7 +493,7 @@ class DistillConfig(Frozen):
     """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
     carried from round to round)."""
     carry_first_moment: bool = True
-    """With carry_optimizer (without it, no state is carried and this is moot): also carry AdamW's first
+    """With --carry-optimizer (without it, no state is carried and this is moot): also carry AdamW's first
     moment (its running mean of the earlier job's gradients). --no-carry-first-moment starts it at zero and
     keeps the second moment and step count: the carried state sets each weight's step size but pushes along no
     earlier direction (train: round 1 only, the one that starts from --init or the warm start, and off by
@@ -723,7 +722,7 @@ class SftConfig(Frozen):
     run_ids: list[str] = Field(min_length=1)
     """Run id(s) whose stored calls to train on: oracle runs, a teacher's runs or the student's own."""
     student: str = "default"
-    """Student: model folder, checkpoint id, hub name or 'default'."""
+    """Student: model folder, checkpoint id or 'default'."""
     min_f1: float | None = Field(None, ge=0, le=1)
     """Train only on calls of episodes with F1 >= this (e.g. a student's own successful episodes)."""
     kinds: list[CallKind] | None = None
@@ -737,18 +736,20 @@ class SftConfig(Frozen):
     """Dropout on the LoRA input."""
     lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
     """Modules that get LoRA adapters."""
-    steps: int = Field(10, ge=1)
+    # the defaults are the warm-start recipe measured in docs/learning.md (16 steps at 5e-5, one warmup step,
+    # cosine): at the old 10 steps at 1e-5 (constant) the README's path learned to write `(empty)` and gained nothing
+    steps: int = Field(16, ge=1)
     """Optimizer steps in all (on --resume, the stored value unless given)."""
     invocations_per_step: int = Field(8, ge=1)
     """Stored calls per optimizer step."""
     row_tokens: int = Field(4096, ge=16)
     """Tokens per packed row."""
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(5e-5, gt=0)
     """Peak AdamW learning rate."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(1, ge=0)
     """Linear warmup steps (step s at lr x (s+1)/(warmup+1))."""
-    schedule: LrSchedule = LrSchedule.constant
-    """Learning rate after warmup: constant, or cosine decay to min_lr_ratio x lr at the last step."""
+    schedule: LrSchedule = LrSchedule.cosine
+    """Learning rate after warmup: constant, or cosine decay to --min-lr-ratio x lr at the last step."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """Cosine schedule: the last step's learning rate as a share of lr."""
     weight_decay: float = Field(0.0, ge=0)
@@ -761,6 +762,13 @@ class SftConfig(Frozen):
     """Folder for checkpoints."""
     save_every: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (and at the end)."""
+    keep_last: int | None = Field(None, ge=1)
+    """Keep only the run's last N checkpoint folders, deleting older ones as new ones are saved. Default: keep
+    every one (each is the model alone: only the latest keeps the optimizer state)."""
+    keep_optimizer: bool = False
+    """Keep the optimizer state (twice the model's size) in the finished run's last checkpoint, so that
+    --resume --steps N can extend the run or a later job can start from it with --carry-optimizer. A running
+    job always keeps it in its latest checkpoint, so a killed run resumes exactly."""
     weighting: Weighting = Weighting.token
     """Token averaging over the global step: every token, every call or every episode equal."""
     path: AttentionPath = AttentionPath.fast
@@ -782,9 +790,9 @@ class SftConfig(Frozen):
     carry_optimizer: bool = False
     """Start AdamW from the state saved in the student's checkpoint folder (an earlier sft's or distill's),
     when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
-    of size lr on every weight. Full-parameter training only (not with lora_rank)."""
+    of size lr on every weight. Full-parameter training only (not with --lora-rank)."""
     carry_first_moment: bool = True
-    """With carry_optimizer (without it, moot): also carry AdamW's first moment (its running mean of the
+    """With --carry-optimizer (without it, moot): also carry AdamW's first moment (its running mean of the
     earlier job's gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step
     count: the carried state sets each weight's step size but pushes along no earlier direction."""
     # privileged: the model learns the stored outputs under the privileged message (gold answer and evidence)
@@ -839,7 +847,10 @@ class WarmStartConfig(SftConfig):
     warmup_steps: int = Field(1, ge=0)
     """Linear warmup steps of the warm start."""
     schedule: LrSchedule = LrSchedule.cosine
-    """Learning rate after warmup: cosine decay to min_lr_ratio x lr at the last step, or constant."""
+    """Learning rate after warmup: cosine decay to --min-lr-ratio x lr at the last step, or constant."""
+    keep_optimizer: bool = True
+    """Keep the optimizer state in the warm start's checkpoint: round 1 starts from it (as --carry-optimizer
+    does)."""
 
     @field_validator("context")
     @classmethod

@@ -82,10 +82,14 @@ def _run(rt, db: str | None, run_job, config, resume: str | None, steps: int | N
 
 
 def result_line(kind: RunKind, result) -> str:
-    """``KIND_run_id=... steps=N checkpoint=... path=...`` and the calls left out or cut, if any."""
+    """``KIND_run_id=... steps=N checkpoint=... path=... size=...`` (the checkpoint folder's size on disk) and the
+    calls left out or cut, if any."""
+    from pathlib import Path
+
     ckpt = result.last_checkpoint
     truncated = result.teacher_truncated_calls
+    size = sum(p.stat().st_size for p in Path(ckpt.path).rglob("*") if p.is_file()) if ckpt else 0
     return (f"{kind.value}_run_id={result.run_id} steps={result.steps_done}"
-            + (f" checkpoint={ckpt.id} path={ckpt.path}" if ckpt else "")
+            + (f" checkpoint={ckpt.id} path={ckpt.path} size={size / 1e9:.2f}GB" if ckpt else "")
             + (f" skipped_calls={result.skipped_calls}" if result.skipped_calls else "")
             + (f" teacher_truncated_calls={truncated}" if truncated else ""))

@@ -128,6 +128,25 @@ def test_prepare_is_atomic_and_reused(tmp_path, monkeypatch):
     assert _entries(tmp_path) == [DEFAULT_MODEL]
 
 
+def test_prepare_says_one_line_and_keeps_transformers_bars_off(tmp_path, monkeypatch, caplog):
+    """A first preparation logs one agentmem line (what, how long, where) and converts with transformers'
+    progress bars off, on again after; a reuse says nothing."""
+    from transformers.utils import logging as hf_logging
+
+    _fake_gguf_loaders(monkeypatch, fail_on_save=False)
+    seen = []
+    convert = models_mod._convert_gguf
+    monkeypatch.setattr(models_mod, "_convert_gguf",
+                        lambda *a: (seen.append(hf_logging.is_progress_bar_enabled()), convert(*a)))
+    hf_logging.enable_progress_bar()
+    with caplog.at_level("INFO", logger="agentmem.policy.models"):
+        prepare_default_model(tmp_path)
+        prepare_default_model(tmp_path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"preparing the default model once, about 30 s: {DEFAULT_MODEL} from its GGUF into {tmp_path / DEFAULT_MODEL}"]
+    assert seen == [False] and hf_logging.is_progress_bar_enabled()
+
+
 def test_default_cache_dir_honours_env(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTMEM_CACHE", str(tmp_path))
     assert models_mod.default_cache_dir() == tmp_path / "models"

@@ -52,8 +52,10 @@ def stored(sqlite_store, tmp_path):
 
 
 def sft_config(run_id, folder, tmp_path, **kw) -> SftConfig:
-    base = dict(run_ids=[run_id], student=folder, steps=2, invocations_per_step=64, lr=1e-3,
-                out=str(tmp_path / "ckpt"))
+    """A constant rate with no warmup, and the optimizer state kept at the end: resumed and carried runs
+    continue it (the defaults' warmup, cosine and dropped state are tested on their own)."""
+    base = dict(run_ids=[run_id], student=folder, steps=2, invocations_per_step=64, lr=1e-3, warmup_steps=0,
+                schedule="constant", keep_optimizer=True, out=str(tmp_path / "ckpt"))
     return SftConfig(**(base | kw))
 
 
@@ -258,3 +260,53 @@ def test_privileged_context_trains_under_the_privileged_splice(stored, tmp_path)
     assert result.history[0].loss == pytest.approx(expected, abs=1e-5)
     with pytest.raises(ValueError, match="warm start trains the student"):
         WarmStartConfig(run_ids=[run_id], context=SamplingContext.privileged)
+
+
+def test_defaults_are_the_warm_start_recipe():
+    """`agentmem sft`'s defaults are the measured warm start (docs/learning.md): 16 steps of 8 calls at 5e-5,
+    one warmup step, cosine; the finished run's last checkpoint keeps no optimizer state and no folder is
+    pruned."""
+    from agentmem.config import LrSchedule, WarmStartConfig
+
+    config = SftConfig(run_ids=["r"])
+    assert (config.steps, config.invocations_per_step, config.lr, config.warmup_steps, config.schedule) == (
+        16, 8, 5e-5, 1, LrSchedule.cosine)
+    assert (config.keep_optimizer, config.keep_last) == (False, None)
+    warm = WarmStartConfig(run_ids=["r"])
+    assert (warm.steps, warm.lr, warm.warmup_steps, warm.schedule, warm.keep_optimizer) == (
+        config.steps, config.lr, config.warmup_steps, config.schedule, True)
+
+
+def test_only_the_last_checkpoint_of_a_running_job_keeps_the_optimizer(stored, tmp_path):
+    """Saving every step: each earlier checkpoint loses its optimizer state once the next is saved, and the
+    finished run's last one too unless keep_optimizer; the model folders stay. Resuming past such a run is
+    refused before any model loads, naming what to do."""
+    from agentmem.errors import ConfigError
+    from agentmem.training.checkpoints import TRAINER_STATE, has_optimizer_state, load_objective_state
+
+    store, run_id, folder = stored
+    dropped = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3, save_every=1, keep_optimizer=False))
+    kept = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3, save_every=1))
+    with store.session() as s:
+        paths = {r.run_id: [Path(c.path) for c in repo.list_checkpoints(s, r.run_id)] for r in (dropped, kept)}
+    assert [has_optimizer_state(p) for p in paths[dropped.run_id]] == [False, False, False]
+    assert [has_optimizer_state(p) for p in paths[kept.run_id]] == [False, False, True]
+    for p in paths[dropped.run_id] + paths[kept.run_id]:
+        assert (p / "config.json").is_file() and (p / TRAINER_STATE).is_file()
+        assert load_objective_state(p) == load_objective_state(paths[kept.run_id][-1])
+    small = (paths[dropped.run_id][-1] / TRAINER_STATE).stat().st_size
+    assert small * 10 < (paths[kept.run_id][-1] / TRAINER_STATE).stat().st_size
+    with pytest.raises(ConfigError, match=r"kept no optimizer state \(--keep-optimizer keeps it\).*--student "):
+        run_sft(store, None, resume=dropped.run_id, steps=5)
+    assert run_sft(store, None, resume=kept.run_id, steps=4).history[-1].step == 4
+
+
+def test_keep_last_deletes_all_but_the_last_folders(stored, tmp_path):
+    """--keep-last 2 with a save every step: after four steps only steps 3 and 4 are on disk; every
+    checkpoint row stays (the lineage), and the last folder loads."""
+    store, run_id, folder = stored
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=4, save_every=1, keep_last=2))
+    with store.session() as s:
+        ckpts = repo.list_checkpoints(s, result.run_id)
+    assert [(c.step, Path(c.path).is_dir()) for c in ckpts] == [(1, False), (2, False), (3, True), (4, True)]
+    AutoModelForCausalLM.from_pretrained(result.last_checkpoint.path)

@@ -16,6 +16,11 @@ starting weights, reloads the adapters and the optimizer: the same model and sta
 run, so the next steps are the same (exact resume; the starting model must still be where it was).
 Without LoRA, resume reloads the checkpoint's weights and optimizer, as distill does.
 
+Disk: a checkpoint is the model in the dtype it trained in (538 MB for the default model in float32); only the
+run's latest checkpoint keeps the optimizer state (twice that) while the job runs, and the finished run's last one
+only with ``keep_optimizer`` (``--resume --steps N`` past a finished run, or a later ``--carry-optimizer``, needs
+it). ``keep_last`` deletes all but the last N checkpoint folders.
+
 Several processes (torchrun): as in distill, each rank trains on its share of each step and rank 0 alone
 writes.
 """
@@ -90,4 +95,5 @@ def run_sft(
                  lambda: load_student(store, config, runtime, ref, resumed.checkpoint), config.distill_config(),
                  selection=selection, carry_optimizer=config.carry_optimizer,
                  carry_first_moment=config.carry_first_moment, student_context=config.context,
-                 on_start=on_start, on_step=on_step, report_to=report_to)
+                 on_start=on_start, on_step=on_step, report_to=report_to, keep_last=config.keep_last,
+                 keep_optimizer=config.keep_optimizer)

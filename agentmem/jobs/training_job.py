@@ -113,6 +113,8 @@ def train(
     on_start: Callable[[int, int], None] | None = None,
     on_step: Callable[[TrainStep], None] | None = None,
     report_to: Sequence[TrackerKind] = (),
+    keep_last: int | None = None,
+    keep_optimizer: bool = True,
 ) -> DistillResult:
     """Open the ``kind`` run (``resumed.run_id``'s, or a new one storing ``config``), ``load`` the models,
     build a ``Trainer`` on ``trainer_config`` (and ``selection``: the calls, when the job chose them), restore
@@ -121,10 +123,20 @@ def train(
     checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``), its first moment zeroed unless
     ``carry_first_moment``. ``student_context``: the
     prompt the student trains under (``SftConfig.context``). ``on_start(steps, done)`` and ``on_step`` report progress;
-    ``report_to`` are trackers (rank 0 only), under ``<config.out>/<run id>``."""
-    from agentmem.training.checkpoints import carry_trainer_state, load_objective_state, load_trainer_state
+    ``report_to`` are trackers (rank 0 only), under ``<config.out>/<run id>``. ``keep_last`` and ``keep_optimizer``:
+    what the run's checkpoints keep (``train_steps``)."""
+    from agentmem.training.checkpoints import (
+        carry_trainer_state,
+        has_optimizer_state,
+        load_objective_state,
+        load_trainer_state,
+    )
     from agentmem.training.distill import Trainer
 
+    if resumed.checkpoint is not None and not has_optimizer_state(Path(resumed.checkpoint.path)):
+        raise ConfigError(f"run {resumed.run_id} finished and its last checkpoint {resumed.checkpoint.id} kept no "
+                          f"optimizer state (--keep-optimizer keeps it), so it cannot go on exactly: start a new "
+                          f"run from the checkpoint (--student {resumed.checkpoint.id})")
     report_to = report_to if runtime.is_main else ()
     with job_run(store, kind, config, runtime, resume=resumed.run_id) as run:
         models = load()
@@ -143,19 +155,23 @@ def train(
             on_start(config.steps, done)
         with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:
             history, saved = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step,
-                                         report)
+                                         report, keep_last=keep_last, keep_optimizer=keep_optimizer)
     return DistillResult(run.id, config.steps, saved or resumed.checkpoint, history)
 
 
 def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save_every: int | None, done: int,
                 parent: Checkpoint, on_step: Callable[[TrainStep], None] | None = None,
-                report: Callable[[TrainStep], None] | None = None,
-                ) -> tuple[list[TrainStep], Checkpoint | None]:
+                report: Callable[[TrainStep], None] | None = None, *, keep_last: int | None = None,
+                keep_optimizer: bool = True) -> tuple[list[TrainStep], Checkpoint | None]:
     """Steps ``done + 1 .. steps`` of a trainer (distill's or sft's), each stored in ``train_steps`` as it
     finishes, then handed to ``report`` (experiment trackers) and ``on_step`` (progress); a checkpoint (child
     of the previous one, first of ``parent``) every ``save_every`` steps and at the end. Returns the steps run
     and the last checkpoint saved (None when none was). A handle that does not write (ranks other than 0)
-    stores nothing; every rank saves (``Trainer.save`` writes on rank 0 only)."""
+    stores nothing; every rank saves (``Trainer.save`` writes on rank 0 only).
+
+    What the checkpoints keep (``prune``): once a checkpoint is saved, the run's earlier ones lose their
+    optimizer state (a resume starts from the last one), and only the last ``keep_last`` folders stay; at the
+    end the last one loses it too unless ``keep_optimizer``."""
     history, last = [], None
     for step in range(done, steps):
         record = trainer.step(step)
@@ -172,4 +188,27 @@ def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save
         steps_done = step + 1
         if steps_done == steps or (save_every and steps_done % save_every == 0):
             last = parent = trainer.save(steps_done, parent)
+            if run.writes:
+                prune(store, run.id, keep_last, keep_optimizer or steps_done < steps)
     return history, last
+
+
+def prune(store: Store, run_id: str, keep_last: int | None, keep_optimizer: bool) -> None:
+    """After a save: the optimizer state dropped from every checkpoint of ``run_id`` but the last (from the last
+    too unless ``keep_optimizer``), and the folders of all but the last ``keep_last`` deleted (their rows stay,
+    so the lineage is whole; evaluating one names the missing folder)."""
+    import shutil
+
+    from agentmem.training.checkpoints import drop_optimizer_state
+
+    with store.session() as s:
+        ckpts = repo.list_checkpoints(s, run_id)
+    for i, ckpt in enumerate(ckpts):
+        folder = Path(ckpt.path)
+        last = i == len(ckpts) - 1
+        if not folder.is_dir():
+            continue
+        if keep_last is not None and i < len(ckpts) - keep_last:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif not last or not keep_optimizer:
+            drop_optimizer_state(folder)

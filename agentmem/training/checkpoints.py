@@ -1,5 +1,8 @@
-"""Checkpoint folders: a loadable model folder (safetensors + config + tokenizer) plus the trainer state
-(optimizer, step, the objective's state across steps) that ``--resume`` needs to give the same next step as an uninterrupted run.
+"""Checkpoint folders: a loadable model folder (safetensors + config + tokenizer, in the dtype it was trained in)
+plus the trainer state (optimizer, step, the objective's state across steps) that ``--resume`` needs to give the same
+next step as an uninterrupted run. The optimizer state (twice the model's size under AdamW) is kept only where a
+later step can start from it: ``drop_optimizer_state`` removes it from a run's earlier checkpoints as new ones are
+saved (``jobs.training_job.train_steps``).
 
 A model with LoRA adapters (``training.lora``) is saved merged, so the folder is a plain model folder any
 transformers loader reads; its adapters go into the trainer state (key ``adapter``), for an exact resume."""
@@ -82,15 +85,44 @@ def _untied(model: torch.nn.Module, state: dict) -> dict:
 
 
 def has_trainer_state(folder: Path) -> bool:
-    """Whether ``folder`` is a training checkpoint with an optimizer state (a base model folder is not)."""
+    """Whether ``folder`` is a training checkpoint (a base model folder is not); its optimizer state may have
+    been dropped since (``has_optimizer_state``)."""
     return (Path(folder) / TRAINER_STATE).is_file()
 
 
-def _state(folder: Path) -> dict:
+def has_optimizer_state(folder: Path) -> bool:
+    """Whether ``folder`` is a training checkpoint that still keeps its optimizer state."""
+    return has_trainer_state(folder) and "optimizer" in _state(folder, mmap=True)
+
+
+def drop_optimizer_state(folder: Path) -> int:
+    """Remove the optimizer state from a checkpoint's trainer state, atomically (the step, the objective's state
+    and a LoRA run's adapters stay): the bytes freed, 0 when there was none. A checkpoint that no later step
+    resumes from needs none: the optimizer state is twice the model's size."""
+    path = Path(folder) / TRAINER_STATE
+    if not path.is_file():
+        return 0
+    state = _state(folder, mmap=True)
+    if "optimizer" not in state:
+        return 0
+    before = path.stat().st_size
+    kept = {k: v for k, v in state.items() if k not in ("optimizer", "optimizer_format")}
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(kept, tmp)
+    os.replace(tmp, path)
+    return before - path.stat().st_size
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder``."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def _state(folder: Path, mmap: bool = False) -> dict:
     path = Path(folder) / TRAINER_STATE
     if not path.is_file():
         raise TrainingError(f"{folder} has no {TRAINER_STATE}: it is not a training checkpoint that can be resumed")
-    return torch.load(path, weights_only=True)
+    return torch.load(path, weights_only=True, mmap=mmap)
 
 
 def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> int:
@@ -101,6 +133,10 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, model: to
 
 
 def _restore(state: dict, folder: Path, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> int:
+    if "optimizer" not in state:
+        raise TrainingError(
+            f"{folder} kept no optimizer state (only the last checkpoint of a run keeps it, and a finished run's "
+            f"only with --keep-optimizer): start a new job from it instead (--student / --init with its id)")
     if state.get("optimizer_format") == "by_name":
         if model is None:
             raise TrainingError(f"{folder}: an FSDP checkpoint's optimizer state needs the model to restore it")

@@ -1,0 +1,32 @@
+"""Training progress on a pipe or in a log: one plain line every few steps, flushed as the steps finish."""
+
+from __future__ import annotations
+
+import io
+
+from agentmem.records import TrainStep
+from cli.training_progress import LineProgress
+
+
+def step(n: int) -> TrainStep:
+    return TrainStep(run_id="r", step=n, loss=1.0 / n, kd_loss=0.0, rl_loss=0.0, lr=5e-5, tokens=1000,
+                     seconds=2.0, metrics={"ce_loss": 1.0 / n, "skipped_calls": 1.0 if n == 2 else 0.0})
+
+
+def test_one_line_per_step_for_short_runs_and_every_twentieth_for_long_ones():
+    out = io.StringIO()
+    lines = LineProgress("sft", terms=(), stream=out)
+    lines.on_start(3)
+    for n in (1, 2, 3):
+        lines.on_step(step(n))
+    printed = out.getvalue().splitlines()
+    assert [line.split(" loss ")[0] for line in printed] == ["sft step 1/3", "sft step 2/3", "sft step 3/3"]
+    assert printed[0].startswith("sft step 1/3 loss 1.0000 (ce 1.0000) 500 tok/s 2.0 s/step 0:00")
+    assert printed[1].endswith(" skipped_calls=1") and printed[2].endswith(" skipped_calls=1")
+    out = io.StringIO()
+    lines = LineProgress("sft", terms=(), stream=out)
+    lines.on_start(45, 0)
+    for n in range(1, 46):
+        lines.on_step(step(n))
+    assert [int(line.split()[2].split("/")[0]) for line in out.getvalue().splitlines()] == [
+        2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 45]
