@@ -580,8 +580,7 @@ class DistillConfig(Frozen):
         if value is PsdMode.none:
             return value
         if info.data.get("context") is not TeacherContext.privileged:
-            raise ValueError(f"psd={value.value} distils from the privileged teacher: set context=privileged "
-                             "(--context privileged)")
+            raise ValueError(f"psd={value.value} distils from the privileged teacher: set context=privileged")
         if not (info.data.get("teacher") and info.data.get("kd_weight")):
             raise ValueError(f"psd={value.value} needs a teacher and kd_weight > 0")
         if value is PsdMode.mixed and info.data.get("invocations_per_step", 2) < 2:
@@ -592,8 +591,8 @@ class DistillConfig(Frozen):
     @classmethod
     def _mixed_only(cls, value: float, info: ValidationInfo) -> float:
         if info.data.get("psd") is not PsdMode.mixed and value != cls.model_fields["psd_mix"].default:
-            raise ValueError("psd_mix weights the off-policy loss of psd=mixed: set psd=mixed (--psd mixed) or "
-                             "leave it at its default")
+            raise ValueError("psd_mix weights the off-policy loss of psd=mixed: set psd=mixed or leave it at its "
+                             "default")
         return value
 
     @field_validator("target", "jsd_clip")
@@ -625,7 +624,7 @@ class DistillConfig(Frozen):
         field_name = str(info.field_name)
         if info.data.get("target") is not DistillTarget.barycenter and value != cls.model_fields[field_name].default:
             raise ValueError(f"{info.field_name} is an option of the barycenter target: set target=barycenter "
-                             "(--target barycenter) or leave it at its default")
+                             "or leave it at its default")
         if info.field_name == "alpha_max" and value < info.data.get("alpha_min", 0.0):
             raise ValueError(f"alpha_max ({value}) must be >= alpha_min ({info.data['alpha_min']})")
         return value

@@ -388,15 +388,45 @@ class Invocation:
         try:
             return self.spec.model.model_validate(merged)
         except ValidationError as exc:
-            file = self.config_file()
-            flags = {o.path for o in self.spec.options() if self.passed(o.param)}
-            keys = [".".join(str(x) for x in err["loc"] if not isinstance(x, int)) for err in exc.errors()]
-            if file is None or not any(k in file.lines and k not in flags for k in keys):
-                raise
-            problems = [f"{k}: {'is required' if err['type'] == 'missing' else err['msg']}"
-                        for k, err in zip(keys, exc.errors(), strict=True)]
-            where = next(file.where(k) for k in keys if k in file.lines and k not in flags)
-            raise ConfigError(f"--config {where}: {'; '.join(problems)}") from None
+            raise ConfigError(self._message(exc)) from exc
+
+    def _message(self, exc: Any) -> str:
+        """A validation error in the user's words: each problem under its flag (or, for a value the
+        ``--config`` file gave, under the file, its line and the key path), the config's field names in the
+        message turned into flags."""
+        file = self.config_file()
+        options = self.spec.options()
+        flag = {o.path: o.flags[0].split("/")[0] for o in options}
+        given = {o.path for o in options if self.passed(o.param)}
+        keys = [".".join(str(x) for x in err["loc"] if not isinstance(x, int)) for err in exc.errors()]
+        from_file = [k for k in keys if file is not None and k in file.lines and k not in given]
+        problems = []
+        for key, err in zip(keys, exc.errors(), strict=True):
+            text = "is required" if err["type"] == "missing" else _flags_in(err["msg"].removeprefix("Value error, "),
+                                                                            flag)
+            name = key if from_file else flag.get(key) or (flag_of(key.rpartition(".")[2]) if key else "")
+            problems.append(f"{name} {text}" if err["type"] == "missing" else f"{name}: {text}" if name else text)
+        if from_file and file is not None:
+            return f"--config {file.where(from_file[0])}: {'; '.join(problems)}"
+        return "; ".join(problems)
+
+
+def _flags_in(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` with the config's field names as the flags that set them: ``kd_weight`` -> ``--kd-weight``,
+    ``context=privileged`` -> ``--teacher-context privileged`` (a one-word name only in that form: as a word it
+    is English)."""
+    import re
+
+    names: dict[str, str] = {}
+    for path, name in flags.items():
+        names.setdefault(path, name)
+        names.setdefault(path.rpartition(".")[2], name)
+    for name in sorted(names, key=len, reverse=True):
+        flag = names[name]
+        message = re.sub(rf"(?<![\w.-]){re.escape(name)}=([^\s,;:)]+)", rf"{flag} \1", message)
+        if "_" in name or "." in name:
+            message = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", flag, message)
+    return message
 
 
 def _paths(data: dict, model: type[BaseModel] | None, prefix: str = "") -> Iterator[str]:

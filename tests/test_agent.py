@@ -93,7 +93,7 @@ def test_max_chunks_truncates():
     AgentLoop(ScriptedBackend(tok, lambda p: "m"), AgentConfig(max_chunks=1), env.score).run(states_for([task]), sink)
     (ep,) = sink.finished
     assert ep.status is EpisodeStatus.truncated
-    assert ep.stop_reason == f"read 1 of {len(task.chunks)} chunks (max_chunks)"
+    assert ep.stop_reason == f"read 1 of {len(task.chunks)} chunks (--max-chunks)"
     assert len(sink.all_invocations) == 2
 
 

@@ -339,9 +339,9 @@ class AgentLoop:
         scores = self.score(prediction, s.task)
         n, total = s.n_updates(self.config.max_chunks), len(s.task.chunks)
         if n < total:
-            status, reason = EpisodeStatus.truncated, f"read {n} of {total} chunks (max_chunks)"
+            status, reason = EpisodeStatus.truncated, f"read {n} of {total} chunks (--max-chunks)"
         elif answer.finish_reason is FinishReason.length:
-            status, reason = EpisodeStatus.truncated, "answer hit answer_max_new_tokens"
+            status, reason = EpisodeStatus.truncated, "the answer hit its token limit (--answer-tokens)"
         else:
             status, reason = EpisodeStatus.answered, "answered"
         return s.episode.model_copy(update={
