@@ -353,6 +353,20 @@ class Invocation:
         source = self.ctx.get_parameter_source(param)
         return source is not None and source.name in _GIVEN
 
+    def refuse_on_resume(self, resume: str | None, allowed: frozenset[str] = frozenset()) -> None:
+        """On ``--resume RUN`` the run's stored config is used: a config flag (other than the ``allowed``
+        paths), ``--level`` or ``--config`` given as well is a ``ConfigError``, never ignored."""
+        if resume is None:
+            return
+        given = ["--config"] if self.file else []
+        given += [o.flags[0].split("/")[0] for o in self.spec.options()
+                  if o.path not in allowed and self.passed(o.param)]
+        given += [f"--{name.replace('_', '-')}" for name, value in self.extras.items() if value is not None]
+        if given:
+            raise ConfigError(f"--resume {resume} finishes the run with its stored config: {', '.join(given)} "
+                              f"cannot change it (leave {'it' if len(given) == 1 else 'them'} out, or start a new "
+                              "run)")
+
     def config_file(self) -> ConfigFile | None:
         """The ``--config`` file read and its keys checked against the job's config (None: no file)."""
         if not self.file:

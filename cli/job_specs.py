@@ -76,7 +76,7 @@ DISTILL = JobSpec(DistillConfig, names=_TEACHER,
                   common=frozenset((*_ALWAYS, "--run", "--student", "--teacher", "--teacher-context", "--loss",
                                     "--rl", "--kinds", "--steps", "--lr", "--invocations-per-step", "--out",
                                     "--report-to")))
-SFT = JobSpec(SftConfig, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--steps", "--lr",
+SFT = JobSpec(SftConfig, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--min-f1", "--steps", "--lr",
                                            "--invocations-per-step", "--lora-rank", "--out", "--keep-last",
                                            "--dtype", "--report-to")))
 TRAIN = JobSpec(

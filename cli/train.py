@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import Device
 from agentmem.records import RunKind
-from cli.config_options import job_command, job_config
+from cli.config_options import invocation, job_command, job_config
 from cli.job_specs import TRAIN
 from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
 
@@ -18,7 +18,7 @@ def train(
     ctx: typer.Context,
     resume: Annotated[str | None, typer.Option(
         help="Continue train run RUN_ID at its first unfinished round, from the last finished round's "
-             "checkpoint, with its stored config (the other flags are ignored).")] = None,
+             "checkpoint, with its stored config (a config flag given too is refused).")] = None,
     report_to: ReportToOption = [],  # noqa: B006
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
@@ -30,6 +30,7 @@ def train(
     from cli.common import preflight, runtime, setup_logging
     from store.engine import open_store
 
+    invocation(ctx).refuse_on_resume(resume)
     trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else job_config(ctx)

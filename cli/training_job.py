@@ -52,6 +52,7 @@ def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *,
     from cli.common import preflight, runtime, setup_logging
 
     call = invocation(ctx)
+    call.refuse_on_resume(resume, allowed=frozenset({"steps"}))
     trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else call.config()
