@@ -145,5 +145,6 @@ def chat_calls(selection: Selection, tokenizer: PreTrainedTokenizerBase) -> tupl
     for inv in selection.invocations:
         if history.is_chat(inv):
             step = steps[inv.episode_id] = steps.get(inv.episode_id, -1) + 1
-            kept.append(inv if inv.step == step else inv.model_copy(update={"step": step}))
+            kept.append(inv if inv.step == step else type(inv).model_construct(
+                _fields_set=set(inv.model_fields_set), **{**inv.__dict__, "step": step}))
     return replace(selection, invocations=kept), len(selection.invocations) - len(kept)
