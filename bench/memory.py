@@ -15,14 +15,13 @@ Everything goes to ``WORK/memory.db``; finished phases are recorded in ``WORK/st
 benchmark runs again on the same folder. Outputs: ``WORK/memory.md`` (the table) and the last line
 ``best_memory=<arm> f1=<x> tokens_vs_overwrite=<r>`` (tokens read per episode, relative to overwrite).
 
-    .venv/bin/python bench/memory.py --quick --work /tmp/memory-quick
-    .venv/bin/python bench/memory.py --smoke       # every arm and phase on a tiny random model; numbers mean nothing
+    python -m bench.memory --quick --work /tmp/memory-quick
+    python -m bench.memory --smoke       # every arm and phase on a tiny random model; numbers mean nothing
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,21 +29,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agentmem import models
+from agentmem.config import HELD_OUT_SEED, AgentConfig, EvalConfig, PolicySource, RolloutConfig, SftConfig
+from agentmem.jobs.eval import run_eval
+from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.sft import run_sft
+from agentmem.records import Checkpoint
+from agentmem.runtime import Runtime
+from bench.common.phases import State, say
+from bench.common.tiny import tiny_model
+from store import repository as repo
+from store.engine import open_store
 
-from agentmem import models  # noqa: E402
-from agentmem.config import HELD_OUT_SEED, AgentConfig, EvalConfig, PolicySource, RolloutConfig, SftConfig  # noqa: E402
-from agentmem.jobs.eval import run_eval  # noqa: E402
-from agentmem.jobs.rollout import run_rollout  # noqa: E402
-from agentmem.jobs.sft import run_sft  # noqa: E402
-from agentmem.records import Checkpoint  # noqa: E402
-from agentmem.runtime import Runtime  # noqa: E402
-from bench.common.phases import State, say  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from store import repository as repo  # noqa: E402
-from store.engine import open_store  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # arm name -> (memory policy, memory options)
 ARMS: dict[str, tuple[str, dict]] = {

@@ -22,10 +22,10 @@ It then times, with the default model (SmolLM2-135M-Instruct), one torch thread:
 Throughput is in call tokens (every call's full length) per second, so a ratio is a speedup of the same
 work. Each figure is the best of ``--repeats`` interleaved rounds (the CPU may be shared).
 
-  .venv/bin/python bench/prefix.py --env hotpotqa --chunk-tokens 1024          # the HotpotQA case of docs/benchmarks.md
-  .venv/bin/python bench/prefix.py --env synthetic                              # the default synthetic calls
-  .venv/bin/python bench/prefix.py --quick                                      # 1 group per G, G = 1, 8
-  .venv/bin/python bench/prefix.py --smoke      # a tiny random model, synthetic, G = 1 and 2: every phase, seconds
+  python -m bench.prefix --env hotpotqa --chunk-tokens 1024          # the HotpotQA case of docs/benchmarks.md
+  python -m bench.prefix --env synthetic                              # the default synthetic calls
+  python -m bench.prefix --quick                                      # 1 group per G, G = 1, 8
+  python -m bench.prefix --smoke      # a tiny random model, synthetic, G = 1 and 2: every phase, seconds
 
 The last line is ``score_shared_vs_packed=<r> train_shared_vs_packed=<r> rollout_shared_vs_unshared=<r>
 ceiling=<r>`` for the largest G.
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -44,19 +43,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agentmem.agent.overwrite import OverwritePolicy, OverwriteState  # noqa: E402
-from agentmem.config import Packing  # noqa: E402
-from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
-from agentmem.policy.transformers_backend import TransformersBackend  # noqa: E402
-from agentmem.policy.types import SamplingParams  # noqa: E402
-from agentmem.records import Invocation  # noqa: E402
-from agentmem.replay import rebuild_aligned, shareable_prefix  # noqa: E402
-from agentmem.training.forward import PackedModel, plan  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from envs import load_env  # noqa: E402
+from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
+from agentmem.config import Packing
+from agentmem.policy.models import load_model, prepare_default_model
+from agentmem.policy.transformers_backend import TransformersBackend
+from agentmem.policy.types import SamplingParams
+from agentmem.records import Invocation
+from agentmem.replay import rebuild_aligned, shareable_prefix
+from agentmem.training.forward import PackedModel, plan
+from bench.common.tiny import tiny_model
+from envs import load_env
 
 HOTPOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
 

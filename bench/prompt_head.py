@@ -17,9 +17,9 @@ of ``--tasks`` episodes at ``--level``, every call of every round, decoding incl
 interleaved, best of ``--repeats``: there the per-call plan often forms no group (one prompt whose question
 starts with another word is left alone and the plan is dropped), and the kept head still serves.
 
-    .venv/bin/python bench/prompt_head.py                    # the default model, bfloat16 (the evaluations' dtype here)
-    .venv/bin/python bench/prompt_head.py --dtype float32
-    .venv/bin/python bench/prompt_head.py --smoke            # a tiny random model: every phase, seconds
+    python -m bench.prompt_head                    # the default model, bfloat16 (the evaluations' dtype here)
+    python -m bench.prompt_head --dtype float32
+    python -m bench.prompt_head --smoke            # a tiny random model: every phase, seconds
 
 ``--batches 12,36`` (the default) also times, with nothing shared, distinct update prompts' prefill per row and the
 decode per row-token (``--new-tokens`` greedy tokens, end-of-sequence ignored) at each batch size: whether one
@@ -32,7 +32,6 @@ Last line: ``update_kept_vs_plain=<r> answer_kept_vs_plain=<r> eval_kept_vs_plai
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,21 +39,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agentmem.agent.overwrite import OverwritePolicy, OverwriteState  # noqa: E402
-from agentmem.agent.prompts import answer_prompt  # noqa: E402
-from agentmem.config import AgentConfig, DType, EvalConfig  # noqa: E402
-from agentmem.jobs.eval import run_eval  # noqa: E402
-from agentmem.models import register, resolve  # noqa: E402
-from agentmem.policy.models import load_model, prepare_default_model  # noqa: E402
-from agentmem.policy.transformers_backend import TransformersBackend  # noqa: E402
-from agentmem.policy.types import SamplingParams  # noqa: E402
-from agentmem.runtime import CPU  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from envs import load_env  # noqa: E402
-from store.engine import open_store  # noqa: E402
+from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
+from agentmem.agent.prompts import answer_prompt
+from agentmem.config import AgentConfig, DType, EvalConfig
+from agentmem.jobs.eval import run_eval
+from agentmem.models import register, resolve
+from agentmem.policy.models import load_model, prepare_default_model
+from agentmem.policy.transformers_backend import TransformersBackend
+from agentmem.policy.types import SamplingParams
+from agentmem.runtime import CPU
+from bench.common.tiny import tiny_model
+from envs import load_env
+from store.engine import open_store
 
 
 def calls(tok, tasks: int, chunk_tokens: int, memory: int, level: int, seed: int) -> dict[str, list[list[int]]]:

@@ -4,9 +4,9 @@ its static-cache decode step ("new", in ``--dtype``; auto: the faster one measur
 and a greedy eval at batch 8 on the same tasks by both, and a batch-1 rollout by the new one; plus the share of wall time spent
 writing to the store. vLLM is measured too when it is importable (``--vllm``).
 
-    python bench/rollout.py --quick            # 8 episodes, short contexts
-    python bench/rollout.py --episodes 16
-    python bench/rollout.py --smoke            # a tiny random model, 2 episodes: every phase runs, in seconds
+    python -m bench.rollout --quick            # 8 episodes, short contexts
+    python -m bench.rollout --episodes 16
+    python -m bench.rollout --smoke            # a tiny random model, 2 episodes: every phase runs, in seconds
 
 Tokens/s counts generated tokens over the wall time of the whole rollout (prefill included). The last
 line is exactly ``batch8_vs_batch1=<ratio> store_share=<fraction> new_vs_old_rollout_b8=<ratio>
@@ -18,24 +18,20 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# bench/store.py would shadow the `store` package: keep this folder off sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
 
-import torch  # noqa: E402
-
-from agentmem import models  # noqa: E402
-from agentmem.config import AgentConfig, EvalConfig, RolloutConfig  # noqa: E402
-from agentmem.jobs.eval import run_eval  # noqa: E402
-from agentmem.jobs.rollout import StoreSink, run_rollout  # noqa: E402
-from agentmem.policy.models import prepare_default_model  # noqa: E402
-from agentmem.runtime import Runtime  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from store.engine import open_store  # noqa: E402
+from agentmem import models
+from agentmem.config import AgentConfig, EvalConfig, RolloutConfig
+from agentmem.jobs.eval import run_eval
+from agentmem.jobs.rollout import StoreSink, run_rollout
+from agentmem.policy.models import prepare_default_model
+from agentmem.runtime import Runtime
+from bench.common.tiny import tiny_model
+from store.engine import open_store
 
 
 class TimedSink(StoreSink):

@@ -6,8 +6,8 @@ work). Reports generated tokens per second of wall time, prefill included, and t
 process CPU seconds per generated token (robust to other processes sharing the cores: with one thread,
 CPU time is what wall time would be on an idle core).
 
-    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_backends.py
-    .venv/bin/python bench/rollout_backends.py --smoke    # a tiny random model: every phase runs, in seconds
+    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 python -m bench.rollout_backends
+    python -m bench.rollout_backends --smoke    # a tiny random model: every phase runs, in seconds
 """
 
 from __future__ import annotations

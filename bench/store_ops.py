@@ -1,8 +1,8 @@
 """Store throughput: insert and streamed-read rates for realistic invocations (about 600 prompt and 200
 output tokens each), on SQLite and (when a server URL is given) Postgres, printed as one table.
 
-    python bench/store.py [--n 4000] [--batch 64] [--pg-url postgresql://postgres@127.0.0.1:55432/postgres]
-    python bench/store.py --smoke     # 100 invocations, one repeat: every phase runs, in seconds
+    python -m bench.store [--n 4000] [--batch 64] [--pg-url postgresql://postgres@127.0.0.1:55432/postgres]
+    python -m bench.store --smoke     # 100 invocations, one repeat: every phase runs, in seconds
 
 Inserts are committed every ``--batch`` invocations (a rollout step commits one batch of calls). The
 last line is exactly ``insert_per_s=<n> read_per_s=<n>`` for SQLite. Goal: >= 2,000 inserts/s and
@@ -13,23 +13,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
-# This file is named store.py: keep its folder off sys.path so `store` is the package, not this script.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import numpy as np
+import sqlalchemy as sa
 
-import numpy as np  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
-from store_records import make_episode, make_invocation, make_run  # noqa: E402
-
-from store import repository as repo  # noqa: E402
-from store.engine import make_engine, open_store, resolve_url  # noqa: E402
-from store.migrations import upgrade  # noqa: E402
+from agentmem.testing.store_records import make_episode, make_invocation, make_run
+from store import repository as repo
+from store.engine import make_engine, open_store, resolve_url
+from store.migrations import upgrade
 
 
 def measure(url: str, n: int, batch: int) -> tuple[float, float]:

