@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 # The commands in the order of the workflow (collect, evaluate, train), then the utilities and inspection.
 WORKFLOW = ("rollout", "eval", "sft", "score", "distill", "train", "worker", "replay-audit", "serve", "memories",
@@ -70,7 +70,10 @@ class Command(TyperCommand):
         left = 0
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is None or not isinstance(param, TyperOption):
+            if record is None:
+                continue
+            if isinstance(param, TyperArgument):
+                panels.setdefault("Arguments", []).append((param.metavar or param.name.upper(), record[1]))
                 continue
             name = param.opts[0]
             if not show_all and name not in common and name not in ("--help", "--help-all"):
@@ -147,5 +150,7 @@ def plain(command: Any) -> None:
     for param in command.params:
         if isinstance(param, TyperOption) and not param.is_flag and param.metavar is None:
             param.metavar = metavar(param.display_type(typer.Context(command)))
+        elif isinstance(param, TyperArgument) and param.metavar is None:
+            param.metavar = param.name.upper() + ("..." if param.nargs != 1 else "")
     for sub in getattr(command, "commands", {}).values():
         plain(sub)

@@ -48,6 +48,28 @@ def measured_dtype(call, config, db: str | None, threads: int | None):
     return config.model_copy(update={"dtype": weights_dtype("auto", config.model, db, threads)})
 
 
+def check_port(host: str, port: int) -> None:
+    """A ``ConfigError`` when this process cannot listen on ``host:port`` (another server holds the port, a
+    privileged port, an unknown host), checked before anything loads or any address is printed."""
+    import errno
+    import socket
+
+    from agentmem.errors import ConfigError
+
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host}: {exc.strerror}") from None
+    with socket.socket(family, kind) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a closing socket is no holder
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is in use (another server?): give another --port") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def runtime(device, threads: int | None, fsdp: bool = False):
     """The process's Runtime (validated: an unusable device or --fsdp off CUDA fails before any model loads;
     under torchrun, in the process group)."""

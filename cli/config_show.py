@@ -96,7 +96,32 @@ def schema(job: Annotated[str, typer.Argument(help=f"One of {', '.join(JOBS)}.")
 
     if job not in JOBS:
         raise ConfigError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
-    typer.echo(json.dumps(JOBS[job].model.model_json_schema(), indent=2))
+    typer.echo(json.dumps(user_schema(JOBS[job].model, job), indent=2))
+
+
+def user_schema(model, job: str) -> dict:
+    """``model``'s JSON schema as a config file's author reads it: every section and choice written out in
+    place (no ``$defs``: their names are the code's classes), each field with its type, default and help."""
+    raw = model.model_json_schema()
+    defs = raw.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, list):
+            return [inline(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            target = dict(defs[node["$ref"].rsplit("/", 1)[1]])
+            target.pop("title", None)
+            if "enum" in target or "properties" in target:
+                target.pop("description", None)  # a class's docstring, not a field's help
+            return inline({**target, **{k: v for k, v in node.items() if k != "$ref"}})
+        return {k: inline(v) for k, v in node.items()}
+
+    out = inline(raw)
+    out.pop("description", None)
+    out["title"] = f"agentmem {job} config"
+    return out
 
 
 def register(root: typer.Typer) -> None:

@@ -39,7 +39,7 @@ def is_numeric(values: list[Any]) -> bool:
 def sql(
     query: Annotated[str, typer.Argument(help="One SQL statement, e.g. \"select * from episode_summary\".")],
     db: DbOption = None,
-    write: Annotated[bool, typer.Option("--write", help="Allow statements that change the database.")] = False,
+    write: Annotated[bool, typer.Option("--write/--no-write", help="Allow statements that change the database.")] = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     limit: Annotated[int | None, typer.Option(help="Print at most this many rows.")] = None,
 ) -> None:

@@ -15,6 +15,7 @@ from agentmem.config import BackendKind, Device, DType
 from cli.options import DbOption, DeviceOption, ThreadsOption
 
 API_KEY_VAR = "AGENTMEM_API_KEY"
+SERVE_PORT = 8001  # `agentmem view` listens on 8000: both run side by side with their defaults
 
 
 def serve(
@@ -24,7 +25,8 @@ def serve(
         help="Generation backend (vllm: continuous batching on its async engine).")] = BackendKind.transformers,
     db: DbOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on (8001: `agentmem view` keeps 8000).", min=1,
+                                      max=65535)] = SERVE_PORT,
     run_name: Annotated[str | None, typer.Option(help="Name of the serve run: restarting with the same name "
                                                       "continues the same run (default: a new run).",
                                                  show_default=False)] = None,
@@ -40,7 +42,7 @@ def serve(
     batch_window_ms: Annotated[float, typer.Option(help="How long a request waits for others to share its "
                                                         "backend call (transformers).", min=0)] = 5.0,
     upstream: Annotated[str | None, typer.Option(help="Gateway mode: forward generation to this vLLM OpenAI server "
-                                                      "(e.g. http://127.0.0.1:8001/v1) instead of loading the model; "
+                                                      "(e.g. http://127.0.0.1:8002/v1) instead of loading the model; "
                                                       "--model then gives only the tokenizer and chat template.",
                                                  show_default=False)] = None,
     dtype: Annotated[DType, typer.Option(help="Model dtype (fp32, as rollouts: the stored log-probs then match "
@@ -52,8 +54,10 @@ def serve(
     store every call as an invocation of one `serve` run: an agent written with any OpenAI client changes
     only its base_url (`http://HOST:PORT/episodes/EPISODE/v1` groups its calls into an episode). See
     docs/serve.md."""
+    from cli.common import check_port, runtime, setup_logging
+
+    check_port(host, port)  # before the server's imports and the model: a port in use answers at once
     from agentmem.serve.server import ServeConfig
-    from cli.common import runtime, setup_logging
 
     config = ServeConfig(model=model, served_model_name=served_model_name, backend=backend, dtype=dtype,
                          run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,

@@ -24,6 +24,9 @@ def view(
 ) -> None:
     """Browse runs, episodes, calls, teacher scores and training curves in a web browser. The store is
     opened read-only: nothing a page does can change it."""
+    from cli.common import check_port
+
+    check_port(host, port)  # before the web app's imports: a port in use answers at once
     import uvicorn
 
     from agentmem.view.app import create_app

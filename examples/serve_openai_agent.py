@@ -6,7 +6,7 @@ agentmem: `http://HOST:PORT/episodes/EPISODE/v1` groups each task's calls into o
 gives the episode its reward. See docs/serve.md.
 
     agentmem serve --model default --run-name demo &          # in another terminal
-    python examples/serve_openai_agent.py --server http://127.0.0.1:8000 --model default
+    python examples/serve_openai_agent.py --server http://127.0.0.1:8001 --model default
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def run_task(server: str, model: str, task: dict, episode: str, max_tokens: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default="http://127.0.0.1:8000", help="the agentmem serve root URL")
+    parser.add_argument("--server", default="http://127.0.0.1:8001", help="the agentmem serve root URL")
     parser.add_argument("--model", default="default", help="the model name the server serves")
     parser.add_argument("--samples", type=int, default=2, help="episodes per task (a GRPO group)")
     parser.add_argument("--max-tokens", type=int, default=48)

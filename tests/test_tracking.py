@@ -153,7 +153,7 @@ def test_a_missing_tracker_fails_before_any_model_loads(stored, tmp_path, monkey
 
 def test_cli_report_to_flag(tmp_path):
     for command in ("sft", "distill", "train"):
-        assert "--report-to" in am(command, "--help").stdout
+        assert "--report-to" in am(command, "--help-all").stdout
     db = tmp_path / "x.db"
     bad = am("sft", "--run", "r", "--report-to", "tensorboard,neptune", "--db", str(db))
     assert bad.returncode == 1

@@ -1,0 +1,110 @@
+"""Help that fits a screen (``cli.command``): a job's ``--help`` shows its common flags and ``--help-all`` every
+one, each name whole; switches carry no type and values read as a user writes them; help is plain text (no
+markup eats ``[tensorboard]``) with no config field name; a teacher's temperature and context have their own
+flags (the old names still parse, unlisted); the commands come in the order of the workflow."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from cli.app import main
+from cli.command import WORKFLOW
+from cli.job_specs import JOBS
+
+OTHER = ["worker", "replay-audit", "serve", "runs", "sql", "view", "report", "export", "models prepare",
+         "memories build", "config show train", "config schema", "db upgrade", "show episode"]
+
+
+def agentmem(capsys, monkeypatch, *args: str, columns: int = 80) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``agentmem ARGS`` in a terminal ``columns`` wide."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys, "argv", ["agentmem", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def flags(text: str) -> list[str]:
+    """The option names a help text lists (the first word of each option row)."""
+    return re.findall(r"^  (--[\w.-]+)", text, flags=re.M)
+
+
+def test_train_help_fits_a_screen_and_help_all_lists_every_option_whole(capsys, monkeypatch):
+    code, short, _ = agentmem(capsys, monkeypatch, "train", "--help")
+    assert code == 0 and len(short.splitlines()) <= 80, len(short.splitlines())
+    assert "more options: agentmem train --help-all, or as a config file: agentmem config show train" in " ".join(
+        short.split())
+    code, full, _ = agentmem(capsys, monkeypatch, "train", "--help-all")
+    assert code == 0 and "--warm-start.invocations-per-step INTEGER" in full
+    assert set(flags(short)) < set(flags(full))
+
+
+@pytest.mark.parametrize("job", list(JOBS))
+def test_help_all_lists_each_option_by_its_first_name(capsys, monkeypatch, job):
+    code, text, _ = agentmem(capsys, monkeypatch, job, "--help-all")
+    assert code == 0
+    listed = flags(text)
+    assert all(o.flags[0].split("/")[0] in listed for o in JOBS[job].options())
+    assert "…" not in text
+
+
+@pytest.mark.parametrize("command", [*JOBS, *OTHER, ""])
+def test_types_read_as_written_and_switches_take_no_value(capsys, monkeypatch, command):
+    code, text, _ = agentmem(capsys, monkeypatch, *command.split(), "--help-all" if command in JOBS else "--help")
+    assert code == 0
+    assert not re.search(r"<(str|int|float|bool|list|path)", text), text
+    assert "BOOLEAN" not in text
+    for row in re.findall(r"^  (--[\w.-]+(?: / --[\w.-]+)?)(?: (\S+))?", text, flags=re.M):
+        name, value = row
+        if name in ("--help", "--help-all", "--debug") or " / --no-" in name:
+            assert value == "" or not value.isupper(), row  # a switch: no value follows its name
+
+
+def test_markup_is_not_eaten_and_required_is_marked(capsys, monkeypatch):
+    _, text, _ = agentmem(capsys, monkeypatch, "sft", "--help", columns=200)
+    assert "pip install 'agentmem[tensorboard]'" in text
+    assert "[required]" in text.split("\n  --run TEXT,...")[1].split("\n  --")[0], text
+    _, rollout, _ = agentmem(capsys, monkeypatch, "rollout", "--help", columns=200)
+    assert "--write / --no-write" in agentmem(capsys, monkeypatch, "sql", "--help")[1]
+    assert "hub" not in rollout and "minutes of wall time" not in rollout
+
+
+def test_help_names_flags_not_config_fields(capsys, monkeypatch):
+    fields = {part for spec in JOBS.values() for path in spec.fields() for part in path.split(".") if "_" in part}
+    for job in JOBS:
+        _, text, _ = agentmem(capsys, monkeypatch, job, "--help-all", columns=200)
+        leaked = sorted(f for f in fields if re.search(rf"(?<![\w-]){f}(?![\w-])", text))
+        assert leaked == [], (job, leaked)
+
+
+def test_a_teacher_temperature_and_context_have_their_own_flags(capsys, monkeypatch):
+    for job in ("score", "distill", "train"):
+        _, text, _ = agentmem(capsys, monkeypatch, job, "--help-all")
+        assert {"--kd-temperature", "--teacher-context"} <= set(flags(text)), job
+        assert "--temperature" not in flags(text) and "--context" not in flags(text), job
+    # the old names are hidden aliases: they still set the teacher's values
+    code, out, err = agentmem(capsys, monkeypatch, "config", "show", "distill", "--run", "r", "--temperature", "2",
+                              "--context", "persistent")
+    assert code == 0, err
+    assert "\ntemperature: 2.0\n" in out and "\ncontext: persistent\n" in out
+    code, out, _ = agentmem(capsys, monkeypatch, "config", "show", "score", "--run", "r", "--kd-temperature", "3",
+                            "--teacher-context", "privileged")
+    assert code == 0 and "\ntemperature: 3.0\n" in out and "\ncontext: privileged\n" in out
+    _, rollout, _ = agentmem(capsys, monkeypatch, "rollout", "--help-all")
+    assert {"--temperature", "--context"} <= set(flags(rollout))
+
+
+def test_commands_are_listed_in_the_order_of_the_workflow(capsys, monkeypatch):
+    code, text, _ = agentmem(capsys, monkeypatch, "--help")
+    listed = re.findall(r"^  ([a-z-]+)  ", text.split("Commands:")[1], flags=re.M)
+    assert code == 0 and listed == [c for c in WORKFLOW if c in listed]
+    assert listed[:6] == ["rollout", "eval", "sft", "score", "distill", "train"]
+    assert "--debug" in text and "<bool>" not in text
