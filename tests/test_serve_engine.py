@@ -217,10 +217,18 @@ def test_vllm_serves_with_continuous_batching(sqlite_store, tmp_path):
             t.start()
         for t in threads:
             t.join()
-        again = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0).chat.completions.create(
-            model=model_dir, messages=QUESTION, max_tokens=8, seed=2, temperature=1.0,
-            extra_body={"return_token_ids": True})
+        plain = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0)
+        again = plain.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=8, seed=2,
+                                              temperature=1.0, extra_body={"return_token_ids": True})
+        # top_k 1 through vLLM's SamplingParams: the greedy ids, each the only token left (log-prob 0)
+        greedy = plain.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=6, temperature=0,
+                                               extra_body={"return_token_ids": True})
+        one = plain.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=6, temperature=1.0,
+                                            seed=5, logprobs=True, extra_body={"return_token_ids": True, "top_k": 1})
     server.close("finished")
+    assert one.choices[0].model_extra["token_ids"] == greedy.choices[0].model_extra["token_ids"]
+    lps = [e.logprob for e in one.choices[0].logprobs.content]
+    assert len(lps) > 0 and lps == pytest.approx([0.0] * len(lps), abs=1e-6)
     with sqlite_store.session() as s:
         calls = [repo.episode_invocations(s, episode_row_id(server.run_id, f"v{i}"))[0] for i in range(4)]
     assert [c.id for c in calls] == [ids[i] for i in range(4)]
