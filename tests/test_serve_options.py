@@ -171,6 +171,14 @@ def test_shaped_sampling_stores_the_log_probs_of_the_distribution_sampled_from(t
     forced = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1,
                                                       logit_bias=((42, 100.0),)))
     assert [g.output_ids for g in forced] == [[42, 42, 42]] * 2
+    # rows that stop early (eos pushed up) leave the batch with their penalty state, the others go on exact
+    four = [*prompts, tok("Where does Carol live? In")["input_ids"], tok("x y z")["input_ids"]]
+    early = SamplingParams(temperature=1.0, max_new_tokens=10, seed=2, repetition_penalty=1.3, frequency_penalty=0.5,
+                           logit_bias=((tok.eos_token_id, 4.0),))
+    gens = backend.generate(four, early)
+    assert len({len(g.output_ids) for g in gens}) > 1 and max(len(g.output_ids) for g in gens) == 10
+    for prompt, gen in zip(four, gens, strict=True):
+        np.testing.assert_allclose(gen.logprobs, _shaped_logprobs(model, prompt, gen.output_ids, early), atol=1e-4)
     # greedy with a repetition penalty: the argmax of the penalised logits, stored at T = 1
     penalised = SamplingParams(temperature=0, max_new_tokens=6, repetition_penalty=2.0)
     [gen] = backend.generate(prompts[:1], penalised)
