@@ -1,7 +1,7 @@
 """`agentmem serve`'s lifecycle rules: SIGTERM closes the run as interrupted and a restart continues it; the API
 key guards every route; a reward is final unless replaced, and a rewarded episode takes no call unless reopened;
 unknown routes and over-long outputs answer OpenAI errors naming the right field; top_logprobs come from the
-sampling step itself; persistent_chat leaves out the calls that are no chat turns."""
+sampling step itself; persistent_chat leaves out the calls that are no chat turns; traces read back over HTTP."""
 
 from __future__ import annotations
 
@@ -195,3 +195,35 @@ def test_persistent_chat_leaves_out_calls_that_are_no_chat_turns(sqlite_store, m
         logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
     direct = logp[len(context) - 1 : len(ids) - 1].gather(-1, torch.tensor(last.output_ids.tolist())[:, None])
     np.testing.assert_allclose(scores[last.id].token_logprobs, direct.squeeze(-1).numpy(), atol=1e-5)
+
+
+def test_traces_read_back_over_http(sqlite_store):
+    """GET /agentmem/episodes/{episode}: the episode's outcome and each call as sent and sampled; GET
+    /agentmem/runs/{run}/episodes: the run's episodes; both behind the key."""
+    from agentmem.policy.scripted import ScriptedBackend
+
+    tok = tiny_tokenizer()
+    server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tok, lambda _: "Oslo."),
+                          api_key="k")
+    key = {"api-key": "k"}
+    with running(server.app) as root:
+        sent = httpx.post(f"{root}/episodes/t/v1/chat/completions", headers=key,
+                          json={"model": "s", "messages": QUESTION, "temperature": 0.5, "user": "u7"}).json()
+        httpx.post(f"{root}/agentmem/episodes/t/reward", headers=key, json={"reward": 0.75}).raise_for_status()
+        assert httpx.get(f"{root}/agentmem/episodes/t").status_code == 401
+        trace = httpx.get(f"{root}/agentmem/episodes/t", headers=key).json()
+        listed = httpx.get(f"{root}/agentmem/runs/{server.run_id[:10]}/episodes", headers=key).json()
+        unknown_run = httpx.get(f"{root}/agentmem/runs/{'0' * 32}/episodes", headers=key)
+        unknown_episode = httpx.get(f"{root}/agentmem/episodes/nope", headers=key)
+    server.close("finished")
+    with sqlite_store.session() as s:
+        [call] = repo.episode_invocations(s, episode_row_id(server.run_id, "t"))
+    assert (trace["episode_id"], trace["reward"], trace["status"]) == (call.episode_id, 0.75, "answered")
+    [got] = trace["calls"]
+    assert got["invocation_id"] == sent["id"] == call.id and got["messages"] == QUESTION
+    assert got["options"] == {"temperature": 0.5, "user": "u7", "n": 1}
+    assert got["prompt_ids"] == call.prompt_ids.tolist() and got["output_ids"] == call.output_ids.tolist()
+    assert got["output_logprobs"] == call.output_logprobs.tolist() and got["output_text"] == "Oslo."
+    assert listed["run_id"] == server.run_id and [e["episode_id"] for e in listed["episodes"]] == [call.episode_id]
+    assert unknown_run.status_code == 404 and unknown_run.json()["error"]["code"] == "run_not_found"
+    assert unknown_episode.status_code == 404 and unknown_episode.json()["error"]["code"] == "episode_not_found"

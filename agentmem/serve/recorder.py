@@ -223,7 +223,50 @@ class Recorder:
             s.commit()
             return repo.get_episode(s, ep.id)
 
+    def trace(self, client_id: str) -> dict:
+        """One episode of this run as JSON: its outcome, and per call (in step order) what the client sent
+        (messages, tools, options), the ids the model read and sampled, the log-probs, and the reply."""
+        with self.store.session() as s:
+            ep = self._episode(s, client_id)
+            calls = repo.episode_invocations(s, ep.id)
+            sent = {}
+            for inv in calls:
+                try:
+                    sent[inv.id] = serve_repo.get_serve_call(s, inv.id)
+                except NotFound:  # a call stored by another job (an agentmem rollout run read here)
+                    pass
+        out = _episode_json(ep)
+        out["calls"] = [{
+            "invocation_id": inv.id, "step": inv.step, "kind": inv.kind, "parent_invocation_id": inv.parent_invocation_id,
+            "policy_version": inv.policy_version, "created_at": inv.created_at.isoformat(),
+            "messages": sent[inv.id].messages if inv.id in sent else None,
+            "tools": sent[inv.id].tools if inv.id in sent else None,
+            "options": sent[inv.id].sampling if inv.id in sent else None,
+            "client": sent[inv.id].client if inv.id in sent else None,
+            "prompt_text": inv.prompt_text, "prompt_ids": inv.prompt_ids.tolist(), "output_text": inv.output_text,
+            "output_ids": inv.output_ids.tolist(),
+            "output_logprobs": None if inv.output_logprobs is None else inv.output_logprobs.tolist(),
+            "finish_reason": inv.finish_reason.value, "temperature": inv.temperature, "latency_s": inv.latency_s,
+        } for inv in calls]
+        return out
+
+    def episodes(self, run_id: str) -> dict:
+        """The episodes of run ``run_id`` (any run of the store, an abbreviated id too) as JSON, newest last."""
+        with self.store.session() as s:
+            run = repo.get_run(s, run_id)
+            eps = repo.list_episodes(s, run.id)
+        return {"run_id": run.id, "kind": run.kind.value, "status": run.status,
+                "episodes": [_episode_json(e) for e in eps]}
+
     def finish(self, status: str = "finished") -> None:
         with self.store.session() as s:
             repo.finish_run(s, self.run_id, status=status)
             s.commit()
+
+
+def _episode_json(ep: Episode) -> dict:
+    return {"episode_id": ep.id, "run_id": ep.run_id, "task_id": ep.task_id, "sample_index": ep.sample_index,
+            "status": ep.status.value, "stop_reason": ep.stop_reason, "question": ep.question,
+            "prediction": ep.prediction, "reward": ep.reward, "f1": ep.f1, "em": ep.em, "sub_em": ep.sub_em,
+            "gold_answers": ep.gold_answers, "evidence": ep.evidence, "created_at": ep.created_at.isoformat(),
+            "finished_at": ep.finished_at.isoformat() if ep.finished_at else None}

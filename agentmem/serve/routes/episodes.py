@@ -1,6 +1,7 @@
 """agentmem's own episode routes: ``POST /agentmem/episodes/{episode}/reward`` (the episode's outcome; a
 second reward gets 409 unless its body says ``"replace": true``) and ``.../privileged`` (its privileged
-context)."""
+context); reading traces back: ``GET /agentmem/episodes/{episode}`` (this run's episode, by the client's
+name or its row id: outcome and calls) and ``GET /agentmem/runs/{run}/episodes`` (a run's episodes)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from agentmem.serve.calls import parse, read_json
-from agentmem.serve.protocol import PrivilegedRequest, RewardRequest
+from agentmem.serve.protocol import ApiError, PrivilegedRequest, RewardRequest
 from agentmem.serve.routes import calls
+from store.errors import NotFound
 
 router = APIRouter(prefix="/agentmem")
 
@@ -29,3 +31,16 @@ async def privileged(request: Request, episode: str) -> dict[str, Any]:
     req = parse(PrivilegedRequest, await read_json(request), openai=False)
     ep = await asyncio.to_thread(calls(request).recorder.privileged, episode, req.text, req.answers, req.task)
     return {"episode_id": ep.id, "answers": ep.gold_answers, "evidence": ep.evidence}
+
+
+@router.get("/episodes/{episode}")
+async def trace(request: Request, episode: str) -> dict[str, Any]:
+    return await asyncio.to_thread(calls(request).recorder.trace, episode)
+
+
+@router.get("/runs/{run}/episodes")
+async def run_episodes(request: Request, run: str) -> dict[str, Any]:
+    try:
+        return await asyncio.to_thread(calls(request).recorder.episodes, run)
+    except NotFound as err:
+        raise ApiError(404, str(err), type="not_found_error", param="run_id", code="run_not_found") from None
