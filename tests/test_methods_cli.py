@@ -5,10 +5,10 @@ inconsistent method option fails validation naming its flag, before any store or
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from agentmem.config import DistillConfig, DistillTarget, TeacherSourceKind
+from agentmem.errors import ConfigError
 from agentmem.records import TeacherContext
 from cli.app import app, error_message
 
@@ -82,16 +82,16 @@ def test_score_accepts_persistent_chat(captured):
 @pytest.mark.parametrize("args,flag,message", [
     (["--alpha-tau", "0.3"], "--alpha-tau", "an option of the barycenter target"),
     (["--target", "barycenter", "--alpha-min", "0.6", "--alpha-max", "0.4"], "--alpha-max",
-     "alpha_max (0.4) must be >= alpha_min (0.6)"),
+     "--alpha-max (0.4) must be >= --alpha-min (0.6)"),
     (["--target", "barycenter", "--teacher-source", "scores"], "--target", "needs the teacher's full distribution"),
     (["--jsd-clip", "0.5", "--teacher-source", "scores"], "--jsd-clip", "needs the teacher's full distribution"),
-    (["--jsd-clip", "0.5", "--teacher", "none"], "--jsd-clip", "needs a teacher and kd_weight > 0"),
+    (["--jsd-clip", "0.5", "--teacher", "none"], "--jsd-clip", "needs a teacher and --kd-weight > 0"),
     (["--jsd-clip", "0"], "--jsd-clip", "greater than 0"),
     (["--target", "barycenter", "--alpha-ema", "1"], "--alpha-ema", "less than 1"),
 ])
 def test_bad_method_options_name_their_flag_before_anything_opens(captured, args, flag, message):
     result = invoke("distill", "--run", "r1", *args)
-    assert isinstance(result.exception, ValidationError), result.output
+    assert isinstance(result.exception, ConfigError), result.output  # the flags' words, not the fields'
     line = error_message(result.exception)
     assert line.startswith(f"{flag}: ") and message in line, line
     assert "distill" not in captured

@@ -335,4 +335,4 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     assert isinstance(result.exception, Called), result.output
     assert seen["rollout"].context is SamplingContext.privileged
     bad = runner.invoke(app, ["distill", "--run", "a", "--psd", "off_policy", "--device", "cpu"])
-    assert error_message(bad.exception).startswith("--psd: Value error, psd=off_policy distils")
+    assert error_message(bad.exception).startswith("--psd: --psd off_policy distils")
