@@ -25,9 +25,10 @@ all of call k's messages after its system message: the teacher reads
 rendered with call t's ``tools``. A one-turn call gives the same chat either way. An agent that resends its
 history in every call has that history twice here: ``aligned`` is its own full-history context.
 
-A call that is no chat turn (a served ``/v1/completions`` call whose prompt is not one ``[system?, user]``
+A served call that is no chat turn (a ``/v1/completions`` call whose prompt is not one ``[system?, user]``
 turn of the teacher's template) has no place in such a chat: ``chat_calls`` leaves it out of the selection,
-counted, and the later calls of its episode read the chat without it.
+counted, and the later calls of its episode read the chat without it. agentmem's own calls always are chat
+turns: one that does not split is refused, as above.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from agentmem.records import Invocation, ServeCall
 if TYPE_CHECKING:
     from agentmem.training.selection import Selection
 
+SERVED = "serve"  # the env of the episodes agentmem serve records (agentmem.serve.recorder.ENV)
 _SYSTEM, _USER = "\ue000", "\ue001"  # private-use characters: probes no stored prompt contains
 
 
@@ -136,14 +138,14 @@ class ChatHistory:
 
 
 def chat_calls(selection: Selection, tokenizer: PreTrainedTokenizerBase) -> tuple[Selection, int]:
-    """(``selection`` without the calls that are no chat turns, how many were left out). The calls kept get
-    their step within what is kept (in memory only: scores are stored by invocation id), so each episode
-    reads as whole."""
+    """(``selection`` without the served calls that are no chat turns, how many were left out). The calls
+    kept get their step within what is kept (in memory only: scores are stored by invocation id), so each
+    episode reads as whole."""
     history = ChatHistory(tokenizer, selection.chats)
     kept: list[Invocation] = []
     steps: dict[str, int] = {}
     for inv in selection.invocations:
-        if history.is_chat(inv):
+        if selection.episodes[inv.episode_id].env != SERVED or history.is_chat(inv):
             step = steps[inv.episode_id] = steps.get(inv.episode_id, -1) + 1
             kept.append(inv if inv.step == step else type(inv).model_construct(
                 _fields_set=set(inv.model_fields_set), **{**inv.__dict__, "step": step}))
