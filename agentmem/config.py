@@ -394,8 +394,8 @@ class ScoreConfig(Frozen):
 def _mixed_over_float32(value: bool, info: ValidationInfo) -> bool:
     dtype = info.data.get("dtype")
     if value and dtype is not None and DType(dtype) is not DType.float32:
-        raise ValueError(f"mixed_precision keeps float32 weights and runs their decoder in bfloat16: it needs dtype "
-                         f"float32, got {DType(dtype).value} (leave out --dtype or --mixed-precision)")
+        raise ValueError(f"mixed_precision keeps float32 weights and runs their decoder in bfloat16: it needs "
+                         f"dtype=float32, got dtype={DType(dtype).value} (give one of the two)")
     return value
 
 
@@ -528,13 +528,13 @@ class DistillConfig(Frozen):
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     """A teacher context longer than --row-tokens: error, or left (cut from the left, counted)."""
     dtype: DType = DType.float32
-    """Student and teacher weights dtype."""
+    """Weights dtype of training: the student's and the teacher's."""
     mixed_precision: bool = False
     """The student's, the teacher's and the reference's decoders run under bfloat16 autocast (matmuls and
     attention in bf16) while the weights, gradients, AdamW state and the output head stay in float32: a 1.6x
     (8 short calls) to 2x (a 2,048-token row) faster training step on CPUs with AMX or AVX512-BF16, slower where
     bf16 is emulated (AVX2). The logits differ from float32's by the decoder's rounding (docs/training.md). Needs
-    --dtype float32."""
+    --train-dtype float32."""
     # The distillation target (DemoPSD's barycenter) and OPSD's per-token clip; docs/methods.md.
     target: DistillTarget = DistillTarget.teacher
     """What the distillation term pulls towards: teacher (its distribution) or barycenter (DemoPSD: q ∝
@@ -779,10 +779,10 @@ class SftConfig(Frozen):
     oversize: Oversize = Oversize.error
     """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
     dtype: DType = DType.float32
-    """Student weights dtype (bf16 is faster on most CPUs)."""
+    """Weights dtype of training (bf16 is faster on most CPUs)."""
     mixed_precision: bool = False
     """The student's (and the anchor reference's) decoder under bfloat16 autocast, the weights, gradients,
-    AdamW state and the output head in float32 (as in distill). Needs --dtype float32."""
+    AdamW state and the output head in float32 (as in distill). Needs --train-dtype float32."""
     anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
     """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (the starting
     weights, without LoRA adapters)."""

@@ -61,6 +61,8 @@ _ENV = ("--level", "--env", "--data", "--knob", "--episodes", "--seed", "--memor
 # A teacher's temperature and context are not a sampler's (`rollout --temperature`, `rollout --context`): the
 # teacher's flags say so; the old names stay as hidden aliases for one version.
 _TEACHER = {"temperature": ("--kd-temperature", "--temperature"), "context": ("--teacher-context", "--context")}
+# A training job's weights dtype is not a generating one's (`rollout --dtype`, which also takes auto).
+_TRAIN_DTYPE = {"dtype": ("--train-dtype", "--dtype")}
 
 ROLLOUT = JobSpec(RolloutConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
                   ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""),
@@ -72,18 +74,19 @@ EVAL = JobSpec(EvalConfig, sections=("agent",), types={"env": EnvName, "dtype": 
                common=frozenset((*_ALWAYS, *_ENV, "--model", "--docs", "--sweep", "--plot", "--chunk-tokens",
                                  "--memory-tokens", "--dtype")))
 SCORE = JobSpec(ScoreConfig, names={"kinds": ("--kind", "--kinds"), **_TEACHER})
-DISTILL = JobSpec(DistillConfig, names=_TEACHER,
+DISTILL = JobSpec(DistillConfig, names={**_TEACHER, **_TRAIN_DTYPE},
                   common=frozenset((*_ALWAYS, "--run", "--student", "--teacher", "--teacher-context", "--loss",
                                     "--rl", "--kinds", "--steps", "--lr", "--invocations-per-step", "--out",
                                     "--report-to")))
-SFT = JobSpec(SftConfig, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--min-f1", "--steps", "--lr",
+SFT = JobSpec(SftConfig, names=_TRAIN_DTYPE, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--min-f1", "--steps", "--lr",
                                            "--invocations-per-step", "--lora-rank", "--out", "--keep-last",
-                                           "--dtype", "--report-to")))
+                                           "--train-dtype", "--report-to")))
 TRAIN = JobSpec(
     TrainConfig, sections=("distill", "rollout", "rollout.agent", "warm_start"), types={"env": EnvName},
     names={"distill.student": ("--student", "--init"), "distill.steps": ("--steps-per-round",),
            "warm_start.run_ids": ("--warm-start-sft",), "warm_start.steps": ("--warm-start-steps",),
-           "warm_start.lr": ("--warm-start-lr",), **{f"distill.{k}": v for k, v in _TEACHER.items()}},
+           "warm_start.lr": ("--warm-start-lr",),
+           **{f"distill.{k}": v for k, v in {**_TEACHER, **_TRAIN_DTYPE}.items()}},
     common=frozenset((*_ALWAYS, *_ENV, "--rounds", "--student", "--teacher", "--group-size", "--steps-per-round",
                       "--lr", "--out", "--warm-start-sft", "--warm-start-steps")),
     # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position; the warm

@@ -1,7 +1,8 @@
 """Help that fits a screen (``cli.command``): a job's ``--help`` shows its common flags and ``--help-all`` every
 one, each name whole; switches carry no type and values read as a user writes them; help is plain text (no
-markup eats ``[tensorboard]``) with no config field name; a teacher's temperature and context have their own
-flags (the old names still parse, unlisted); the commands come in the order of the workflow."""
+markup eats ``[tensorboard]``) with no config field name; a teacher's temperature and context and a training
+job's dtype have their own flags (the old names still parse, unlisted); the commands come in the order of the
+workflow."""
 
 from __future__ import annotations
 
@@ -99,7 +100,13 @@ def test_a_teacher_temperature_and_context_have_their_own_flags(capsys, monkeypa
                             "--teacher-context", "privileged")
     assert code == 0 and "\ntemperature: 3.0\n" in out and "\ncontext: privileged\n" in out
     _, rollout, _ = agentmem(capsys, monkeypatch, "rollout", "--help-all")
-    assert {"--temperature", "--context"} <= set(flags(rollout))
+    assert {"--temperature", "--context", "--dtype"} <= set(flags(rollout))
+    # a training job's weights dtype is its own flag (`rollout --dtype` also takes auto)
+    for job in ("sft", "distill", "train"):
+        _, text, _ = agentmem(capsys, monkeypatch, job, "--help-all")
+        assert "--train-dtype" in flags(text) and "--dtype" not in flags(text), job
+    code, out, _ = agentmem(capsys, monkeypatch, "config", "show", "sft", "--run", "r", "--dtype", "bfloat16")
+    assert code == 0 and "\ndtype: bfloat16\n" in out
 
 
 def test_commands_are_listed_in_the_order_of_the_workflow(capsys, monkeypatch):

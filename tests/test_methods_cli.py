@@ -150,4 +150,4 @@ def test_mixed_precision_flag_reaches_distill_and_the_warm_start(captured):
     assert captured["sft"].mixed_precision
     result = invoke("distill", "--run", "r", "--dtype", "bfloat16", "--mixed-precision")
     assert not isinstance(result.exception, Called) and "distill" not in captured
-    assert "needs dtype float32" in result.output + str(result.exception)
+    assert "needs --train-dtype float32, got --train-dtype bfloat16" in result.output + str(result.exception)

@@ -142,7 +142,7 @@ def test_mixed_precision_needs_float32_weights_and_reaches_the_warm_start():
     from agentmem.config import DistillConfig, SftConfig
 
     for make in (DistillConfig, SftConfig):
-        with pytest.raises(ValidationError, match="mixed_precision .* needs dtype float32, got bfloat16"):
+        with pytest.raises(ValidationError, match="mixed_precision .* needs dtype=float32, got dtype=bfloat16"):
             make(run_ids=["r"], student="s", dtype="bfloat16", mixed_precision=True)
         assert make(run_ids=["r"], student="s", mixed_precision=True).mixed_precision
     assert SftConfig(run_ids=["r"], student="s", mixed_precision=True).distill_config().mixed_precision

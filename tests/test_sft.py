@@ -215,7 +215,7 @@ def am(*args: str) -> subprocess.CompletedProcess:
 def test_cli_help_and_a_bad_kinds_value(tmp_path):
     help_text = am("sft", "--help")
     assert help_text.returncode == 0
-    assert all(f in help_text.stdout for f in ("--min-f1", "--kinds", "--lora-rank", "--resume", "--dtype"))
+    assert all(f in help_text.stdout for f in ("--min-f1", "--kinds", "--lora-rank", "--resume", "--train-dtype"))
     db = tmp_path / "x.db"
     bad = am("sft", "--run", "r", "--kinds", "updates", "--db", str(db))
     assert bad.returncode == 1
