@@ -3,7 +3,7 @@
 matplotlib is imported only when a plot is drawn, and draws on an Agg canvas: no display is needed and
 matplotlib's global backend is left alone.
 
-Lines: against training step, one line per (base model, ``context_tokens`` knob); against context
+Lines: against training step, one line per (base model, environment knobs: level, context tokens, ...); against context
 length (the mean tokens each episode read, ``metrics["context_tokens"]``), one line per model and step.
 Where a line has several results at the same x, the latest one is drawn.
 """
@@ -21,10 +21,12 @@ PlotBy = Literal["step", "context_tokens"]
 
 
 def _line_label(r: EvalResult, by: PlotBy) -> str:
+    """One line per base model and set of environment knobs (``level 2``, ``context 4096``, ...): evaluations
+    of different tasks are never joined into one line."""
     if by == "step":
         base = str(r.metrics.get("base_model") or r.model)
-        knob = (r.metrics.get("env_knobs") or {}).get("context_tokens")
-        return base if knob is None else f"{base} · context {knob}"
+        knobs = r.metrics.get("env_knobs") or {}
+        return " · ".join([base] + [f"{'context' if k == 'context_tokens' else k} {v}" for k, v in sorted(knobs.items())])
     return f"{Path(r.model).name or r.model} · step {r.step}"
 
 

@@ -48,9 +48,18 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
     config = measured_dtype(call, config, db, threads)
     if workers > 1:
         return _with_workers(workers, config, resume, db=db, device=device, threads=threads)
-    _summary(_run(config, resume, device, threads, db))
-    if config is not None and config.model == "default" and config.policy is PolicySource.model:
+    result = _run(config, resume, device, threads, db)
+    _summary(result, db)
+    ran = config if config is not None else _stored_config(result.run_id, db)  # a resumed run's own config
+    if ran.model == "default" and ran.policy is PolicySource.model:
         typer.echo(UNTRAINED_NOTE)
+
+
+def _stored_config(run_id: str, db: str | None):
+    from agentmem.jobs.rollout import load_rollout_config
+    from store.engine import open_store
+
+    return load_rollout_config(open_store(db), run_id)[1]
 
 
 def _run(config, resume: str | None, device: Device, threads: int | None, db: str | None):
@@ -73,13 +82,18 @@ UNTRAINED_NOTE = ("note: the untrained SmolLM2-135M scores near 0 here; that is 
                   "CHECKPOINT (docs/learning.md)")
 
 
-def summary_query(run_id: str) -> str:
-    """The narrow query a rollout suggests: what was asked, the gold and predicted answers, F1, calls."""
-    return ("select question, gold, prediction, f1, n_calls, status from episode_summary "
+def summary_query(run_id: str, db: str | None = None) -> str:
+    """The narrow query a rollout suggests: what was asked, the gold answer (the first of the stored JSON
+    list, as plain text, in the store's SQL dialect) and the predicted one, F1, calls, and how the episode
+    ended and why (``stop_reason``: e.g. why it was truncated)."""
+    from store.engine import resolve_url
+
+    gold = "gold->>0" if resolve_url(db).startswith("postgresql") else "json_extract(gold, '$[0]')"
+    return (f"select question, {gold} as gold, prediction, f1, n_calls, status, stop_reason from episode_summary "
             f"where run_id = '{run_id}'")
 
 
-def _summary(result) -> None:
+def _summary(result, db: str | None = None) -> None:
     from rich.table import Table
 
     from cli.console import console
@@ -98,7 +112,7 @@ def _summary(result) -> None:
                   f"{mean([e.f1 for e in done]):.3f}", f"{mean([e.em for e in done]):.3f}",
                   f"{mean([e.sub_em for e in done]):.3f}")
     console().print(table)
-    typer.echo(f"inspect: agentmem sql \"{summary_query(result.run_id)}\"")
+    typer.echo(f"inspect: agentmem sql \"{summary_query(result.run_id, db)}\"")
 
 
 def _with_workers(n: int, config, resume: str | None, *, db: str | None, device: Device, threads: int | None) -> None:
@@ -125,7 +139,7 @@ def _with_workers(n: int, config, resume: str | None, *, db: str | None, device:
         failed = sum(1 for c in codes if c)
         raise RunError(f"run {run_id}: {failed} of {n} workers failed and {left} episodes are still running: "
                        f"finish it with `agentmem worker --run {run_id}`")
-    _summary(RolloutResult(run_id=run_id, episodes=episodes, resumed_episodes=0, policy=None))
+    _summary(RolloutResult(run_id=run_id, episodes=episodes, resumed_episodes=0, policy=None), db)
 
 
 # What a replay takes from the rollout flags (ReplayConfig field <- RolloutConfig path); any other does not apply.

@@ -358,3 +358,47 @@ def test_training_charts_show_the_dynamics_when_steps_log_them():
     assert "mean length answer" in html and "KL to teacher" in html
     plain = "".join(step_charts([step(1), step(2)]))  # a run that logged no dynamics gets no empty dynamics charts
     assert "RL signal" not in plain and "first-token EOS" not in plain
+
+
+def test_evals_of_different_levels_are_different_lines_with_a_legend_and_a_knobs_column():
+    """Two levels of one model are two lines (a legend names each) and the table says each row's knobs; a
+    trained checkpoint is named by its id, as the runs page names a run whose --model was that id."""
+    from datetime import datetime, timezone
+
+    from agentmem.records import EvalResult
+    from agentmem.view.render import Links, model_label, render
+    from agentmem.view.training import eval_chart
+
+    def result(level: int, step: int, f1: float) -> EvalResult:
+        return EvalResult(run_id=f"{level}{step}" * 8, checkpoint_id=None if step == 0 else "c0ffee" * 5 + "00",
+                          model="/cache/models/SmolLM2-135M-Instruct" if step == 0 else f"/ck/run/step-{step:06d}",
+                          env="synthetic", step=step, n_episodes=4, f1=f1, em=f1, sub_em=f1,
+                          metrics={"base_model": "SmolLM2-135M-Instruct", "env_knobs": {"level": level}},
+                          created_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+
+    results = [result(1, 0, 0.1), result(1, 16, 0.5), result(2, 0, 0.0), result(2, 16, 0.3)]
+    chart = eval_chart(results)
+    assert re.findall(r'class="legend">([^<]*)<', chart) == ["SmolLM2-135M-Instruct · level 1",
+                                                             "SmolLM2-135M-Instruct · level 2"]
+    assert chart.count("<polyline") == 2
+    html = render("evals.html", links=Links(), title="evals", results=results, charts=[chart])
+    assert "<th>knobs</th>" in html and html.count("<td>level 1</td>") == 2 and html.count("<td>level 2</td>") == 2
+    assert html.count(">c0ffeec0ff</td>") == 2 and html.count(">default</td>") == 2 and "step-000016<" not in html
+    assert model_label("c0ffeec0ffeec0ff") == "c0ffeec0ff"  # the runs page's --model CHECKPOINT_ID
+
+
+def test_sft_training_page_has_no_panels_of_terms_that_are_off():
+    """An sft run logs a zero kd and RL term and no clip: no KL or clip-fraction panel, no kd/rl loss line; a
+    distill run with the RL term keeps both panels."""
+    from agentmem.records import TrainStep
+    from agentmem.view.training import step_charts
+
+    def step(k: int, kd: float, rl: float, **metrics) -> tuple[int, TrainStep]:
+        return k, TrainStep(run_id="r", step=k, loss=1.0, kd_loss=kd, rl_loss=rl, tokens=10, lr=1e-5, seconds=1.0,
+                            metrics={"ce_loss": 1.0, "clip_fraction": 0.0, **metrics})
+
+    sft = "".join(step_charts([step(1, 0.0, 0.0), step(2, 0.0, 0.0)]))
+    assert ">loss parts" in sft and ">throughput" in sft and "ce_loss: step 2" in sft
+    assert ">KL<" not in sft and ">clip fraction<" not in sft and "kd_loss" not in sft and "rl_loss" not in sft
+    distill = "".join(step_charts([step(1, 0.5, 0.1, rl_groups=4.0), step(2, 0.4, -0.1, rl_groups=4.0)]))
+    assert ">KL<" in distill and ">clip fraction<" in distill and "kd_loss: step 2" in distill

@@ -1,6 +1,7 @@
 """The training page (``/runs/{id}/training``) and the eval plots page (``/evals``).
 
-Training: loss parts, KL, clip fraction and tokens/s against the step, from ``train_steps``; eval F1 (with
+Training: loss parts, KL, clip fraction and tokens/s against the step, from ``train_steps`` (a panel or a line of
+a term that is off, such as an sft run's KL and clip fraction, is left out); eval F1 (with
 its 95% interval) against the step, from the ``eval_results`` of the run's checkpoints (an eval run: its
 own results). A train run shows its rounds' distill runs one after another (steps numbered on).
 """
@@ -43,9 +44,12 @@ def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
     def line(label: str, value) -> svg.Series:
         return svg.Series(label, [(float(x), float(v)) for x, s in steps if (v := value(s)) is not None])
 
+    def applies(series: svg.Series) -> bool:  # a term that is off (sft's kd and RL terms) logs zeros throughout
+        return any(y != 0 for _, y in series.points)
+
     extra_losses = sorted({k for _, s in steps for k in s.metrics if k.endswith("_loss")})
-    losses = [line("loss", lambda s: s.loss), line("kd_loss", lambda s: s.kd_loss),
-              line("rl_loss", lambda s: s.rl_loss)]
+    losses = [line("loss", lambda s: s.loss)]
+    losses += [x for x in (line("kd_loss", lambda s: s.kd_loss), line("rl_loss", lambda s: s.rl_loss)) if applies(x)]
     losses += [line(k, lambda s, k=k: s.metrics.get(k)) for k in extra_losses]
     kl = [line("divergence (kd term)", lambda s: s.kd_loss),
           line("approx KL (policy vs sampler)", lambda s: s.metrics.get("approx_kl"))]
@@ -66,12 +70,15 @@ def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
     ]
     dynamics = [c for c, has in zip(dynamics, (any(s.metrics.get("rl_groups") for _, s in steps), bool(kinds),
                                                 bool(kinds)), strict=True) if has]
+    kl = [x for x in kl if applies(x)]
+    # the clip applies to the RL term's ratio: a run without that term (sft, distill --rl none) has no clip panel
+    rl = any(s.rl_loss or s.metrics.get("rl_groups") or s.metrics.get("clip_fraction") for _, s in steps)
     return [
         *dynamics,
         svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss", integer_x=True),
-        svg.line_chart([x for x in kl if x.points], title="KL", x_label="step", y_label="nats", integer_x=True),
-        svg.line_chart([line("clip fraction", lambda s: s.metrics.get("clip_fraction"))], title="clip fraction",
-                       x_label="step", y_label="fraction", integer_x=True),
+        *([svg.line_chart(kl, title="KL", x_label="step", y_label="nats", integer_x=True)] if kl else []),
+        *([svg.line_chart([line("clip fraction", lambda s: s.metrics.get("clip_fraction"))], title="clip fraction",
+                          x_label="step", y_label="fraction", integer_x=True)] if rl else []),
         svg.line_chart([line("tokens/s", lambda s: s.tokens / s.seconds if s.seconds > 0 else None)],
                        title="throughput", x_label="step", y_label="tokens/s", integer_x=True),
     ]
