@@ -1,6 +1,6 @@
-"""Readers of official files: MuSiQue (JSON lines), 2WikiMultihopQA (JSON) and QuALITY (QuALITY's own
-JSON lines and L-Eval's), each on a tiny sample in the official schema written here: exact chunks,
-answers, facts and scores, strict option parsing, and errors naming the file and line."""
+"""Readers of official files: MuSiQue (JSON lines, or one JSON array), 2WikiMultihopQA (JSON) and QuALITY
+(QuALITY's own JSON lines and L-Eval's), each on a tiny sample in the official schema written here: exact
+chunks, answers, facts and scores, strict option parsing, and errors naming the file and line (or record)."""
 
 from __future__ import annotations
 
@@ -243,3 +243,19 @@ def test_quality_errors_name_the_file_and_line(tmp_path):
     records[0]["questions"][0]["gold_label"] = 5
     with pytest.raises(EnvError, match=r"questions\[0\]: field 'gold_label' must be 1 to 4, got 5"):
         env_of("quality", write_jsonl(tmp_path / "l.jsonl", records))
+
+
+def test_musique_reads_a_json_array_like_json_lines(tmp_path):
+    lines = write_jsonl(tmp_path / "m.jsonl", musique_records())
+    array = tmp_path / "m.json"
+    array.write_text(json.dumps(musique_records(), indent=1))
+    assert env_of("musique", array).tasks() == env_of("musique", lines).tasks()
+
+
+def test_musique_array_errors_name_the_record(tmp_path):
+    records = musique_records()
+    del records[1]["paragraphs"]
+    array = tmp_path / "m.json"
+    array.write_text(json.dumps(records))
+    with pytest.raises(EnvError, match=rf"m.json: record 1 \(id '{records[1]['id']}'\): missing field 'paragraphs'"):
+        env_of("musique", array)

@@ -1,4 +1,5 @@
-"""The CLI's store commands through a real subprocess: exit codes, one-line errors, no tracebacks."""
+"""The CLI's store commands through a real subprocess: exit codes, one-line errors, no tracebacks; and the
+``sql`` table format (an empty result says "0 rows", numbers are right-aligned)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from agentmem.testing.store_records import make_episode, make_invocation, make_run
+from cli.app import main
 from store import repository as repo
 from store.engine import open_store
 
@@ -125,3 +127,22 @@ def test_read_only_file_is_one_line(tmp_path):
     assert agentmem("db", "upgrade", "--db", str(db)).returncode == 0
     db.chmod(0o444)
     one_line_error(agentmem("sql", "delete from runs", "--write", "--db", str(db)), f"database {db} is read-only")
+
+
+def sql(capsys, monkeypatch, db: str, query: str) -> list[str]:
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["agentmem", "sql", "--db", db, query])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+    return capsys.readouterr().out.rstrip("\n").splitlines()
+
+
+def test_sql_table_says_0_rows_and_right_aligns_numbers(tmp_path, capsys, monkeypatch):
+    db = str(tmp_path / "s.db")
+    open_store(db, create=True).dispose()
+    assert sql(capsys, monkeypatch, db, "select 1 as n where 0")[-1] == "0 rows"
+    lines = sql(capsys, monkeypatch, db, "select 5 as n, 'x' as s, 2.5 as f union all select 100, 'yy', null")
+    assert lines[-1] == "2 rows"
+    body = [line for line in lines if line.startswith("│")]
+    assert body == ["│   5 │ x  │ 2.5 │", "│ 100 │ yy │     │"]

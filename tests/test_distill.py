@@ -8,13 +8,15 @@ import pytest
 import torch
 from helpers import register_policy
 from test_agent import SYNTH
+from test_config import OLD_ROLLOUT
 from transformers import AutoModelForCausalLM
 
 from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TeacherSourceKind
-from agentmem.jobs.distill import load_distill_run, run_distill
+from agentmem.errors import ConfigError
+from agentmem.jobs.distill import check_rl_runs, load_distill_run, run_distill
 from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.records import EpisodeStatus, TeacherContext
+from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
 from agentmem.replay import ReplayError, pack
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.distill import Models, advantages, step_indices
@@ -364,3 +366,20 @@ def test_anchor_is_zero_at_the_start_and_grows_after_a_step(rolled, tmp_path):
     assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
     assert second.metrics["anchor_loss"] > 1e-6
     assert first.loss == pytest.approx(first.kd_loss, abs=1e-6)  # the anchor adds nothing at the start
+
+
+def test_distill_reads_the_stored_sampling_context_and_policy_through_the_config(sqlite_store):
+    runs = {"privileged": OLD_ROLLOUT, "oracle": {**OLD_ROLLOUT, "context": "aligned", "policy": "oracle"},
+            "plain": {**OLD_ROLLOUT, "context": "aligned"}}
+    ids = {}
+    with sqlite_store.session() as s:
+        for name, config in runs.items():
+            run = Run(kind=RunKind.rollout, config=config, status="finished")
+            repo.insert_run(s, run)
+            ids[name] = run.id
+        s.commit()
+    check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["plain"]], teacher=None, kd_weight=0))
+    with pytest.raises(ConfigError, match=f"run {ids['privileged']} was sampled under the privileged prompt"):
+        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["privileged"]], teacher=None, kd_weight=0))
+    with pytest.raises(ConfigError, match=f"run {ids['oracle']} is an oracle rollout"):
+        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["oracle"]], teacher=None, kd_weight=0))

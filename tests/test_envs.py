@@ -115,6 +115,18 @@ def test_data_envs_need_an_existing_valid_file(name, tmp_path):
         load_env(name, data_path=str(broken), count_tokens=words, chunk_tokens=8, seed=0)
 
 
+@pytest.mark.parametrize(("name", "wants"), [
+    ("needle", "give --data FILE (any plain-text file: the filler the bAbI stories are hidden in)"),
+    ("hotpotqa", "give --data FILE (HotpotQA's official JSON, e.g. hotpot_dev_distractor_v1.json)"),
+    ("musique", "give --data FILE (MuSiQue's JSON lines (or one JSON array), e.g. musique_ans_v1.0_dev.jsonl)"),
+])
+def test_missing_data_names_the_flag_and_the_file_it_wants(name, wants):
+    with pytest.raises(EnvError) as err:
+        load_env(name, count_tokens=words, chunk_tokens=100, seed=0)
+    assert str(err.value) == f"{name}: needs a data file: {wants}"
+    assert "data_path" not in str(err.value) and ("JSON" not in str(err.value) or name != "needle")
+
+
 def test_synthetic_takes_no_file(tmp_path):
     with pytest.raises(EnvError, match="takes no data file"):
         load_env("synthetic", data_path=tmp_path / "x.json", count_tokens=words, chunk_tokens=8, seed=0)

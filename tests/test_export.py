@@ -1,6 +1,12 @@
-"""Export to a Hugging Face dataset round-trips ids and log-probs exactly."""
+"""Export to a Hugging Face dataset round-trips ids and log-probs exactly; ``agentmem export`` prints one line
+and no progress bar."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -9,6 +15,7 @@ import pytest
 from agentmem.jobs.export import export_invocations
 from agentmem.records import SamplingContext
 from agentmem.testing.store_records import make_episode, make_invocation, make_run
+from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
 
 
@@ -39,3 +46,22 @@ def test_export_round_trip(sqlite_store, tmp_path, name):
     assert back["sampled_context"] == ["aligned", "privileged", "aligned"]
     assert back["privileged_ids"] == [None, [7, 8, 9], None]
     assert back["parent_invocation_id"] == [None, None, invs[0].id]
+
+
+def test_export_prints_no_progress_bar(tmp_path):
+    model = save_tiny(tmp_path / "model")
+    db = str(tmp_path / "e.db")
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
+
+    def agentmem(*args: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=Path(__file__).resolve().parents[1],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc
+
+    out = agentmem("rollout", "--policy", "oracle", "--model", model, "--episodes", "1", "--knob",
+                   "context_tokens=120", "--chunk-tokens", "64", "--memory-tokens", "24", "--db", db).stdout
+    run_id = out.splitlines()[0].removeprefix("run_id=")
+    done = agentmem("export", "--run", run_id, "--out", str(tmp_path / "calls.parquet"), "--db", db)
+    assert done.stderr == ""
+    assert done.stdout.startswith("wrote ") and done.stdout.strip().endswith("calls.parquet")

@@ -1,4 +1,5 @@
-"""Rebuild: exact sequences per teacher context, from hand-made invocations."""
+"""Rebuild: exact sequences per teacher context, from hand-made invocations; ``rebuild`` alone checks what each
+teacher context needs."""
 
 from __future__ import annotations
 
@@ -147,3 +148,21 @@ def test_persistent_chat_errors():
         rebuild_persistent_chat([A], B, lambda history, call: [1, 2, 3])
     with pytest.raises(ReplayError, match="not increasing"):
         rebuild_persistent_chat([B], A, lambda history, call: [12])
+
+
+def call(step: int, episode: str = "e") -> Invocation:
+    return Invocation(id=f"{episode}{step}", episode_id=episode, step=step, kind="memory_update",
+                      prompt_ids=[10 + step, 20 + step], output_ids=[30 + step], output_logprobs=[-0.5])
+
+
+def test_rebuild_alone_checks_what_each_teacher_context_needs():
+    gappy = [call(0), call(2)]  # step 1 not selected (say, another kind)
+    assert [s.input_ids.tolist() for s in rebuild(gappy, TeacherContext.aligned)] == [[10, 20, 30], [12, 22, 32]]
+    for context in (TeacherContext.persistent, TeacherContext.persistent_chat):
+        with pytest.raises(ReplayError, match=rf"teacher context '{context.value}' needs whole episodes: episode e "
+                                              r"has step 2 without step 1"):
+            list(rebuild(gappy, context, conversation=lambda history, inv: [1, int(inv.prompt_ids[-1])]))
+    whole = [call(0), call(1)]
+    assert [s.input_ids.tolist() for s in rebuild(whole, TeacherContext.persistent)][1][:3] == [10, 20, 30]
+    with pytest.raises(ReplayError, match="teacher context 'privileged' needs the teacher's tokenizer"):
+        list(rebuild(whole, TeacherContext.privileged))
