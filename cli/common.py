@@ -35,6 +35,7 @@ def weights_dtype(dtype, model: str, db: str | None, threads: int | None):
 
     if threads is not None:
         torch.set_num_threads(threads)
+    setup_logging()  # no weights bar from the measurement's load: the run's own lines come first
     choice = auto_dtype(open_store(db, create=True), model)
     typer.echo(f"--dtype auto: {choice.dtype} ({choice.reason})")
     return DType(choice.dtype)
