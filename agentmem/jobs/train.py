@@ -198,7 +198,9 @@ def warm_start(store: Store, config: TrainConfig, run: RunHandle, runtime: Runti
         return done
     out = warm_out(config.distill.out, run.id)
     partial = _warm_run(store, out)
-    sft: SftConfig = config.warm_start.model_copy(update={"student": config.distill.student, "out": out})
+    # its last checkpoint keeps the optimizer state: round 1 goes on with it (distill's carry_optimizer)
+    sft: SftConfig = config.warm_start.model_copy(update={"student": config.distill.student, "out": out,
+                                                          "keep_optimizer": True})
     if partial is not None:
         say(f"warm start: resuming SFT run {partial.id}")
         result = run_sft(store, None, runtime, resume=partial.id, on_step=on_step)
