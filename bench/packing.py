@@ -5,7 +5,9 @@ only for every method, so the methods differ only in how tokens are batched:
   padded      batches of 8 in arrival order, right-padded, 2-D padding mask (the usual HF batch)
   padded-full the same, but the usual ``model(...).logits`` at every position (the naive scorer; shown
               to price the action-only head, not part of the headline ratio)
-  packed-fast packed rows, flattened, per-segment attention (agentmem_segments)
+  packed-fast packed rows, flattened, per-segment SDPA (agentmem_segments: the CPU default kernel)
+  packed-flex the same rows, compiled FlexAttention with the rows' BlockMask (agentmem_flex; compiled
+              in a warm-up pass before the timed rounds, so compile time is not counted)
   packed-ref  packed rows, 4-D block-diagonal float mask over each padded row
   one-by-one  one invocation per forward, no padding, no mask
 All lengths are packed (that packing's fill is the reported fill). The packed paths are timed on a
@@ -16,12 +18,13 @@ The CPU may be shared, so methods run in interleaved rounds (order rotated) and 
 (wall) round; ``cores`` is that round's CPU time over wall time: near ``--threads`` means it ran
 undisturbed, well below means other processes took the cores and the figure is pessimistic.
 
-  .venv/bin/python bench/packing.py --quick            # 10 layers: 3-5 minutes on 2 shared cores
-  .venv/bin/python bench/packing.py                    # 30 layers: 8-12 minutes
-  .venv/bin/python bench/packing.py --lengths rollout_lengths.json   # [[prompt, output], ...]
-  .venv/bin/python bench/packing.py --smoke            # every method on a 1-layer, small-vocabulary model: seconds
+  python -m bench.packing --quick            # 10 layers: 3-5 minutes on 2 shared cores
+  python -m bench.packing                    # 30 layers: 8-12 minutes
+  python -m bench.packing --lengths rollout_lengths.json   # [[prompt, output], ...]
+  python -m bench.packing --smoke            # every method on a 1-layer, small-vocabulary model: seconds
 
-The last line is ``packed_vs_padded=<tokens/s ratio> fill=<packing fill>``.
+The last line is ``packed_vs_padded=<tokens/s ratio> fill=<packing fill> flex_vs_sdpa=<packed-flex over
+packed-fast tokens/s>``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -37,12 +39,10 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agentmem.records import Invocation, InvocationKind  # noqa: E402
-from agentmem.replay import Sequence, pack, rebuild_aligned  # noqa: E402
-from agentmem.training.collate import collate_rows  # noqa: E402
-from agentmem.training.packed_attention import action_logits  # noqa: E402
+from agentmem.records import Invocation, InvocationKind
+from agentmem.replay import Sequence, pack, rebuild_aligned
+from agentmem.training.collate import collate_rows
+from agentmem.training.packed_attention import Kernel, action_logits, attention_kernel
 
 VOCAB = 49152
 
@@ -105,9 +105,10 @@ def score_single(model, seqs: list[Sequence]) -> None:
         model.get_output_embeddings()(hidden[torch.from_numpy(s.action_mask)])
 
 
-def score_packed(model, batches, path: str) -> None:
-    for batch in batches:
-        action_logits(model, batch, path)
+def score_packed(model, batches, path: str, kernel: Kernel = "sdpa") -> None:
+    with attention_kernel(kernel):
+        for batch in batches:
+            action_logits(model, batch, path)
 
 
 def timed(fn) -> tuple[float, float]:
@@ -171,6 +172,8 @@ def main() -> None:
 
     model = smollm2_135m_shape(args.layers, getattr(torch, args.dtype), vocab)
     timed(lambda: score_single(model, arrival[:1]))  # warm-up
+    compile_s = timed(lambda: score_packed(model, batches, "fast", "flex"))[1]  # compiles every shape bucket
+    print(f"packed-flex warm-up (compiling its shape buckets): {compile_s:.1f} s")
     first = arrival[: args.batch_size]  # one-by-one is slow and only a reference point: one batch's worth
     row_fill = tokens["packed"] / (len(timed_rows) * args.row_tokens)
     methods = {  # name: (run, fill, real tokens)
@@ -179,6 +182,7 @@ def main() -> None:
         "padded-full": (lambda: score_padded(model, arrival, args.batch_size, full_logits=True),
                         tokens["arrival"] / padded_slots, tokens["arrival"]),
         "packed-fast": (lambda: score_packed(model, batches, "fast"), row_fill, tokens["packed"]),
+        "packed-flex": (lambda: score_packed(model, batches, "fast", "flex"), row_fill, tokens["packed"]),
         "packed-ref": (lambda: score_packed(model, batches, "reference"), row_fill, tokens["packed"]),
         "one-by-one": (lambda: score_single(model, first), 1.0, sum(len(s) for s in first)),
     }
@@ -195,7 +199,8 @@ def main() -> None:
     for name, (_, fill, _) in methods.items():
         wall, cpu = best[name]
         print(f"{name:<12} {wall:7.2f} {cpu / wall:5.2f} {rate[name]:9.1f} {fill:6.3f} {rate[name] / rate['padded']:8.2f}x")
-    print(f"packed_vs_padded={rate['packed-fast'] / rate['padded']:.3f} fill={stats.fill:.4f}")
+    print(f"packed_vs_padded={rate['packed-fast'] / rate['padded']:.3f} fill={stats.fill:.4f} "
+          f"flex_vs_sdpa={rate['packed-flex'] / rate['packed-fast']:.3f}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ Two paths give the logits each invocation would get alone (DESIGN.md, points 2-4
 - ``fast``: the real tokens flattened into one ``[1, N]`` row (no padding at all) and the boundaries passed
   as the flash-attention varlen kwargs ``cu_seq_lens_q/k`` and ``max_length_q/k``, which transformers
   forwards untouched from ``model(...)`` to the attention function. The attention implementation is
-  swapped for the duration of the call: ``flash_attention_2`` (varlen kernel) on CUDA when ``flash_attn``
-  is installed, otherwise ``agentmem_segments``, registered here, which runs causal SDPA per segment, so
-  no compute is spent on cross-segment pairs. Custom names have no mask function, so transformers builds
-  no mask for them.
+  swapped for the duration of the call (``default_kernel``; ``attention_kernel`` overrides it):
+  ``flash_attention_2`` (varlen kernel) on CUDA when ``flash_attn`` is installed, else ``agentmem_flex``
+  on CUDA (compiled FlexAttention with a ``BlockMask`` of the row's blocks: ``flex_attention.py``), and
+  on CPU ``agentmem_segments``, registered here, which runs causal SDPA per segment. No path spends
+  compute on cross-segment pairs. Custom names have no mask function, so transformers builds no mask
+  for them.
 
 Shared prefixes (``Row.prefix_block``, the shared-prefix packing): a suffix block attends to its prefix block
 and to its own earlier tokens, never to a sibling. ``reference`` adds the prefix to the 4-D mask. ``fast``
@@ -20,6 +22,7 @@ passes a ``BlockLayout`` (block bounds and each block's prefix) as the ``agentme
 its tokens, keys = prefix + its tokens with the causal diagonal offset by the prefix length. On CUDA with
 flash-attn and a half dtype, ``agentmem_blocks_flash`` makes it one varlen call instead (keys gathered per
 block; flash-attn's causal mask is bottom-right aligned, which is the offset): written, not yet run here.
+FlexAttention takes the same ``BlockLayout`` (on CUDA without flash-attn).
 The prefix's hidden states are computed once and read by every suffix, so autograd sums the suffixes'
 gradients through it, which is the exact gradient of the per-call computation.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -46,6 +50,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 
 from agentmem.training.collate import PackedBatch
+from agentmem.training.flex_attention import FLEX_ATTENTION, flex_block_attention
 
 SEGMENT_ATTENTION = "agentmem_segments"
 BLOCK_ATTENTION = "agentmem_blocks"
@@ -54,6 +59,10 @@ BLOCK_FLASH_ATTENTION = "agentmem_blocks_flash"
 # activations leave the caches): the fast path runs a row as consecutive groups of whole segments.
 CPU_GROUP_TOKENS = 1024
 Path = Literal["fast", "reference"]
+# The fast path's kernel family: per-segment (per-block) SDPA, compiled FlexAttention, or flash-attn varlen.
+Kernel = Literal["sdpa", "flex", "flash"]
+KERNELS: tuple[Kernel, ...] = ("sdpa", "flex", "flash")
+_KERNEL: ContextVar[Kernel | None] = ContextVar("agentmem_attention_kernel", default=None)
 
 
 def segment_sdpa_attention(
@@ -87,11 +96,40 @@ def segment_sdpa_attention(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
-def fast_attention_implementation(device: torch.device) -> str:
-    """The varlen kernel on CUDA where flash-attn is installed (untested here), else per-segment SDPA."""
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return SEGMENT_ATTENTION
+def default_kernel(device: torch.device, dtype: torch.dtype, shared: bool = False) -> Kernel:
+    """CUDA: flash-attn varlen where installed (shared prefixes: in fp16/bf16 only), else FlexAttention.
+    CPU: per-segment SDPA, faster there than compiled FlexAttention, which has no CPU backward either
+    (docs/benchmarks.md, the packing section)."""
+    if device.type != "cuda":
+        return "sdpa"
+    if importlib.util.find_spec("flash_attn") is not None and (not shared or dtype in (torch.float16,
+                                                                                       torch.bfloat16)):
+        return "flash"
+    return "flex"
+
+
+@contextlib.contextmanager
+def attention_kernel(kernel: Kernel) -> Iterator[None]:
+    """Every fast-path forward in the block uses ``kernel`` instead of the default (benchmarks and checks
+    compare them on the same rows)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}: use one of {', '.join(KERNELS)}")
+    token = _KERNEL.set(kernel)
+    try:
+        yield
+    finally:
+        _KERNEL.reset(token)
+
+
+def chosen_kernel(device: torch.device, dtype: torch.dtype, shared: bool = False) -> Kernel:
+    """The kernel set by ``attention_kernel``, else ``default_kernel``."""
+    return _KERNEL.get() or default_kernel(device, dtype, shared)
+
+
+def fast_attention_implementation(device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The attention implementation of rows without shared prefixes (``chosen_kernel``)."""
+    return {"flash": "flash_attention_2", "flex": FLEX_ATTENTION, "sdpa": SEGMENT_ATTENTION}[
+        chosen_kernel(device, dtype)]
 
 
 @dataclass(frozen=True)
@@ -188,15 +226,13 @@ def block_flash_attention(
 
 
 def shared_attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
-    """For rows with shared prefixes: flash-attn varlen on CUDA in fp16/bf16 where installed, else SDPA per block."""
-    if (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-            and importlib.util.find_spec("flash_attn") is not None):
-        return BLOCK_FLASH_ATTENTION
-    return BLOCK_ATTENTION
+    """The attention implementation of rows with shared prefixes (``chosen_kernel``)."""
+    return {"flash": BLOCK_FLASH_ATTENTION, "flex": FLEX_ATTENTION, "sdpa": BLOCK_ATTENTION}[
+        chosen_kernel(device, dtype, shared=True)]
 
 
 _CUSTOM = {SEGMENT_ATTENTION: segment_sdpa_attention, BLOCK_ATTENTION: block_sdpa_attention,
-           BLOCK_FLASH_ATTENTION: block_flash_attention}
+           BLOCK_FLASH_ATTENTION: block_flash_attention, FLEX_ATTENTION: flex_block_attention}
 
 
 @contextlib.contextmanager
@@ -245,20 +281,19 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
     cu = batch.cu_seqlens
     ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
     parts = []
-    with attention_implementation(model, fast_attention_implementation(cu.device)):
+    name = fast_attention_implementation(cu.device, model.dtype)
+    with attention_implementation(model, name):
         for lo, hi in segment_groups(cu, CPU_GROUP_TOKENS if cu.device.type == "cpu" else None):
             start, end = int(cu[lo]), int(cu[hi])
             sub = (cu[lo : hi + 1] - start).to(torch.int32)
-            longest = int((sub[1:] - sub[:-1]).max())
-            out = base(
-                input_ids=ids[start:end][None],
-                position_ids=pos[start:end][None],
-                use_cache=False,
-                cu_seq_lens_q=sub,
-                cu_seq_lens_k=sub,
-                max_length_q=longest,
-                max_length_k=longest,
-            )
+            if name == FLEX_ATTENTION:
+                bounds: dict = {"agentmem_layout": BlockLayout(tuple(sub.tolist()), (-1,) * (hi - lo))}
+            else:
+                longest = int((sub[1:] - sub[:-1]).max())
+                bounds = {"cu_seq_lens_q": sub, "cu_seq_lens_k": sub, "max_length_q": longest,
+                          "max_length_k": longest}
+            out = base(input_ids=ids[start:end][None], position_ids=pos[start:end][None], use_cache=False,
+                       **bounds)
             parts.append(out.last_hidden_state[0])
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
