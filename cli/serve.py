@@ -45,6 +45,10 @@ def serve(
                                                       "(e.g. http://127.0.0.1:8002/v1) instead of loading the model; "
                                                       "--model then gives only the tokenizer and chat template.",
                                                  show_default=False)] = None,
+    chat_template: Annotated[str | None, typer.Option(
+        help="A Jinja chat template FILE replacing the model's own (or `chatml_tools`, shipped: ChatML with "
+             "Hermes tool calls, for the default model): a request with tools its template cannot render is "
+             "refused.", show_default=False)] = None,
     dtype: Annotated[DType, typer.Option(help="Model dtype (fp32, as rollouts: the stored log-probs then match "
                                               "training's fp32 recompute).")] = DType.float32,
     device: DeviceOption = Device.auto,
@@ -61,7 +65,8 @@ def serve(
 
     config = ServeConfig(model=model, served_model_name=served_model_name, backend=backend, dtype=dtype,
                          run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,
-                         batch_window_ms=batch_window_ms, upstream=upstream)
+                         batch_window_ms=batch_window_ms, upstream=upstream,
+                         chat_template=chat_template)
     key = api_key or os.environ.get(API_KEY_VAR) or None
     setup_logging()
     rt = runtime(device, threads)

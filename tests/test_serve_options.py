@@ -60,7 +60,7 @@ def test_every_openai_field_has_a_decision():
 @pytest.fixture
 def server(sqlite_store, tmp_path):
     srv = build_server(sqlite_store, ServeConfig(model=save_tiny(tmp_path / "tiny"), dtype="float32",
-                                                 batch_window_ms=0))
+                                                 batch_window_ms=0, chat_template="chatml_tools"))
     yield srv
     srv.close("finished")
 

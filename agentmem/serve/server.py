@@ -20,6 +20,8 @@ from agentmem.policy.types import AsyncEngine, Backend
 from agentmem.runtime import CPU, Runtime
 from agentmem.serve.app import create_app
 from agentmem.serve.calls import ServeSettings
+from agentmem.serve.chat_template import load as load_template
+from agentmem.serve.chat_template import with_template
 from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.recorder import Recorder, open_run
 from agentmem.serve.sampler import Sampler
@@ -45,12 +47,23 @@ class ServeConfig(BaseModel):
     max_batch: int = Field(64, ge=1)
     context_length: int | None = Field(None, ge=2)  # default: the model's
     upstream: str | None = None  # gateway mode: a vLLM OpenAI server's /v1 URL generates instead of a local model
+    chat_template: str | None = None  # a Jinja file (or a shipped template's name) replacing the model's template
 
     @field_validator("backend")
     @classmethod
     def _local(cls, value: BackendKind) -> BackendKind:
         if value is BackendKind.openai:
             raise ValueError("a server generates with transformers or vllm; to forward to another server use --upstream")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                load_template(value)
+            except FileNotFoundError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @property
@@ -111,8 +124,9 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
                  policy_version: str | None = None) -> Server:
     """A ready server. ``backend`` injects a loaded backend, ``engine`` a factory of an async engine (tests;
     ``policy_version`` then names it)."""
+    template = load_template(config.chat_template) if config.chat_template is not None else None
     if config.upstream is not None:
-        return _gateway(store, config, api_key)
+        return _gateway(store, config, api_key, template)
     if backend is None and engine is None:
         ref = model_refs.resolve(store, config.model)
         policy_version = model_refs.register(store, ref).id
@@ -125,7 +139,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
                                  config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus,
                                  shaping=getattr(live.engine, "shaping", False))
         recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
-        return Server(create_app(live, recorder, live.tokenizer, settings), live, recorder)
+        return Server(create_app(live, recorder, with_template(live.tokenizer, template), settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
     sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch)
@@ -134,7 +148,8 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
                              top_logprobs=getattr(backend, "lists_top_logprobs", False),
                              shaping=getattr(backend, "shaping", False))
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
-    return Server(create_app(sampler, recorder, backend.tokenizer, settings), sampler, recorder)
+    return Server(create_app(sampler, recorder, with_template(backend.tokenizer, template), settings), sampler,
+                  recorder)
 
 
 def _vllm_engine(path: str, dtype: str) -> AsyncEngine:
@@ -143,12 +158,12 @@ def _vllm_engine(path: str, dtype: str) -> AsyncEngine:
     return AsyncVLLMEngine(path, dtype=dtype)
 
 
-def _gateway(store: Store, config: ServeConfig, api_key: str | None) -> Server:
+def _gateway(store: Store, config: ServeConfig, api_key: str | None, template: str | None) -> Server:
     """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstream generates."""
     from agentmem.serve.upstream import upstream_model
 
     ref = model_refs.resolve(store, config.model)
-    tokenizer = model_refs.load_tokenizer(ref.path)
+    tokenizer = with_template(model_refs.load_tokenizer(ref.path), template)
     upstream_name, upstream_len = upstream_model(config.upstream)
     policy_version = model_refs.register(store, ref).id
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)

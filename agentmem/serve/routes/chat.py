@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions``: messages (and tools) rendered by the model's chat template
 (``apply_chat_template(..., add_generation_prompt=True)``, tokenised without added special tokens, as the
 agent loop renders its prompts); with ``tools``, tool calls in the reply come back as ``tool_calls``
-(``tool_calls.py``)."""
+(``tool_calls.py``). A template that would leave out the tools or an assistant's earlier calls gets the request
+refused (``chat_template.check_tools_render``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from agentmem.serve.calls import parse, read_json
+from agentmem.serve.chat_template import check_tools_render
 from agentmem.serve.protocol import ChatRequest, bad_request
 from agentmem.serve.recorder import Sent
 from agentmem.serve.routes import calls, episode
@@ -30,6 +32,7 @@ async def chat_completions(request: Request) -> Any:
         text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # noqa: BLE001  a template refusing these messages is the client's error
         raise bad_request(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+    check_tools_render(tokenizer, messages, req.tools, text)  # tools the template leaves out: a 400, not a drop
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
     sent = Sent([text], [question], messages, req.tools, req.options())
