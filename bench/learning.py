@@ -54,10 +54,10 @@ the shared HotpotQA file's questions with their gold paragraphs (``hotpotqa``) a
 form at 10 documents (``ruler10``), when ``../shared`` is there. Intervals resample whole questions and
 training seeds (``envs.metrics.cluster_bootstrap``); differences between arms are paired.
 
-Outputs in ``WORK``: ``learning.md`` (tables), ``dynamics.png`` (per arm: live RL groups, first-token EOS
-mass, output length, KL to the teacher and to the round's start, against the step), ``learning.db`` (every
-run, call, step and eval, for SQL), ``state.json`` (finished phases: run again on the same folder and a
-killed run goes on). The last line:
+Outputs in ``WORK``: ``learning.md`` (tables), ``learning.json`` (their values), ``dynamics.png`` (per arm:
+live RL groups, first-token EOS mass, output length, KL to the teacher and to the round's start, against the
+step), ``learning.db`` (every run, call, step and eval, for SQL), ``state.json`` (finished phases: run again on
+the same folder and a killed run goes on). The last line:
 ``warm_minus_base= aligned_minus_warm= aligned_minus_persistent= opd_rl_minus_rl= rl_live_fraction=
 hotpot_trained_minus_base= seeds=``.
 
@@ -785,7 +785,9 @@ def step_mean(steps: list[dict], key: str) -> float | None:
 
 
 def report(bench: Bench, results: dict) -> tuple[str, str]:
-    """The tables (markdown) and the last line."""
+    """The tables (markdown, ``WORK/learning.md``) and the last line; the values behind them go to
+    ``WORK/learning.json``: per arm (``arms``), per teacher (``teachers``), the paired ``differences``
+    (mean, low, high), and how it ran (``mixed_precision``, ``momentum``: ``coast`` or ``warm_start``)."""
     p = bench.plan
     ladder = [f"level{lv}" for lv in p.heldout_levels]
     scores = {arm: stack(r["evals"], ladder) for arm, r in results.items() if r["ladder"]}
@@ -794,6 +796,8 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
              + " | ".join(ladder) + " | vs warm (paired) | vs base (paired) | max empty rate | (empty) after "
              "evidence | RL live | teacher gated | push shared |",
              "|---|---:|---|" + "---:|" * len(ladder) + "---|---|---:|---:|---:|---:|---:|"]
+    values: dict = {"arms": {}, "teachers": {}, "differences": {}, "mixed_precision": bench.mixed(),
+                    "momentum": "coast" if p.coasts else "warm_start"}
     for arm in [a for a in ARMS if a in scores]:
         s = scores[arm]
         mean = cluster_bootstrap(s, n=2000)
@@ -807,6 +811,10 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         live = results[arm].get("live")
         live_s = "" if live is None else (f"{live:.2f}" + (" (dead: no signal)" if live == 0 else ""))
         gated_s, shared_s = ("" if (v := results[arm].get(k)) is None else f"{v:.2f}" for k in ("gated", "shared"))
+        values["arms"][arm] = {"seeds": len(results[arm]["evals"]), "f1": list(mean),
+                               "levels": {c: float(s[c].mean()) for c in ladder}, "max_empty": empty,
+                               "empty_after_evidence": max(forgot) if forgot else None, "rl_live": live,
+                               "teacher_gated": results[arm].get("gated"), "push_shared": results[arm].get("shared")}
         lines.append(f"| {arm} | {len(results[arm]['evals'])} | {mean[0]:.3f} [{mean[1]:.3f}, {mean[2]:.3f}] | {per} | "
                      f"{vs_warm} | {vs_base} | {empty:.3f}{flag} | {forgot_s} | {live_s} | {gated_s} | {shared_s} |")
     table = "\n".join(lines)
@@ -837,7 +845,7 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             f"aligned_minus_persistent={d('opd_aligned', 'opd_persistent')[0]:.3f} "
             f"opd_rl_minus_rl={d('opd_grpo', 'grpo')[0]:.3f} rl_live_fraction={live:.2f} "
             f"hotpot_trained_minus_base={hotpot_d[0]:.3f} seeds={p.seeds}")
-    intervals = "\n".join(f"- `{name}`: {fmt(v)}" for name, v in (
+    differences = (
         ("warm_minus_base", d("warm", "base")), ("aligned_minus_warm", d("opd_aligned", "warm")),
         ("aligned_minus_persistent", d("opd_aligned", "opd_persistent")),
         ("aligned_minus_persistent_update (context on update calls only)", d("opd_aligned", "opd_persistent_update")),
@@ -868,21 +876,27 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
         ("aligned_minus_sft_more (on-policy distillation against SFT continued on oracle calls)",
          d("opd_aligned", "sft_more")),
         ("aligned_minus_seqkd (on-policy against off-policy distillation from the same teacher)",
-         d("opd_aligned", "seqkd"))))
+         d("opd_aligned", "seqkd")))
+    values["differences"] = {name.split()[0]: [float(x) for x in v] for name, v in differences}
+    intervals = "\n".join(f"- `{name}`: {fmt(v)}" for name, v in differences)
     picks = [(key, pick) for key in teacher_keys(p) if (pick := bench.state.get(f"teacher/{key}/pick"))]
     def skips(d: dict[str, float] | None) -> str:
         return "" if d is None else f"{d.get('evidence', float('nan')):.2f} / {d.get('other', float('nan')):.2f}"
 
+    for key, pick in picks:
+        values["teachers"][key] = {"step": pick["step"], "f1": pick["f1"],
+                                   "first_reads": bench.teacher_first_reads(key, pick)}
     teachers = "\n".join(
         ["| teacher | prompt | picked at SFT step | validation F1 | (empty) after evidence | max empty rate | "
          "first reads, evidence / other |", "|---|---|---:|---:|---:|---:|---:|"]
         + [f"| {key} | {'privileged' if key.endswith('-privileged') else 'plain'} | {pick['step']} | {pick['f1']:.3f} | "
            f"{pick.get('empty_after_evidence') or 0:.2f} | {max(pick['empty_by_kind'].values(), default=0):.3f} | "
-           f"{skips(bench.teacher_first_reads(key, pick))} |" for key, pick in picks])
+           f"{skips(values['teachers'][key]['first_reads'])} |" for key, pick in picks])
 
     reads = ["| arm | " + " | ".join(f"seed {i}" for i in range(p.seeds)) + " |", "|---|" + "---:|" * p.seeds]
     for arm in [a for a in ARMS if a in scores]:
-        cells = [skips(d) for d in bench.first_reads(results[arm]["evals"])]
+        values["arms"][arm]["first_reads"] = bench.first_reads(results[arm]["evals"])
+        cells = [skips(d) for d in values["arms"][arm]["first_reads"]]
         reads.append(f"| {arm} | " + " | ".join(cells + [""] * (p.seeds - len(cells))) + " |")
     reads_table = "\n".join(reads)
     text = (f"## Held-out ladder\n\n{table}\n\n{p.heldout_per_level} questions per level, {p.seeds} training seed(s); "
@@ -913,6 +927,7 @@ def report(bench: Bench, results: dict) -> tuple[str, str]:
             f"## Real text\n\n{real_table or '(no ../shared data)'}\n\n"
             f"## Differences (paired, 95%)\n\n{intervals}\n\n{split}\n")
     (bench.work / "learning.md").write_text(text)
+    (bench.work / "learning.json").write_text(json.dumps(values, indent=1, default=float))
     return text, last
 
 

@@ -1,78 +1,36 @@
-"""The learning benchmark's ``--jobs``: arm-seeds trained side by side in processes that share one state
-file give the same phases as one process, and concurrent writers lose no phase."""
+"""The learning benchmark (``bench/learning.py``): arm-seeds trained side by side (``--jobs``) give the same phases
+as one process; the plan's task order and flag checks; what each flag reaches in the stored configs and in the
+report's values (``learning.json``); adding seeds to a folder; a deleted teacher checkpoint; the momentum arm's
+``coast``."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
+import math
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.common.phases import State  # noqa: E402
-
-
-@dataclass(frozen=True)
-class _Plan:
-    name: str
-
-
-def _put_many(path: str, prefix: str, n: int) -> None:
-    state = State(Path(path), _Plan("p"))
-    for i in range(n):
-        state.put(f"{prefix}/{i}", {"i": i})
-
-
-def test_state_merges_the_phases_of_concurrent_writers(tmp_path):
-    path = tmp_path / "state.json"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_put_many, args=(str(path), f"w{k}", 40)) for k in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    phases = json.loads(path.read_text())["phases"]
-    assert sorted(phases) == sorted(f"w{k}/{i}" for k in range(3) for i in range(40))
-    with pytest.raises(SystemExit, match=r"another plan \(name: folder 'p', now 'q'\)"):
-        State(path, _Plan("q"))
-
-
-@dataclass(frozen=True)
-class _NewerPlan:
-    name: str
-    knob: float = 0.0  # added after the folder was made
-
-
-def test_a_knob_newer_than_the_folder_matches_only_at_its_default(tmp_path):
-    path = tmp_path / "state.json"
-    State(path, _Plan("p")).put("a", 1)
-    assert "knob" not in json.loads(path.read_text())["plan"]
-    with pytest.raises(SystemExit, match=r"knob: folder '\(made before the knob\)', now 0.5"):
-        State(path, _NewerPlan("p", knob=0.5))  # the folder's phases were made as knob=0.0 does
-    state = State(path, _NewerPlan("p"))
-    assert state.get("a") == 1
-    state.put("b", 2)
-    with pytest.raises(SystemExit, match="another plan"):
-        State(path, _NewerPlan("p", knob=0.5))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+       "AGENTMEM_DB": "", "PYTHONPATH": str(REPO)}
+LEARNING = [sys.executable, "-m", "bench.learning"]
 
 
 def _bench(work: Path, *extra: str, arms: str = "opd_aligned,grpo,seqkd") -> subprocess.CompletedProcess:
-    """``bench/learning.py --smoke`` on ``arms`` with 2 calls per step."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "AGENTMEM_DB": ""}
-    return subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", arms, "--calls-per-step", "2", *extra],
-                          env=env, capture_output=True, text=True, timeout=600)
+    """``python -m bench.learning --smoke`` on ``arms`` with 2 calls per step."""
+    return subprocess.run([*LEARNING, "--smoke", "--work", str(work), "--arms", arms, "--calls-per-step", "2", *extra],
+                          env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def _values(work: Path) -> dict:
+    """The report's values (``WORK/learning.json``)."""
+    return json.loads((work / "learning.json").read_text())
 
 
 def _run(work: Path, *extra: str, arms: str = "opd_aligned,grpo,seqkd") -> dict:
@@ -112,27 +70,21 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
             "and json_extract(r.config, '$.kd_weight') > 0")]
     assert gates == {(1.0, 0.5), (0.0, 0.0)}
     assert gated and all(0.0 <= m["kd_gated_fraction"] <= 1.0 for m in gated)
-    # the report's "teacher gated" column: the mean of those shares for the gated arm, empty for the others
-    text = (tmp_path / "two" / "learning.md").read_text()
-    rows = {r.split("|")[1].strip(): r.split("|") for r in text.split("## First reads")[0].splitlines()
-            if r.startswith("| ")}
-    col = [c.strip() for c in rows["arm"]].index("teacher gated")
-    assert float(rows["opd_aligned"][col]) == pytest.approx(sum(m["kd_gated_fraction"] for m in gated) / len(gated),
-                                                            abs=0.005)
-    assert rows["grpo"][col].strip() == rows["seqkd"][col].strip() == ""
-    # the first-reads table: one row per evaluated ladder arm, "evidence / other" shares for its one seed
-    reads = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in
-             text.split("## First reads")[1].split("## Teachers")[0].splitlines() if r.startswith("| ")}
-    assert reads["arm"] == "seed 0" and {"base", "warm", "opd_aligned", "grpo", "seqkd"} <= set(reads)
-    for arm in [a for a in reads if a != "arm" and not a.startswith("---")]:
-        evidence, other = (float(x) for x in reads[arm].split(" / "))
-        assert 0.0 <= evidence <= 1.0 and 0.0 <= other <= 1.0, arm
-    # the teachers table: the picked ladder teacher's own first reads on its validation episodes
-    teachers = [r.split("|") for r in text.split("## Teachers")[1].split("## Real text")[0].splitlines()
-                if r.startswith("| ladder ")]
-    assert len(teachers) == 1
-    cell = teachers[0][7].strip().split(" / ")
-    assert len(cell) == 2 and all(x == "nan" or 0.0 <= float(x) <= 1.0 for x in cell) and cell != ["nan", "nan"]
+    # the report's teacher gated value: the mean of those shares for the gated arm, none for the others
+    arms = _values(tmp_path / "two")["arms"]
+    assert arms["opd_aligned"]["teacher_gated"] == pytest.approx(
+        sum(m["kd_gated_fraction"] for m in gated) / len(gated), rel=1e-9)
+    assert arms["grpo"]["teacher_gated"] is None and arms["seqkd"]["teacher_gated"] is None
+    # first reads: per evaluated ladder arm, the evidence and other shares for its one seed
+    assert {"base", "warm", "opd_aligned", "grpo", "seqkd"} <= set(arms)
+    for arm, values in arms.items():
+        (reads,) = values["first_reads"]
+        assert 0.0 <= reads["evidence"] <= 1.0 and 0.0 <= reads["other"] <= 1.0, arm
+    # the picked ladder teacher's own first reads on its validation episodes
+    teachers = _values(tmp_path / "two")["teachers"]
+    assert set(teachers) == {"ladder"} and teachers["ladder"]["step"] == two["teacher/ladder/pick"]["step"]
+    reads = teachers["ladder"]["first_reads"]
+    assert set(reads) <= {"evidence", "other"} and reads and all(0.0 <= v <= 1.0 for v in reads.values())
     assert batch == {("sft", 4), ("distill", 2)}
     assert len(seqkd) == 2 and all(c["teacher"] is None and c["kd_weight"] == 0.0 for c in seqkd)
     assert policies == {teacher}
@@ -194,8 +146,8 @@ def test_task_order_starts_what_every_method_waits_for_and_puts_the_base_evaluat
 ])
 def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
     work = tmp_path / "work"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--work", str(work), flag, value],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run([*LEARNING, "--work", str(work), flag, value], capture_output=True, text=True, timeout=300,
+                          env=ENV)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (work / "state.json").exists() and not (work / "learning.db").exists()
@@ -224,14 +176,13 @@ def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_pat
     assert configs == {("none", 0.0), ("first_token", 0.0), ("first_token", 1.0), ("first_token_memory", 0.0),
                        ("first_token_memory", 1.0)}
     assert shared and all(v is not None and 0.0 <= v <= 1.0 + 1e-9 for v in shared)
-    report = (work / "learning.md").read_text()
-    rows = {r.split("|")[1].strip(): r.split("|") for r in report.split("## First reads")[0].splitlines()
-            if r.startswith("| ")}
-    col = [c.strip() for c in rows["arm"]].index("push shared")
+    values = _values(work)
     for arm in ("opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory"):
-        assert 0.0 <= float(rows[arm][col]) <= 1.0, arm  # the mean shared fraction of its steps
-    assert rows["opd_aligned"][col].strip() == ""
-    assert "centered_minus_aligned" in report
+        assert 0.0 <= values["arms"][arm]["push_shared"] <= 1.0 + 1e-9, arm  # the mean shared fraction of its steps
+    assert values["arms"]["opd_aligned"]["push_shared"] is None
+    # the paired difference of the centred and the plain teacher term: mean, low, high, all measured
+    assert len(values["differences"]["centered_minus_aligned"]) == 3
+    assert all(math.isfinite(x) for x in values["differences"]["centered_minus_aligned"])
 
 
 @pytest.mark.bench_smoke
@@ -247,13 +198,10 @@ def test_a_later_run_adds_seeds_without_touching_the_earlier_ones(tmp_path):
     assert not [k for k in added if k.split("/")[-1] == "0" or "/0/" in k]
     rollouts = {k.split("/")[2] for k in two if k.startswith("rollout/")}
     assert rollouts == {"100", "101", "110", "111"}  # 100 + 10 x seed + round
-    rows = [r for r in (tmp_path / "learning.md").read_text().split("## First reads")[0].splitlines()
-            if r.startswith("| opd_aligned ")]
-    assert rows and rows[0].split("|")[2].strip() == "2"
+    assert _values(tmp_path)["arms"]["opd_aligned"]["seeds"] == 2
+    assert len(_values(tmp_path)["arms"]["opd_aligned"]["first_reads"]) == 2
     _run(tmp_path, "--seeds", "1", "--report-partial", arms="opd_aligned")
-    rows = [r for r in (tmp_path / "learning.md").read_text().split("## First reads")[0].splitlines()
-            if r.startswith("| opd_aligned ")]
-    assert rows[0].split("|")[2].strip() == "1"
+    assert _values(tmp_path)["arms"]["opd_aligned"]["seeds"] == 1
 
 
 @pytest.mark.bench_smoke
@@ -287,16 +235,9 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
     (an sft run with context privileged) and validated under it (eval runs sampled under the splice), and so do
     opd_privileged_grpo beside the RL term and opd_privileged_centered_memory with its push centred by kind and
     memory state, while opd_aligned keeps the plain ladder teacher."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "AGENTMEM_DB": ""}
     work = tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), "--smoke", "--work", str(work),
-                           "--arms", "opd_aligned,opd_privileged,opd_privileged_grpo,opd_privileged_centered_memory",
-                           "--calls-per-step", "2",
-                           "--privileged-teacher-sft",
-                           "--jobs", "2"], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    phases = json.loads((work / "state.json").read_text())["phases"]
+    phases = _run(work, "--privileged-teacher-sft", "--jobs", "2",
+                  arms="opd_aligned,opd_privileged,opd_privileged_grpo,opd_privileged_centered_memory")
     picks = {key: phases[f"teacher/{key}/pick"]["teacher"] for key in ("ladder", "ladder-privileged")}
     assert picks["ladder"] != picks["ladder-privileged"]
     with sqlite3.connect(work / "learning.db") as db:
@@ -344,7 +285,7 @@ def test_without_the_first_moment_momentum_is_the_warm_start(tmp_path):
                          for (c,) in db.execute("select config from runs where kind = 'distill'"))
     # three on-policy arms, two rounds each: round 1 (offset 0) without the first moment, round 2 with its own
     assert carried == [(0, True, False)] * 3 + [(1, True, True)] * 3
-    assert "Momentum is the warm start itself" in (tmp_path / "learning.md").read_text()
+    assert _values(tmp_path)["momentum"] == "warm_start"
 
 
 def test_coast_moves_the_weights_by_the_carried_adam_moments_alone():
@@ -389,4 +330,4 @@ def test_mixed_precision_reaches_every_training_job(tmp_path):
             "select kind, config from runs where kind in ('sft', 'distill')")]
     assert {k for k, _ in kinds} == {"sft", "distill"} and all(mixed for _, mixed in kinds)
     assert json.loads((tmp_path / "state.json").read_text())["plan"]["mixed_precision"] == "on"
-    assert "Training ran in mixed precision" in (tmp_path / "learning.md").read_text()
+    assert _values(tmp_path)["mixed_precision"] is True
