@@ -1,5 +1,5 @@
 """`agentmem score` and `agentmem distill` through the CLI on a tiny model folder: they run, store their
-rows, and bad input gives one line; the training progress line shows the loss terms that are on."""
+rows, and bad input gives one line."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentmem.records import TrainStep
 from agentmem.testing.tiny_models import save_tiny
-from cli.training_progress import loss_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
@@ -59,14 +57,3 @@ def test_rollout_score_distill_cli(tmp_path):
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
         assert proc.returncode == 1 and last.startswith("error: ") and needle in last, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
-
-
-def step(metrics: dict) -> TrainStep:
-    return TrainStep(run_id="r", step=1, loss=0.75, kd_loss=0.0, rl_loss=0.0, tokens=10, lr=1e-5, seconds=1.0,
-                     metrics=metrics)
-
-
-def test_sft_progress_shows_the_terms_that_are_on():
-    assert loss_parts(step({"ce_loss": 0.75, "actions": 12.0}), terms=()) == "ce 0.7500"
-    assert loss_parts(step({"ce_loss": 0.7, "anchor_loss": 0.05}), terms=()) == "ce 0.7000, anchor 0.0500"
-    assert loss_parts(step({}), terms=("kd", "rl")) == "kd 0.0000, rl +0.0000"  # distill's

@@ -1,11 +1,12 @@
-"""Training progress on a pipe or in a log: one plain line every few steps, flushed as the steps finish."""
+"""Training progress on a pipe or in a log: one plain line every few steps, flushed as the steps finish; the
+loss part shows the terms that are on."""
 
 from __future__ import annotations
 
 import io
 
 from agentmem.records import TrainStep
-from cli.training_progress import LineProgress
+from cli.training_progress import LineProgress, loss_parts
 
 
 def step(n: int) -> TrainStep:
@@ -30,3 +31,14 @@ def test_one_line_per_step_for_short_runs_and_every_twentieth_for_long_ones():
         lines.on_step(step(n))
     assert [int(line.split()[2].split("/")[0]) for line in out.getvalue().splitlines()] == [
         2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 45]
+
+
+def step_with(metrics: dict) -> TrainStep:
+    return TrainStep(run_id="r", step=1, loss=0.75, kd_loss=0.0, rl_loss=0.0, tokens=10, lr=1e-5, seconds=1.0,
+                     metrics=metrics)
+
+
+def test_sft_progress_shows_the_terms_that_are_on():
+    assert loss_parts(step_with({"ce_loss": 0.75, "actions": 12.0}), terms=()) == "ce 0.7500"
+    assert loss_parts(step_with({"ce_loss": 0.7, "anchor_loss": 0.05}), terms=()) == "ce 0.7000, anchor 0.0500"
+    assert loss_parts(step_with({}), terms=("kd", "rl")) == "kd 0.0000, rl +0.0000"  # distill's
