@@ -23,7 +23,7 @@ to ``OUT/gpu_check.log``):
   python -m bench.gpu --out DIR       # the same where agentmem's dependencies are installed
   python -m bench.gpu --dry-run       # the same code on CPU with a tiny model, under 2 minutes (--smoke too)
 
-The last line is ``packed_vs_padded_train=<r> packed_vs_padded_score=<r> flex_vs_sdpa_segments=<r> mfu=<f>
+Exit status 1 when a part failed. The last line is ``packed_vs_padded_train=<r> packed_vs_padded_score=<r> flex_vs_sdpa_segments=<r> mfu=<f>
 exact_max_abs=<d> device=<name>`` (tokens/s ratios at the largest step measured; flex_vs_sdpa on training
 steps, on scoring in a dry run since FlexAttention has no CPU backward; empty where not measured).
 """
@@ -37,6 +37,7 @@ import platform
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -233,8 +234,9 @@ def rollout_part(check: Check, folder: Path, episodes: int, batch: int) -> Calla
             stdout, wall = cli([sys.executable, "-m", "agentmem", job, *common], left())
             run_id = _value(stdout, "run_id")
             with sqlite3.connect(db) as conn:
-                calls, prompt, output = conn.execute("select count(*), sum(prompt_tokens), sum(output_tokens) from "
-                                                     "invocations where run_id = ?", (run_id,)).fetchone()
+                calls, prompt, output = conn.execute(
+                    "select count(*), sum(prompt_tokens), sum(output_tokens) from invocations where episode_id in "
+                    "(select id from episodes where run_id = ?)", (run_id,)).fetchone()
             out[job] = {"run_id": run_id, "calls": calls, "prompt_tokens": prompt, "output_tokens": output,
                         "wall_s": wall, "output_tokens_per_s": (output or 0) / wall}
             check.log(f"{job}: {json.dumps(out[job])}")
@@ -249,10 +251,10 @@ def distributed_part(check: Check, folder: Path, shape: str, layers: int) -> Cal
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
         if rollout.get("run_id"):
             db = check.out / "gpu_check.db"
-            stdout, wall = cli([*torchrun, "-m", "agentmem", "distill", "--run", rollout["run_id"], "--student",
+            stdout, wall = cli([*torchrun, "-m", "agentmem", "--", "distill", "--run", rollout["run_id"], "--student",
                                 str(folder), "--teacher", str(folder), "--teacher-context", "privileged", "--steps", "1",
                                 "--invocations-per-step", "8", "--device", check.device, "--out",
-                                str(check.out / "distill_ck"), "--db", f"sqlite:///{db}"], left() / 2)
+                                str(folder.parent / "distill_ck"), "--db", f"sqlite:///{db}"], left() / 2)
             out["distill_cli"] = {"run_id": _value(stdout, "distill_run_id"), "wall_s": wall}
             check.log(f"distill under torchrun: {out['distill_cli']}")
         else:
@@ -353,7 +355,10 @@ def summary(check: Check) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check_out"))
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(tempfile.gettempdir()) / "gpu_check_out"),
+                    help="results: gpu_check.json, the SQLite store, the DDP/FSDP2 step (default: $OUT, else TMPDIR/gpu_check_out)")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "agentmem_gpu_check",
+                    help="the model folder and checkpoints (kept out of --out: they are large)")
     ap.add_argument("--dry-run", action="store_true", help="the same code on CPU with a tiny model (under 2 minutes)")
     ap.add_argument("--smoke", action="store_true", help="the same as --dry-run")
     ap.add_argument("--speed-shapes", default="qwen2.5-0.5b:8,qwen2.5-0.5b:32,qwen2.5-0.5b:64,qwen2.5-1.5b:32",
@@ -372,10 +377,8 @@ def main() -> None:
         print("no CUDA device: running the dry run", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if dry else "cuda"
-    if dry:
-        torch.set_num_threads(min(2, os.cpu_count() or 1))
     check = Check(args.out, dry, device)
-    folder = args.out / "model"
+    folder = args.work / ("model-tiny" if dry else "model-smollm2-135m")
     if not (folder / "config.json").exists():
         model = build("tiny" if dry else "smollm2-135m", "cpu", torch.float32, vocab=len(tiny_tokenizer()),
                       eos_token_id=tiny_tokenizer().eos_token_id, pad_token_id=tiny_tokenizer().pad_token_id)
@@ -383,7 +386,7 @@ def main() -> None:
     check.part("env", 10, env_part(check))
     if dry:
         # rows of at most 128 tokens: one FlexAttention shape bucket, compiled once
-        check.part("exact", 60, exact_part(check, "tiny", torch.float32, (12, 32), 8, 8))
+        check.part("exact", 60, exact_part(check, "tiny", torch.float32, (12, 32), 4, 128))
         check.part("speed", 60, speed_part(check, [("tiny", 6)], (16, 60), 128, 1))
         check.part("rollout", 60, rollout_part(check, folder, 2, 4))
         check.part("distributed", 90, distributed_part(check, folder, "tiny", 2))
@@ -397,6 +400,8 @@ def main() -> None:
     failed = [k for k, v in check.results.items() if not v["ok"]]
     check.log(f"done in {time.perf_counter() - check.started:.0f} s; failed parts: {', '.join(failed) or 'none'}")
     print(summary(check), flush=True)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
