@@ -122,8 +122,7 @@ def check_url(url: str | None) -> sa.URL:
         db = parsed.database or ":memory:"
         path = sqlite_file(resolved)
         if path is not None and not path.resolve().parent.is_dir():
-            raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder {str(path.parent)!r} does not "
-                                   "exist")
+            raise StoreUnavailable(f"cannot create SQLite database {db!r}: its folder does not exist")
         if path is not None and path.is_dir():
             raise StoreUnavailable(f"{db} is a directory, not a SQLite database file: give a file path, "
                                    f"e.g. {path / 'agentmem.db'}")
