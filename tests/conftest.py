@@ -1,9 +1,14 @@
-"""Shared fixtures. One torch thread: with 2 cores and another busy process, more threads thrash."""
+"""Shared fixtures, and the markers that tier the suite. One torch thread: with 2 cores and another busy
+process, more threads thrash."""
 
 from __future__ import annotations
 
+import concurrent.futures.process
+import multiprocessing
 import os
+import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -112,3 +117,49 @@ def tokenizer_folder(tmp_path) -> str:
     tiny_tokenizer().save_pretrained(folder)
     tiny_llama().config.save_pretrained(folder)
     return str(folder)
+
+
+# ---- markers ---------------------------------------------------------------------------------------
+# Besides the marks written on tests (slow, browser, bench_smoke, postgres), two are given here at collection:
+# ``postgres`` to every case of the ``db_url`` / ``store`` fixtures' Postgres parameter, and ``subprocess`` to
+# every test whose code, or the code of a fixture or helper function it uses (from tests/ or
+# agentmem.testing), reaches ``subprocess``, ``multiprocessing`` or a process pool.
+
+SPAWNERS = (subprocess, multiprocessing, concurrent.futures.process)
+TESTS = Path(__file__).resolve().parent
+TESTING = (TESTS, Path(__file__).resolve().parents[1] / "agentmem" / "testing")
+
+
+def _ours(file: str | None) -> bool:
+    """Whether ``file`` is in tests/ or agentmem.testing (whose functions' bodies are searched too)."""
+    return file is not None and any(Path(file).resolve().is_relative_to(root) for root in TESTING)
+
+
+def _spawns(fn, seen: set) -> bool:
+    """Whether ``fn``'s code (nested functions and our helpers it names included) names a process spawner."""
+    fn = getattr(fn, "__wrapped__", fn)
+    if not isinstance(fn, types.FunctionType) or fn in seen or not _ours(fn.__code__.co_filename):
+        return False
+    seen.add(fn)
+    codes, names = [fn.__code__], set()
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    values = [fn.__globals__.get(name) for name in names]
+    ours = [v for v in values if isinstance(v, types.ModuleType) and _ours(getattr(v, "__file__", None))]
+    values += [getattr(module, name, None) for module in ours for name in names]  # faults.make_world
+    return any(any(v is m for m in SPAWNERS) or (isinstance(v, types.FunctionType) and _spawns(v, seen))
+               for v in values)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("db_url") == "postgres":
+            item.add_marker(pytest.mark.postgres)
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
+        seen: set = set()
+        if any(_spawns(fn, seen) for fn in (getattr(item, "function", None), *fixtures)):
+            item.add_marker(pytest.mark.subprocess)
