@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
+from agentmem.policy.models import quiet_transformers
 from agentmem.training import lora
 
 TRAINER_STATE = "trainer_state.pt"
@@ -61,10 +62,11 @@ def save_checkpoint(folder: Path, model: PreTrainedModel | torch.nn.Module, toke
     if lora.is_lora(model):
         state["adapter"] = lora.adapter_state(model)
         model = lora.merged(model)
-    if model_state is not None:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=_untied(model, model_state))
-    else:
-        model.save_pretrained(tmp, safe_serialization=True)
+    with quiet_transformers():  # no "Writing model shards" bar between a job's own lines
+        if model_state is not None:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=_untied(model, model_state))
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / TRAINER_STATE)
     if folder.exists():
