@@ -14,20 +14,12 @@ import os
 from pathlib import Path
 
 from agentmem.policy.scripted import ScriptedBackend
+from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 
 GOLDEN = Path(__file__).parent / "golden" / "scripted_rollout.json"
 SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
-
-
-def _respond(tok):
-    def respond(prompt: list[int]) -> str:
-        text = tok.decode(prompt)
-        if "Reply with the short answer" in text:
-            return f"Oslo {len(prompt) % 7}"
-        return f"note {len(prompt)} {sum(prompt) % 97}"
-    return respond
 
 
 def _digest(a) -> str:
@@ -68,7 +60,7 @@ def _rollout(store):
                            agent=AgentConfig(memory_tokens=12, answer_max_new_tokens=6, max_batch=4, seed=5,
                                              prompt_layout="memory-first"))
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
-    return run_rollout(store, config, backend=ScriptedBackend(tok, _respond(tok)), policy=policy).run_id
+    return run_rollout(store, config, backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
 
 
 def test_scripted_rollout_is_byte_identical(sqlite_store):
