@@ -17,7 +17,11 @@ then kills: no call whose response a client received may be missing from the sto
    calls that failed. ``lost`` counts calls a client received a whole response for that are not stored,
    plus stored calls that are half-written (ids and log-probs of different lengths).
 
-Last line: ``serve_vs_direct=<ratio> p50_ms=<ms> p99_ms=<ms> lost=<n>``.
+3. Streaming: one client alone streams ``--stream-tokens`` tokens (end-of-sequence barred), ``--streams``
+   times; ``ttft_over_total`` = the median time to the first token's chunk over the median whole stream
+   (tokens leave as they are sampled: about one step of ``--stream-tokens``, plus the batch window).
+
+Last line: ``serve_vs_direct=<ratio> ttft_over_total=<ratio> p50_ms=<ms> p99_ms=<ms> lost=<n>``.
 """
 
 from __future__ import annotations
@@ -135,6 +139,30 @@ def served(root: str, model: str, clients: int, calls: int, max_tokens: int) -> 
     return clients * calls / (time.perf_counter() - start), latencies, done
 
 
+def first_token(root: str, model: str, tokens: int, repeats: int) -> tuple[float, float]:
+    """Median time to the first token's chunk and median whole-stream time (s) of one client streaming
+    ``tokens`` tokens (end-of-sequence barred by ``logit_bias``, so every stream has that many), alone."""
+    import openai
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(model).eos_token_id
+    api = openai.OpenAI(base_url=f"{root}/episodes/stream/v1", api_key="unused", max_retries=0)
+    firsts, totals = [], []
+    for i in range(repeats):
+        start, first, got = time.perf_counter(), None, 0
+        for chunk in api.chat.completions.create(model=model, messages=messages(0, i), max_tokens=tokens,
+                                                 temperature=0, stream=True, logprobs=True,
+                                                 logit_bias={str(eos): -100}):
+            if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+                got += len(chunk.choices[0].logprobs.content)
+                first = first or time.perf_counter() - start
+        if got != tokens:
+            raise RuntimeError(f"a stream carried {got} tokens, not {tokens}")
+        firsts.append(first)
+        totals.append(time.perf_counter() - start)
+    return sorted(firsts)[repeats // 2], sorted(totals)[repeats // 2]
+
+
 def kills(model: str, db: str, port: int, window_ms: float, backend: str, server: subprocess.Popen, client_kills: int,
           server_kills: int, work: Path, rng: random.Random) -> tuple[subprocess.Popen, set[str]]:
     """Client processes killed mid-stream, and server kills with restarts under a retrying client load."""
@@ -207,6 +235,8 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=20.0)
     parser.add_argument("--client-kills", type=int, default=4)
     parser.add_argument("--server-kills", type=int, default=1)
+    parser.add_argument("--stream-tokens", type=int, default=64, help="tokens of each time-to-first-token stream")
+    parser.add_argument("--streams", type=int, default=3, help="time-to-first-token streams (the median counts)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a tiny random model, few calls")
     args = parser.parse_args()
@@ -230,6 +260,7 @@ def main() -> None:
     try:
         served_rate, latencies, done = served(f"http://127.0.0.1:{port}", model, args.clients, args.calls,
                                               args.max_tokens)
+        ttft, total = first_token(f"http://127.0.0.1:{port}", model, args.stream_tokens, args.streams)
         server, received = kills(model, db, port, args.window_ms, args.backend, server, args.client_kills,
                                  args.server_kills, work, rng)
     finally:
@@ -245,7 +276,10 @@ def main() -> None:
     print(f"served   {served_rate:8.2f} calls/s  ({args.backend}, {how})")
     print(f"kills    {args.client_kills} clients, {args.server_kills} server (restarted with the same run); "
           f"{len(done | received)} responses received, {stored} calls stored")
-    print(f"serve_vs_direct={served_rate / direct_rate:.2f} p50_ms={p50:.0f} p99_ms={p99:.0f} lost={lost}")
+    print(f"stream   first token {ttft * 1000:.0f} ms of {total * 1000:.0f} ms for {args.stream_tokens} tokens "
+          f"(one client alone, median of {args.streams})")
+    print(f"serve_vs_direct={served_rate / direct_rate:.2f} ttft_over_total={ttft / total:.3f} p50_ms={p50:.0f} "
+          f"p99_ms={p99:.0f} lost={lost}")
 
 
 if __name__ == "__main__":

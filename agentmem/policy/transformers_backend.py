@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -142,6 +143,20 @@ class PromptHead:
                                             for k, v in self.layers], config=config)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one row sampled in one decoding step: the prompt's index, the token, its log-prob and, when asked,
+    its ``top_logprobs`` alternatives (id, log-prob)."""
+
+    row: int
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] | None = None
+
+
+StepHook = Callable[[list[Step]], Collection[int] | None]
+
+
 class TransformersBackend:
     name = "transformers"
     shaping = True  # applies SamplingParams' shaping options (policy.shaping)
@@ -199,9 +214,14 @@ class TransformersBackend:
         self.pad_id = pad if pad is not None else min(self.stop_ids)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *, top_logprobs: int = 0) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *, top_logprobs: int = 0,
+                 on_step: StepHook | None = None) -> list[Generation]:
         """One ``Generation`` per prompt; with ``top_logprobs`` k > 0 each lists, per output token, the ``k``
-        most likely tokens of the distribution its token was drawn from (the same tensor as its log-prob)."""
+        most likely tokens of the distribution its token was drawn from (the same tensor as its log-prob).
+
+        ``on_step`` (``agentmem serve``'s token streaming) is called after each sampling step, before the next
+        forward pass, with one ``Step`` per row still generating; the rows it returns end there (finish reason
+        ``stop``: a stop string completed), as if their token were an end-of-sequence token."""
         start = time.perf_counter()
         if not prompts:
             return []
@@ -251,10 +271,14 @@ class TransformersBackend:
                     # tokens top-k or min-p cut (log-prob -inf) are no alternatives
                     tops[row].append([(t, x) for t, x in zip(i, v, strict=True) if x != float("-inf")])
             stopped = torch.isin(tokens, stop)
+            live_rows, toks, values = rows.tolist(), tokens.tolist(), logprobs.tolist()
+            if on_step is not None:
+                ended = on_step([Step(row, tok, lp, tops[row][-1] if top_logprobs else None)
+                                 for row, tok, lp in zip(live_rows, toks, values, strict=True)])
+                if ended:
+                    stopped |= torch.tensor([row in ended for row in live_rows], device=device)
             now = time.perf_counter() - start
-            for row, tok, lp, st in zip(
-                rows.tolist(), tokens.tolist(), logprobs.tolist(), stopped.tolist(), strict=True
-            ):
+            for row, tok, lp, st in zip(live_rows, toks, values, stopped.tolist(), strict=True):
                 ids[row].append(tok)
                 lps[row].append(lp)
                 if st or step == params.max_new_tokens - 1:

@@ -125,9 +125,10 @@ class Calls:
 
     async def stream(self, request: Request, prep: Prepared, shape: Formatter, include_usage: bool) -> AsyncIterator[str]:
         call_id, created = prep.planned.invocation_ids[0], int(time.time())
-        # tokens go out as the sampler produces them, unless the whole reply must be seen first (a stop string
-        # may cut it, tool calls are parsed from it)
-        live: dict[int, LiveText] | None = None if prep.job.stops or shape.tool_calls else {}
+        # tokens go out as the sampler produces them (the text that may begin a stop string or a tool call held
+        # back), unless tool calls are parsed by a template whose calls may begin anywhere
+        opener = shape.tool_calls.opener if shape.tool_calls is not None else None
+        live: dict[int, LiveText] | None = None if shape.tool_calls is not None and opener is None else {}
         rows = prep.job.rows
         try:
             async for event in self.sampler.stream(prep.job):
@@ -135,7 +136,7 @@ class Calls:
                     if live is None:
                         continue
                     if event.index not in live:
-                        live[event.index] = LiveText(self.tokenizer, rows[event.index])
+                        live[event.index] = LiveText(self.tokenizer, rows[event.index], prep.job.stops, opener)
                         for piece in shape.role_chunk(call_id, created, event.index):
                             yield piece
                     so_far, start, stop, delta = live[event.index].add(event)

@@ -11,14 +11,16 @@ With a ``ToolCallParser`` (a chat request with ``tools``), a reply that calls to
 ``content`` only the text outside the calls (or null) and ``finish_reason: "tool_calls"``; streamed, it
 sends the role, its content (if any) in one delta, then per call one ``delta.tool_calls`` chunk with the
 call's ``index``, ``id``, ``type`` and name (arguments ``""``) and one with its arguments, as OpenAI streams
-them; the token log-probs ride on the first chunk after the role.
+them; the token log-probs ride on the first chunk after the role. Streamed as sampled (``LiveText``), each
+token's chunk carries its log-prob, the content before a call goes out as it is sampled, and the calls follow
+once the reply is whole.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentmem.records import FinishReason
@@ -49,15 +51,33 @@ def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
 
 
 class LiveText:
-    """One completion streamed as the engine samples it: its tokens so far, and the text sent so far. Text is
-    sent once it decodes to complete characters (a token ending inside a UTF-8 character is held back)."""
+    """One completion streamed as the sampler samples it: its tokens so far, and the text sent so far. Text is
+    sent once it decodes to complete characters (a token ending inside a UTF-8 character is held back), and
+    never past what the final reply may show: with ``stops``, the text from the first stop string on is never
+    sent, and the end of the text that may begin one is held back until the next tokens say; with a tool-call
+    ``opener`` (``<tool_call>``), likewise from the opener on, and trailing whitespace is held back (the reply's
+    content before a call is sent without it). The text held back goes out once the choice is whole."""
 
-    def __init__(self, tokenizer, prompt: list[int]):
+    def __init__(self, tokenizer, prompt: list[int], stops: tuple[str, ...] = (), opener: str | None = None):
         self.tokenizer, self.prompt = tokenizer, prompt
+        self.stops, self.opener = stops, opener
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.top: list[list[tuple[int, float]]] = []
         self.sent = ""
+        self.closed = False  # a stop string or a tool call began: no more text goes out live
+
+    def _safe(self, text: str) -> str:
+        """The part of ``text`` that may be sent now."""
+        marks = [*self.stops, *([self.opener] if self.opener else [])]
+        found = [text.find(m) for m in marks if m in text]
+        if found:
+            self.closed = True
+            safe = text[: min(found)]
+        else:
+            hold = max((k for m in marks for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+            safe = text[: len(text) - hold]
+        return safe.rstrip() if self.opener else safe
 
     def add(self, tokens: Tokens) -> tuple[Choice, int, int, str]:
         """(the completion so far, the new tokens' span, the new text) after ``tokens``."""
@@ -67,8 +87,10 @@ class LiveText:
         self.top += tokens.top or []
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         delta = ""
-        if not text.endswith("\ufffd") and text.startswith(self.sent):
-            delta, self.sent = text[len(self.sent):], text
+        if not self.closed and not text.endswith("\ufffd"):
+            safe = self._safe(text)
+            if safe.startswith(self.sent) and len(safe) > len(self.sent):
+                delta, self.sent = safe[len(self.sent):], safe
         so_far = Choice(self.prompt, list(self.ids), list(self.logprobs), FinishReason.length, self.sent, 0.0,
                         list(self.top) or None)
         return so_far, start, len(self.ids), delta
@@ -107,6 +129,14 @@ class Formatter:
         send only the text still held back."""
         for i, c in enumerate(choices):
             if live is not None and i in live:
+                reply = self._reply(call_id, i, c)
+                if reply is not None and reply.tool_calls:  # the content before the calls went out live
+                    sent, content = live[i].sent, reply.content or ""
+                    rest = content[len(sent):] if content.startswith(sent) else ""
+                    if rest:
+                        yield self.piece(call_id, created, i, c, 0, 0, rest)
+                    yield from self._tool_call_chunks(call_id, created, i, c, replace(reply, content=None), False)
+                    continue
                 rest = live[i].rest(c.text)
                 if rest:
                     yield self.piece(call_id, created, i, c, 0, 0, rest)
@@ -158,8 +188,9 @@ class Formatter:
     def _reply(self, call_id: str, i: int, c: Choice) -> Reply | None:
         return self.tool_calls.parse(c.text, f"{call_id}_{i}") if self.tool_calls is not None else None
 
-    def _tool_call_chunks(self, call_id: str, created: int, i: int, c: Choice, reply: Reply) -> Iterator[str]:
-        logprobs = {"content": self._chat_logprobs(c)} if self.logprobs else None
+    def _tool_call_chunks(self, call_id: str, created: int, i: int, c: Choice, reply: Reply,
+                          with_logprobs: bool = True) -> Iterator[str]:
+        logprobs = {"content": self._chat_logprobs(c)} if self.logprobs and with_logprobs else None
         if reply.content is not None:
             yield self._chunk(call_id, created, [{"index": i, "delta": {"content": reply.content},
                                                   "logprobs": logprobs, "finish_reason": None}])

@@ -6,6 +6,10 @@ parameters (``SamplingParams``: temperature, top_p, max tokens, the shaping opti
 one ``generate`` call; requests that arrive while a batch runs form the next one. A request with a ``seed`` is generated alone, so that the same
 request with the same seed gives the same output whatever else the server is doing.
 
+On a backend with a step hook (``TransformersBackend.generate(..., on_step=...)``), ``stream(job)`` yields each
+sampled token (``Tokens``) as the backend samples it, then the request's choices; and a row whose output has
+completed one of its request's stop strings ends at that step instead of decoding on to ``max_tokens``.
+
 What a request gets back (``Choice``) is exactly what the backend sampled, cut at the first stop string:
 ``output_ids`` are the sampled ids up to and including the token that completed the stop string (the
 sampler chose them; nothing after it was returned), ``logprobs`` the backend's log-probs of those ids
@@ -18,12 +22,14 @@ tensor as the sampled token's log-prob (``TransformersBackend.generate(..., top_
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from agentmem.policy.transformers_backend import Step
 from agentmem.policy.types import Backend, Generation, SamplingParams
 from agentmem.records import FinishReason
 
@@ -77,6 +83,7 @@ class _Pending:
     job: Job
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
+    emit: Callable[[Tokens], None] | None = None  # a streaming request's: each token as it is sampled
 
 
 def cut_at_stop(tokenizer, ids: list[int], stops: Sequence[str]) -> tuple[int, str] | None:
@@ -117,11 +124,14 @@ class Sampler:
         self._cv = threading.Condition()
         self._closed = False
         self.batches = 0  # backend calls made (a test checks that concurrent requests shared one)
+        # whether the backend reports each decoding step (TransformersBackend's on_step): tokens then stream as
+        # sampled, and a row ends as soon as a stop string completes
+        self.steps = "on_step" in inspect.signature(backend.generate).parameters
         self._thread = threading.Thread(target=self._work, name="agentmem-serve-sampler", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> Future:
-        item = _Pending(job)
+    def submit(self, job: Job, emit: Callable[[Tokens], None] | None = None) -> Future:
+        item = _Pending(job, emit=emit)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the sampler is closed")
@@ -129,9 +139,23 @@ class Sampler:
             self._cv.notify()
         return item.future
 
-    def stream(self, job: Job) -> AsyncIterator[list[Choice]]:
-        """The request's choices once generated (this sampler answers whole batches)."""
-        return whole(self.submit(job))
+    async def stream(self, job: Job) -> AsyncIterator[Tokens | list[Choice]]:
+        """For the app's loop: ``Tokens`` as the backend samples them (a backend with a step hook,
+        ``TransformersBackend``; one per token and completion), then the request's choices."""
+        if not self.steps:
+            async for choices in whole(self.submit(job)):
+                yield choices
+            return
+        here = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        done = self.submit(job, lambda event: here.call_soon_threadsafe(queue.put_nowait, event))
+        done.add_done_callback(lambda f: here.call_soon_threadsafe(queue.put_nowait, f))
+        while True:
+            event = await queue.get()
+            if isinstance(event, Future):
+                yield event.result()  # the choices, or the request's error
+                return
+            yield event
 
     def close(self) -> None:
         with self._cv:
@@ -175,7 +199,10 @@ class Sampler:
         k = max(item.job.top_logprobs for item in taken)
         params = taken[0].job.params
         # only a backend that lists alternatives is asked for them (the app checks before submitting)
-        gens = self.backend.generate(rows, params, top_logprobs=k) if k else self.backend.generate(rows, params)  # type: ignore[call-arg]
+        extra: dict = {"top_logprobs": k} if k else {}
+        if self.steps and any(item.emit is not None or item.job.stops for item in taken):
+            extra["on_step"] = _Steps(self.backend.tokenizer, taken)
+        gens = self.backend.generate(rows, params, **extra)
         self.batches += 1
         at = 0
         for item in taken:
@@ -183,6 +210,30 @@ class Sampler:
             at += len(job.rows)
             item.future.set_result([to_choice(self.backend.tokenizer, row, gen, job.stops, job.top_logprobs)
                                     for row, gen in zip(job.rows, mine, strict=True)])
+
+
+class _Steps:
+    """The step hook of one batch: sends each streaming request its tokens, and ends a row whose output has
+    completed one of its request's stop strings."""
+
+    def __init__(self, tokenizer, taken: list[_Pending]):
+        self.tokenizer = tokenizer
+        self.owner = [(item, i) for item in taken for i in range(len(item.job.rows))]  # batch row -> (request, index)
+        self.ids: dict[int, list[int]] = {}
+
+    def __call__(self, steps: list[Step]) -> set[int]:
+        ended = set()
+        for step in steps:
+            item, index = self.owner[step.row]
+            if item.emit is not None:
+                top = [step.top[: item.job.top_logprobs]] if item.job.top_logprobs and step.top is not None else None
+                item.emit(Tokens(index, [step.token], [step.logprob], top))
+            if item.job.stops:
+                ids = self.ids.setdefault(step.row, [])
+                ids.append(step.token)
+                if cut_at_stop(self.tokenizer, ids, item.job.stops) is not None:
+                    ended.add(step.row)
+        return ended
 
 
 def _batch_key(job: Job) -> SamplingParams:

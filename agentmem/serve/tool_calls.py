@@ -72,6 +72,11 @@ class ToolCallParser:
             return cls(tokenizer, HERMES, "", tools)
         return None
 
+    @property
+    def opener(self) -> str | None:
+        """The text that begins a tool call, where known (the Hermes format's); None: any text may."""
+        return "<tool_call>" if self.schema is HERMES else None
+
     def parse(self, text: str, call_id: str) -> Reply:
         """``text``'s reply; tool call ``k`` gets the id ``call_{call_id}_{k}``."""
         try:
