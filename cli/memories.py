@@ -18,7 +18,7 @@ def build(
     run: Annotated[str, typer.Option("--run", help="Source run id: a teacher's (or the oracle's) rollout run.")],
     min_f1: Annotated[float, typer.Option(help="Write from episodes with F1 >= this.")] = 1.0,
     writer: Annotated[str, typer.Option(help="Who writes: 'oracle' (a deterministic template) or a model "
-                                             "(folder, checkpoint id, hub name or 'default').")] = "oracle",
+                                             "(folder, checkpoint id or 'default').")] = "oracle",
     backend: Annotated[BackendKind, typer.Option(help="Generation backend of a model writer.")]
     = BackendKind.transformers,
     dtype: Annotated[DType, typer.Option(help="Model writer weights dtype.")] = DType.float32,

@@ -63,6 +63,7 @@ def test_types_read_as_written_and_switches_take_no_value(capsys, monkeypatch, c
     assert code == 0
     assert not re.search(r"<(str|int|float|bool|list|path)", text), text
     assert "BOOLEAN" not in text
+    assert "hub name" not in text  # nothing is downloaded
     for row in re.findall(r"^  (--[\w.-]+(?: / --[\w.-]+)?)(?: (\S+))?", text, flags=re.M):
         name, value = row
         if name in ("--help", "--help-all", "--debug") or " / --no-" in name:
