@@ -61,7 +61,7 @@ HelpAllOption = typer.Option("--help-all", is_eager=True, callback=_help_all, sh
 
 
 class Command(TyperCommand):
-    """A command whose help is the module docstring's (plain, grouped, common flags first)."""
+    """A command with the help of the module docstring (plain, grouped, common flags first)."""
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         common = _common(self)
@@ -87,10 +87,13 @@ class Command(TyperCommand):
             with formatter.section(panel):
                 formatter.write_dl(rows)
         if left:
+            words, at = [], ctx
+            while at.parent is not None:  # the command's words under `agentmem`, however it was started
+                words.insert(0, at.info_name)
+                at = at.parent
             formatter.write_paragraph()
-            formatter.write_text(f"{left} more options: agentmem {ctx.command_path.partition(' ')[2]} --help-all, "
-                                 "or as a config file: agentmem config show "
-                                 f"{ctx.command_path.rpartition(' ')[2]}")
+            formatter.write_text(f"{left} more options: agentmem {' '.join(words)} --help-all, or as a config file: "
+                                 f"agentmem config show {words[-1]}")
 
 
 class Group(TyperGroup):
