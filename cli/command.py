@@ -87,10 +87,7 @@ class Command(TyperCommand):
             with formatter.section(panel):
                 formatter.write_dl(rows)
         if left:
-            words, at = [], ctx
-            while at.parent is not None:  # the command's words under `agentmem`, however it was started
-                words.insert(0, at.info_name)
-                at = at.parent
+            words = command_words(ctx)
             formatter.write_paragraph()
             formatter.write_text(f"{left} more options: agentmem {' '.join(words)} --help-all, or as a config file: "
                                  f"agentmem config show {words[-1]}")
@@ -134,12 +131,22 @@ class Group(TyperGroup):
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
 
+def command_words(ctx: Any) -> list[str]:
+    """The words of ``ctx``'s command under ``agentmem`` (``["config", "show", "train"]``), however the
+    program was started (``agentmem``, ``python -m cli.app``)."""
+    words = []
+    while ctx.parent is not None:
+        words.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    return words
+
+
 def usage_message(exc: Any) -> str:
     """A click error in one line, with where to read the command's help."""
     text = " ".join(exc.format_message().split())
     ctx = getattr(exc, "ctx", None)
     if ctx is not None and exc.exit_code == 2:
-        text += f" (see: {ctx.command_path} --help)"
+        text += f" (see: {' '.join(['agentmem', *command_words(ctx)])} --help)"
     return text
 
 
