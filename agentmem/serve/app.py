@@ -3,8 +3,8 @@
 Routes, one router module per API (``routes/``), each ``/v1/...`` route also answering under
 ``/episodes/{episode}/v1/...``, the episode then being the path's, so an agent changes only its ``base_url``:
 - ``POST /v1/chat/completions`` (``routes/chat.py``), ``POST /v1/completions`` (``routes/completions.py``),
-  ``GET /v1/models`` (``routes/models.py``); their options: ``protocol.py``; checks, generation and
-  storing: ``calls.py``;
+  ``POST /v1/responses`` (``routes/responses.py``), ``GET /v1/models`` (``routes/models.py``); their options:
+  ``protocol.py``; checks, generation and storing: ``calls.py``;
 - ``POST /agentmem/episodes/{episode}/reward`` and ``.../privileged`` (``routes/episodes.py``);
 - ``GET /health``.
 
@@ -35,11 +35,11 @@ from starlette.exceptions import HTTPException
 from agentmem.serve.calls import Calls, ServeSettings, validation_error
 from agentmem.serve.protocol import ApiError
 from agentmem.serve.recorder import Recorder
-from agentmem.serve.routes import chat, completions, episodes, models
+from agentmem.serve.routes import chat, completions, episodes, models, responses
 
 __all__ = ["ServeSettings", "create_app"]
 
-OPENAI_ROUTERS = (chat.router, completions.router, models.router)  # a responses router joins them here
+OPENAI_ROUTERS = (chat.router, completions.router, responses.router, models.router)
 
 
 def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) -> FastAPI:

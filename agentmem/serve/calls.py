@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
@@ -64,7 +64,9 @@ class Calls:
         self.sampler, self.recorder, self.tokenizer, self.settings = sampler, recorder, tokenizer, settings
 
     async def prepare(self, request: Request, req, episode: str | None, prompts: list[list[int]], sent: Sent,
-                      kind: str) -> Prepared:
+                      kind: str, *, follows: tuple[str | None, str] | None = None) -> Prepared:
+        """``follows``: (episode, invocation id) of the call this one continues (``previous_response_id``):
+        its episode and parent unless the client names others."""
         settings = self.settings
         if req.model != settings.model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist: this server serves "
@@ -100,6 +102,8 @@ class Calls:
             if tid >= vocab:
                 raise bad_request(f"logit_bias: token id {tid} is outside the vocabulary [0, {vocab})", "logit_bias")
         ctx = context(request, req.metadata or {}, episode, kind)
+        if follows is not None:
+            ctx = replace(ctx, episode=ctx.episode or follows[0], parent=ctx.parent or follows[1])
         planned = self.recorder.plan(ctx, len(prompts), req.n)
         await asyncio.to_thread(self.recorder.check_call, ctx, planned)
         job = Job(prompts, req.n, params, tuple(req.stops), top_k)

@@ -246,6 +246,80 @@ class CompletionRequest(_Sampling):
         return self.logprobs or 0
 
 
+class ResponsesRequest(_Sampling):
+    """``POST /v1/responses``: ``input`` (a string, or a list of message, ``function_call`` and
+    ``function_call_output`` items), ``instructions`` (a system message), function ``tools``,
+    ``previous_response_id``; the sampling fields are the chat ones, ``max_output_tokens`` the output limit."""
+
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | None = None  # "required" or a named function would need constrained decoding
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    include: list[str] | None = None
+    # accepted as neutral (RESPONSES_REFUSED checks their values before parsing), or recorded only
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["disabled"] | None = None
+    background: bool | None = None
+    max_tool_calls: int | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_output_tokens or self.max_tokens
+
+    @property
+    def output_param(self) -> str:
+        return "max_output_tokens" if self.max_output_tokens else "max_tokens"
+
+    @property
+    def logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or []) or bool(self.top_logprobs)
+
+    @property
+    def top_logprobs_k(self) -> int:
+        return self.top_logprobs or 0
+
+    def options(self) -> dict[str, Any]:
+        given = super().options()
+        for key in ("input", "previous_response_id"):  # stored as the messages they give
+            given.pop(key, None)
+        return given
+
+
+def _no_setting(value: Any) -> bool:
+    return isinstance(value, dict) and all(v is None for v in value.values())
+
+
+# The Responses fields the server does not apply: refused unless null or neutral (as REFUSED).
+RESPONSES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "text": (lambda v: isinstance(v, dict) and v.get("format", {"type": "text"}) == {"type": "text"}
+             and v.get("verbosity") in (None, "medium"),
+             "structured output (text.format json_object, json_schema) is not supported yet"),
+    "reasoning": (_no_setting, "reasoning is not supported: the served model has no reasoning setting"),
+    "background": (_neutral(False), "background responses are not supported"),
+    "max_tool_calls": (_neutral(), "max_tool_calls is not supported"),
+    "conversation": (_neutral(), "conversations are not supported: send previous_response_id or the whole input"),
+    "prompt": (_neutral(), "stored prompts are not supported"),
+    "context_management": (_neutral(), "context_management is not supported"),
+    "include": (lambda v: set(v) <= {"message.output_text.logprobs"},
+                "include: only message.output_text.logprobs is supported"),
+}
+
+
+def refuse_unsupported_responses(body: dict[str, Any]) -> None:
+    for name, (neutral, why) in RESPONSES_REFUSED.items():
+        if body.get(name) is not None and not neutral(body[name]):
+            raise bad_request(why, name, code="unsupported_parameter")
+
+
 class RewardRequest(_Body):
     reward: float
     metrics: dict[str, float] = Field(default_factory=dict)

@@ -125,6 +125,23 @@ class Recorder:
                            type="conflict", param="episode", code="episode_rewarded")
         return ep
 
+    def previous(self, invocation_id: str) -> tuple[ServeCall, Invocation] | None:
+        """A chat call of this run (its ``serve_calls`` row and its invocation), or None when there is none
+        (``previous_response_id`` of the Responses API)."""
+        with self.store.session() as s:
+            try:
+                call = serve_repo.get_serve_call(s, invocation_id)
+            except NotFound:
+                return None
+            episode = (call.client or {}).get("episode")
+            if call.messages is None or episode is None:
+                return None
+            ep_id = episode_row_id(self.run_id, str(episode))
+            if not serve_repo.episode_in_run(s, self.run_id, ep_id):
+                return None
+            inv = next((i for i in repo.episode_invocations(s, ep_id) if i.id == invocation_id), None)
+        return None if inv is None else (call, inv)
+
     def plan(self, ctx: CallContext, prompts: int, n: int) -> Planned:
         call_id, total = new_id(), prompts * n
         inv_ids = [new_id() for _ in range(total)]

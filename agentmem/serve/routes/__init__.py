@@ -1,5 +1,5 @@
 """The routers of ``agentmem serve``, one per API; ``app.create_app`` mounts them. Each OpenAI router
-(``chat``, ``completions``, ``models``) is mounted twice: under ``/v1`` and under ``/episodes/{episode}/v1``
+(``chat``, ``completions``, ``responses``, ``models``) is mounted twice: under ``/v1`` and under ``/episodes/{episode}/v1``
 (its routes read the episode from ``request.path_params``). ``episodes`` holds agentmem's own episode
 routes (reward, privileged). Every route reaches the shared request handling through ``calls(request)``."""
 
