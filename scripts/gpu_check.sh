@@ -25,10 +25,10 @@ if ! "$py" -c "import sqlalchemy, pydantic, alembic, datasets" 2>/dev/null; then
 fi
 { "$py" --version; nvidia-smi 2>/dev/null | head -15; } | tee "$OUT/gpu_check.log"
 if [ "${1:-}" != "--dry-run" ]; then
-  # FlexAttention's CUDA cases (logits in fp32 and bf16, gradients) and the mask tests
-  timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/test_flex_attention.py -k "cuda or mask or bucket" \
+  # FlexAttention's CUDA cases: logits in fp32 and bf16, gradients (CI runs the CPU ones)
+  timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/test_flex_attention.py -k cuda \
     >"$OUT/pytest_cuda.log" 2>&1
   echo "pytest tests/test_flex_attention.py on CUDA: exit $? (tail of $OUT/pytest_cuda.log:)" | tee -a "$OUT/gpu_check.log"
   tail -3 "$OUT/pytest_cuda.log" | tee -a "$OUT/gpu_check.log"
 fi
-timeout "${GPU_CHECK_TIMEOUT:-450}" "$py" -m bench.gpu --out "$OUT" "$@" 2>&1 | tee -a "$OUT/gpu_check.log"
+timeout "${GPU_CHECK_TIMEOUT:-380}" "$py" -m bench.gpu --out "$OUT" "$@" 2>&1 | tee -a "$OUT/gpu_check.log"

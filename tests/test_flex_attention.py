@@ -60,7 +60,7 @@ def flex_grad_supported(device: str) -> bool:
 
 def test_bucket_exact():
     assert [bucket(n) for n in (1, 128, 129, 256, 1000, 1024, 1025, 5000, 8192, 8193)] == [
-        128, 128, 256, 256, 1024, 1024, 1280, 5120, 8192, 10240]
+        128, 128, 256, 256, 1024, 1024, 2048, 8192, 8192, 16384]
 
 
 def test_token_blocks_exact():

@@ -5,10 +5,10 @@ A ``BlockLayout`` (the packed row's blocks and each block's shared prefix) becom
 block (a prefix comes earlier in the row, so every prefix key is before its suffix's queries). Plain
 segment packing is the layout with no prefixes, so one mask covers both packings.
 
-The row's ``N`` tokens are padded inside the attention call to a shape bucket (``bucket``: a multiple of
-an eighth of the next power of two, at least 128), so the compiled kernel is built once per bucket and
-not once per row length; padded queries and keys belong to no block, so every tile they fill is skipped
-and real tokens never see them. The mask is built once per forward (cached on the layout) and read by
+The row's ``N`` tokens are padded inside the attention call to a shape bucket (``bucket``: the next power
+of two, at least 128), so the compiled kernel is built once per bucket and not once per row length;
+padded queries and keys belong to no block, so every tile they fill is skipped and real tokens never
+see them. The mask is built once per forward (cached on the layout) and read by
 every layer.
 
 FlexAttention has no backward on CPU (torch raises), so on CPU it serves inference only. Dropout is not
@@ -30,10 +30,9 @@ TILE = 128  # flex_attention's default sparse block size; buckets are multiples 
 
 
 def bucket(n: int) -> int:
-    """The padded length for ``n`` tokens: a multiple of ``max(128, next_pow2(n) // 8)``, so the padding is
-    under a quarter of ``n`` (or under one tile) and each doubling of ``n`` has four or five buckets."""
-    step = max(TILE, (1 << max(n - 1, 1).bit_length()) // 8)
-    return -(-n // step) * step
+    """The padded length for ``n`` tokens: the next power of two, at least 128. Padding costs little: its
+    tiles are fully masked, so the kernel skips them, and only q, k and v are copied to the bucket."""
+    return max(TILE, 1 << max(n - 1, 1).bit_length())
 
 
 @functools.lru_cache(maxsize=1)
