@@ -5,6 +5,7 @@ store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -148,3 +149,43 @@ def test_responses_options_are_applied_or_refused_by_name(sqlite_store):
         assert serve_repo.get_serve_call(s, plain.id).sampling == {
             "n": 1, "text": {"format": {"type": "text"}}, "store": True, "truncation": "disabled",
             "metadata": {"task": "t1"}}
+
+
+def test_the_openai_agents_sdk_runs_its_default_model_with_a_tool(sqlite_store):
+    """The OpenAI Agents SDK's default model (Responses) with a function tool, run and streamed: the agent calls
+    the tool, reads its result and answers; each run's calls land in one episode."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    tok = tiny_tokenizer()
+    backend = ScriptedBackend(tok, lambda p: "It is sunny in Oslo." if "<tool_response>" in tok.decode(p) else CALL)
+    server = build_server(sqlite_store, ServeConfig(model="s", chat_template="chatml_tools"), backend=backend)
+    ran = []
+
+    @agents.function_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return "sunny"
+
+    async def streamed(agent) -> str:
+        result = agents.Runner.run_streamed(agent, "Weather in Oslo?")
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    agents.set_tracing_disabled(True)
+    with running(server.app) as root:
+        outputs = []
+        for name, run in (("run", agents.Runner.run_sync), ("stream", lambda a, q: asyncio.run(streamed(a)))):
+            agents.set_default_openai_client(AsyncOpenAI(base_url=f"{root}/episodes/{name}/v1", api_key="unused",
+                                                         max_retries=0))
+            agent = agents.Agent(name="w", instructions="Answer briefly.", tools=[weather], model="s")
+            outputs.append(run(agent, "Weather in Oslo?"))
+    server.close("finished")
+    assert [getattr(o, "final_output", o) for o in outputs] == ["It is sunny in Oslo."] * 2 and ran == ["Oslo"] * 2
+    with sqlite_store.session() as s:
+        for name in ("run", "stream"):
+            calls = repo.episode_invocations(s, episode_row_id(server.run_id, name))
+            assert [c.output_text for c in calls] == [CALL, "It is sunny in Oslo."]
+            assert "<tool_response>\nsunny\n</tool_response>" in calls[1].prompt_text
