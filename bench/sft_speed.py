@@ -9,7 +9,9 @@ steps, scaled to 10k; model loading and the final checkpoint save are printed ap
 
 ``--tokens`` sets how many action tokens a dtype trains on (10k by default); ``--max-steps`` caps the steps
 for a short run (the per-10k figure is then extrapolated from the steps run). The last line is
-``fp32_s=<s> bf16_s=<s> bf16_over_fp32=<r>`` (seconds per 10k action tokens; r < 1: bf16 is faster).
+``fp32_s=<s> bf16_s=<s> bf16_over_fp32=<r> fp32_tokens_s=<n> fp32_of_limit=<f> bf16_of_limit=<f>`` (seconds per
+10k action tokens, r < 1: bf16 is faster; tokens read per second; the step's matmul FLOP/s, 6 x weights x tokens,
+over a GEMM's on the decoder's shapes measured in the same process, ``gemm_peak``).
 
   python -m bench.sft_speed --threads 2                 # the full 10k tokens per dtype
   python -m bench.sft_speed --threads 2 --max-steps 4   # a short run
@@ -52,6 +54,33 @@ def oracle_store(work: Path, episodes: int, chunk_tokens: int, level: int | None
     return store, result.run_id, calls
 
 
+def gemm_peak(dtype: torch.dtype, tokens: int = 2048, d: int = 576, ff: int = 1536, repeats: int = 20) -> float:
+    """FLOP/s of this process's matmuls on the decoder's own shapes ([tokens, d] @ [d, ff], SmolLM2-135M's MLP),
+    best of ``repeats``: the ceiling a training step's matmuls can reach here, measured beside the step (on a
+    shared machine both see the same load)."""
+    a, b = torch.randn(tokens, d, dtype=dtype), torch.randn(d, ff, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * tokens * d * ff / best
+
+
+def step_flops(model_path: str, tokens: float, actions: float) -> float:
+    """FLOPs of one step's forward and backward: 6 x (weights but the embedding) x tokens read, plus 6 x the
+    output head x action tokens (the head runs at the action positions only); attention's own is left out
+    (rows of a few thousand tokens)."""
+    from transformers import AutoConfig
+
+    from agentmem.policy.models import resolve_model
+
+    c = AutoConfig.from_pretrained(resolve_model(model_path))
+    layer = 4 * c.hidden_size * c.hidden_size * (1 + c.num_key_value_heads / c.num_attention_heads) / 2 \
+        + 3 * c.hidden_size * c.intermediate_size
+    return 6 * c.num_hidden_layers * layer * tokens + 6 * c.hidden_size * c.vocab_size * actions
+
+
 def measure(store, run_id: str, dtype: DType, steps: int, args, work: Path, runtime: Runtime) -> dict:
     history: list[TrainStep] = []
     t0 = time.perf_counter()
@@ -69,8 +98,13 @@ def measure(store, run_id: str, dtype: DType, steps: int, args, work: Path, runt
           f"({tokens / max(actions, 1):.1f} tokens read per action token), steady {per_10k:.1f} s per 10k action "
           f"tokens; first step {history[0].seconds:.1f} s; load + save {wall - trained:.1f} s; "
           f"loss {history[0].loss:.3f} -> {history[-1].loss:.3f}", flush=True)
+    flops = step_flops(args.model, tokens, actions) / seconds
+    peak = gemm_peak(torch.float32 if dtype is DType.float32 else torch.bfloat16)
+    print(f"{dtype}: {tokens / seconds:.0f} tokens/s read, {flops / 1e9:.1f} GFLOP/s of the step's matmuls against "
+          f"{peak / 1e9:.1f} GFLOP/s of a {dtype} GEMM on the MLP's shapes here: {flops / peak:.0%} of the limit",
+          flush=True)
     shutil.rmtree(Path(result.last_checkpoint.path).parent, ignore_errors=True)
-    return {"per_10k": per_10k}
+    return {"per_10k": per_10k, "tokens_s": tokens / seconds, "fraction": flops / peak}
 
 
 def main() -> None:
@@ -115,12 +149,14 @@ def main() -> None:
           + (f"; running {args.max_steps}" if args.max_steps and args.max_steps < steps else ""), flush=True)
     steps = min(steps, args.max_steps or steps)
     torch.manual_seed(0)
-    figures = {d: measure(store, run_id, DType(d), steps, args, work, runtime)["per_10k"]
-               for d in args.dtypes.split(",")}
-    fp32, bf16 = figures.get("float32", float("nan")), figures.get("bfloat16", float("nan"))
+    measured = {d: measure(store, run_id, DType(d), steps, args, work, runtime) for d in args.dtypes.split(",")}
+    nan = {"per_10k": float("nan"), "tokens_s": float("nan"), "fraction": float("nan")}
+    fp32, bf16 = measured.get("float32", nan), measured.get("bfloat16", nan)
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"fp32_s={fp32:.1f} bf16_s={bf16:.1f} bf16_over_fp32={bf16 / fp32:.2f}")
+    print(f"fp32_s={fp32['per_10k']:.1f} bf16_s={bf16['per_10k']:.1f} "
+          f"bf16_over_fp32={bf16['per_10k'] / fp32['per_10k']:.2f} fp32_tokens_s={fp32['tokens_s']:.0f} "
+          f"fp32_of_limit={fp32['fraction']:.2f} bf16_of_limit={bf16['fraction']:.2f}")
 
 
 if __name__ == "__main__":
