@@ -48,15 +48,15 @@ def serve(
     chat_template: Annotated[str | None, typer.Option(
         help="A Jinja chat template FILE replacing the model's own (or `chatml_tools`, shipped: ChatML with "
              "Hermes tool calls, for the default model): a request with tools its template cannot render is "
-             "refused.", show_default=False)] = None,
+             "refused.", show_default=False, metavar="FILE")] = None,
     dtype: Annotated[DType, typer.Option(help="Model dtype (fp32, as rollouts: the stored log-probs then match "
                                               "training's fp32 recompute).")] = DType.float32,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
 ) -> None:
-    """Serve a model through the OpenAI API (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) and
-    store every call as an invocation of one `serve` run: an agent written with any OpenAI client changes
-    only its base_url (`http://HOST:PORT/episodes/EPISODE/v1` groups its calls into an episode). See
+    """Serve a model through the OpenAI API (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+    `/v1/models`) and store every call as an invocation of one `serve` run: an agent written with any OpenAI
+    client changes only its base_url (`http://HOST:PORT/episodes/EPISODE/v1` groups its calls into an episode). See
     docs/serve.md."""
     from cli.common import check_port, runtime, setup_logging
 

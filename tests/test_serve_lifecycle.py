@@ -127,9 +127,9 @@ def test_a_reward_is_final_unless_replaced_and_a_rewarded_episode_is_reopened_on
 def test_openai_errors_name_the_route_and_the_field(sqlite_store, model_dir):
     server = build_server(sqlite_store, ServeConfig(model=model_dir, dtype="float32", context_length=64))
     with running(server.app) as root:
-        missing = httpx.post(f"{root}/v1/responses", json={"model": model_dir, "input": "hi"})
+        missing = httpx.post(f"{root}/v1/embeddings", json={"model": model_dir, "input": "hi"})
         assert missing.status_code == 404
-        assert missing.json()["error"] == {"message": "unknown route: POST /v1/responses",
+        assert missing.json()["error"] == {"message": "unknown route: POST /v1/embeddings",
                                            "type": "invalid_request_error", "param": None, "code": "not_found"}
         wrong_method = httpx.get(f"{root}/v1/chat/completions")
         assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"

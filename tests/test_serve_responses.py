@@ -130,7 +130,8 @@ def test_function_tools_and_call_outputs_make_a_tool_loop(sqlite_store):
 
 def test_responses_options_are_applied_or_refused_by_name(sqlite_store):
     tok = tiny_tokenizer()
-    server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tok, lambda _: "Oslo."))
+    server = build_server(sqlite_store, ServeConfig(model="s", context_length=64),
+                          backend=ScriptedBackend(tok, lambda _: "Oslo."))
     with running(server.app) as root:
         client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0, timeout=60)
         plain = client.responses.create(model="s", input="hi", text={"format": {"type": "text"}}, store=True,
@@ -142,6 +143,10 @@ def test_responses_options_are_applied_or_refused_by_name(sqlite_store):
             with pytest.raises(openai.BadRequestError) as err:
                 client.responses.create(model="s", input="hi", **{name: value})
             refused[name] = err.value.body["param"]
+        for name, value in {"input": "Bob lives in Oslo. " * 40, "max_output_tokens": 100}.items():
+            with pytest.raises(openai.BadRequestError) as err:
+                client.responses.create(model="s", **{"input": "hi", name: value})
+            assert (err.value.body["param"], err.value.body["code"]) == (name, "context_length_exceeded")
     server.close("finished")
     assert plain.output_text == "Oslo." and plain.status == "completed"
     assert refused == {name: name for name in refused}  # tools: the tiny template cannot render them

@@ -87,8 +87,8 @@ class Calls:
         limit = req.output_limit
         if room < 1:
             raise bad_request(f"This model's maximum context length is {settings.context_length} tokens. However, "
-                              f"you requested {longest} prompt tokens.", "messages" if sent.messages is not None
-                              else "prompt", code="context_length_exceeded")
+                              f"you requested {longest} prompt tokens.", getattr(req, "prompt_param", None)
+                              or ("messages" if sent.messages is not None else "prompt"), code="context_length_exceeded")
         if limit is not None and limit > room:
             raise bad_request(f"This model's maximum context length is {settings.context_length} tokens. However, "
                               f"you requested {longest} prompt tokens plus {limit} output tokens.", req.output_param,

@@ -280,6 +280,10 @@ class ResponsesRequest(_Sampling):
         return "max_output_tokens" if self.max_output_tokens else "max_tokens"
 
     @property
+    def prompt_param(self) -> str:
+        return "input"
+
+    @property
     def logprobs(self) -> bool:
         return "message.output_text.logprobs" in (self.include or []) or bool(self.top_logprobs)
 
