@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 
+import httpx
 import openai
 import pytest
+from openai.types.responses import response_create_params
 from serve_helpers import running
 
 from agentmem.policy.scripted import ScriptedBackend
@@ -126,6 +129,56 @@ def test_function_tools_and_call_outputs_make_a_tool_loop(sqlite_store):
                                          "<|im_start|>assistant\n")
     assert sent.tools == [{"type": "function", "function": {k: TOOLS[0][k] for k in ("name", "description",
                                                                                      "parameters")}}]
+
+
+# Responses fields applied, and what serve_calls.sampling then holds for them (None: the value as sent; (): not
+# in sampling: stored as the messages or tools they give)
+APPLIED: dict[str, tuple[object, object]] = {
+    "input": ("hi", ()), "instructions": ("Be brief.", None), "max_output_tokens": (3, ("max_tokens", 3)),
+    "temperature": (0.5, None), "top_p": (0.9, None), "top_logprobs": (2, None), "stream": (True, None),
+    "include": (["message.output_text.logprobs"], None), "stream_options": ({"include_obfuscation": False}, None),
+    "metadata": ({"note": "x"}, None), "user": ("u1", None), "safety_identifier": ("s1", None),
+    "service_tier": ("auto", None), "prompt_cache_key": ("k", None), "prompt_cache_retention": ("in_memory", None),
+    "store": (True, None), "parallel_tool_calls": (True, None), "truncation": ("disabled", None),
+    "text": ({"format": {"type": "text"}}, None), "reasoning": ({"effort": None}, None), "background": (False, None),
+    "tool_choice": ("auto", None), "tools": (TOOLS, ()),
+}
+REFUSED: dict[str, object] = {
+    "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}, "reasoning": {"effort": "low"},
+    "background": True, "max_tool_calls": 2, "conversation": "conv_1", "prompt": {"id": "p"},
+    "context_management": [{"type": "compaction"}], "include": ["file_search_call.results"], "store": False,
+    "parallel_tool_calls": False, "truncation": "auto", "tool_choice": "required", "n": 2,
+    "access_programs": {"cyber": "standard"}, "background_options": {}, "image": {"context_compression": "enabled"},
+    "moderation": {"model": "m"}, "prompt_cache_options": {"ttl": "30m"}, "no_such_option": 1,
+}
+
+
+def test_every_responses_field_is_applied_and_recorded_or_refused_by_name(sqlite_store, tmp_path):
+    """Each field the installed `openai` client can send to /v1/responses (a new one fails this test until it
+    is decided): applied ones answer 200 and are recorded in serve_calls.sampling, refused ones get a 400 naming
+    them, and a refused call stores nothing."""
+    fields = set(typing.get_type_hints(response_create_params.ResponseCreateParamsBase)) | {"stream"}
+    assert fields - {"model", "previous_response_id"} <= set(APPLIED) | set(REFUSED)
+    path = save_tiny(tmp_path / "tiny")
+    server = build_server(sqlite_store, ServeConfig(model=path, batch_window_ms=0, chat_template="chatml_tools"))
+    base = {"model": path, "input": "hi", "max_output_tokens": 2}
+    with running(server.app) as root:
+        for name, (value, recorded) in APPLIED.items():
+            answer = httpx.post(f"{root}/v1/responses", json={**base, name: value}, timeout=60)
+            assert answer.status_code == 200, (name, answer.text)
+            with sqlite_store.session() as s:
+                call = serve_repo.get_serve_call(s, answer.headers["x-agentmem-invocation"])
+            if recorded == ():
+                assert name not in call.sampling
+                continue
+            key, want = recorded if isinstance(recorded, tuple) else (name, value)
+            assert call.sampling[key] == want, (name, call.sampling)
+        for name, value in REFUSED.items():
+            answer = httpx.post(f"{root}/v1/responses", json={**base, name: value}, timeout=60)
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == name, (name, answer.text)
+    server.close("finished")
+    with sqlite_store.session() as s:
+        assert repo.count_invocations(s, [server.run_id]) == len(APPLIED)
 
 
 def test_responses_options_are_applied_or_refused_by_name(sqlite_store):
