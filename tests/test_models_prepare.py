@@ -131,20 +131,21 @@ def test_prepare_is_atomic_and_reused(tmp_path, monkeypatch):
 def test_prepare_says_one_line_and_keeps_transformers_bars_off(tmp_path, monkeypatch, caplog):
     """A first preparation logs one agentmem line (what, how long, where) and converts with transformers'
     progress bars off, on again after; a reuse says nothing."""
+    from transformers import modeling_gguf_pytorch_utils as gguf
     from transformers.utils import logging as hf_logging
 
     _fake_gguf_loaders(monkeypatch, fail_on_save=False)
-    seen = []
+    seen, bar = [], gguf.tqdm
     convert = models_mod._convert_gguf
-    monkeypatch.setattr(models_mod, "_convert_gguf",
-                        lambda *a: (seen.append(hf_logging.is_progress_bar_enabled()), convert(*a)))
+    monkeypatch.setattr(models_mod, "_convert_gguf", lambda *a: (
+        seen.append((hf_logging.is_progress_bar_enabled(), gguf.tqdm([1]).disable)), convert(*a)))
     hf_logging.enable_progress_bar()
     with caplog.at_level("INFO", logger="agentmem.policy.models"):
         prepare_default_model(tmp_path)
         prepare_default_model(tmp_path)
     assert [r.getMessage() for r in caplog.records] == [
-        f"preparing the default model once, about 30 s: {DEFAULT_MODEL} from its GGUF into {tmp_path / DEFAULT_MODEL}"]
-    assert seen == [False] and hf_logging.is_progress_bar_enabled()
+        f"preparing the default model once, about 30 s ({DEFAULT_MODEL}, from its GGUF)"]
+    assert seen == [(False, True)] and hf_logging.is_progress_bar_enabled() and gguf.tqdm is bar
 
 
 def test_default_cache_dir_honours_env(tmp_path, monkeypatch):

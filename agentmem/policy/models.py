@@ -114,8 +114,7 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.parent / f".{DEFAULT_MODEL}.lock"):
         if force or not is_model_folder(target):
-            log.warning("preparing the default model once, about 30 s: %s from its GGUF into %s", DEFAULT_MODEL,
-                        target)
+            log.warning("preparing the default model once, about 30 s (%s, from its GGUF)", DEFAULT_MODEL)
             with quiet_transformers():
                 _convert_gguf(gguf_dir, target)
     return target
@@ -125,15 +124,23 @@ def prepare_default_model(cache_dir: Path | None = None, force: bool = False) ->
 def quiet_transformers() -> Iterator[None]:
     """Transformers' progress bars (the GGUF conversion's, the weights loading's) off for the block: the jobs
     say what they do in their own lines."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    plain = getattr(gguf, "tqdm", None)  # the GGUF conversion's bar is tqdm's own, not transformers' switchable one
+    if plain is not None:
+        gguf.tqdm = functools.partial(plain, disable=True)
     try:
         yield
     finally:
         if was:
             hf_logging.enable_progress_bar()
+        if plain is not None:
+            gguf.tqdm = plain
 
 
 def _convert_gguf(gguf_dir: Path, target: Path) -> None:
