@@ -119,9 +119,11 @@ def exact_part(check: Check, shape: str, dtype: torch.dtype, lengths: tuple[int,
                 ids = torch.from_numpy(s.input_ids.astype(np.int64))[None].to(dev)
                 hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]
                 alone[s.invocation_id] = model.get_output_embeddings()(hidden[torch.from_numpy(s.action_mask).to(dev)])
-            batches = {packing: collate_rows(pack(seqs, row_tokens, shared_prefix=packing == "shared")[0], 0).to(dev)
-                       for packing in ("segments", "shared")}
+            packed = {packing: pack(seqs, row_tokens, shared_prefix=packing == "shared") for packing in ("segments",
+                                                                                                 "shared")}
+            batches = {packing: collate_rows(rows, 0).to(dev) for packing, (rows, _) in packed.items()}
             out: dict = {"shape": shape, "dtype": str(dtype), "calls": len(seqs),
+                         "shared_tokens": packed["shared"][1].shared_tokens,
                          "logit_scale": max(a.abs().max().item() for a in alone.values())}
 
             def vs_alone(batch, logits):
