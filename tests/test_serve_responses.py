@@ -210,8 +210,9 @@ def test_responses_options_are_applied_or_refused_by_name(sqlite_store):
 
 
 def test_the_openai_agents_sdk_runs_its_default_model_with_a_tool(sqlite_store):
-    """The OpenAI Agents SDK's default model (Responses) with a function tool, run and streamed: the agent calls
-    the tool, reads its result and answers; each run's calls land in one episode."""
+    """The OpenAI Agents SDK's default model (Responses) with a function tool, run and streamed, and its chat
+    completions model: the agent calls the tool, reads its result and answers; each run's calls land in one
+    episode."""
     agents = pytest.importorskip("agents")
     from openai import AsyncOpenAI
 
@@ -235,15 +236,17 @@ def test_the_openai_agents_sdk_runs_its_default_model_with_a_tool(sqlite_store):
     agents.set_tracing_disabled(True)
     with running(server.app) as root:
         outputs = []
-        for name, run in (("run", agents.Runner.run_sync), ("stream", lambda a, q: asyncio.run(streamed(a)))):
-            agents.set_default_openai_client(AsyncOpenAI(base_url=f"{root}/episodes/{name}/v1", api_key="unused",
-                                                         max_retries=0))
-            agent = agents.Agent(name="w", instructions="Answer briefly.", tools=[weather], model="s")
+        for name, run in (("run", agents.Runner.run_sync), ("stream", lambda a, q: asyncio.run(streamed(a))),
+                          ("chat", agents.Runner.run_sync)):
+            client = AsyncOpenAI(base_url=f"{root}/episodes/{name}/v1", api_key="unused", max_retries=0)
+            agents.set_default_openai_client(client)
+            model = agents.OpenAIChatCompletionsModel(model="s", openai_client=client) if name == "chat" else "s"
+            agent = agents.Agent(name="w", instructions="Answer briefly.", tools=[weather], model=model)
             outputs.append(run(agent, "Weather in Oslo?"))
     server.close("finished")
-    assert [getattr(o, "final_output", o) for o in outputs] == ["It is sunny in Oslo."] * 2 and ran == ["Oslo"] * 2
+    assert [getattr(o, "final_output", o) for o in outputs] == ["It is sunny in Oslo."] * 3 and ran == ["Oslo"] * 3
     with sqlite_store.session() as s:
-        for name in ("run", "stream"):
+        for name in ("run", "stream", "chat"):
             calls = repo.episode_invocations(s, episode_row_id(server.run_id, name))
             assert [c.output_text for c in calls] == [CALL, "It is sunny in Oslo."]
             assert "<tool_response>\nsunny\n</tool_response>" in calls[1].prompt_text
