@@ -16,7 +16,7 @@ py=${PYTHON:-python3}
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && ! command -v nvidia-smi >/dev/null; then py=.venv/bin/python; fi
 site=${AGENTMEM_GPU_SITE:-/tmp/agentmem-site}
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$py" -c "import sqlalchemy, pydantic, alembic, datasets" 2>/dev/null; then
+if ! "$py" -c "import sqlalchemy, pydantic, alembic" 2>/dev/null; then
   [ -d .gpu_wheels ] || { echo "missing dependencies and no .gpu_wheels/: run scripts/gpu_wheels.sh where pip works"; exit 1; }
   names=$(ls .gpu_wheels/*.whl | xargs -n1 basename | cut -d- -f1 | sort -u)
   # shellcheck disable=SC2086  # one argument per name
