@@ -126,6 +126,7 @@ def tokenizer_folder(tmp_path) -> str:
 # agentmem.testing), reaches ``subprocess``, ``multiprocessing`` or a process pool.
 
 SPAWNERS = (subprocess, multiprocessing, concurrent.futures.process)
+SPAWNER_NAMES = {"subprocess", "multiprocessing", "Popen", "ProcessPoolExecutor"}
 TESTS = Path(__file__).resolve().parent
 TESTING = (TESTS, Path(__file__).resolve().parents[1] / "agentmem" / "testing")
 
@@ -146,6 +147,8 @@ def _spawns(fn, seen: set) -> bool:
         code = codes.pop()
         names.update(code.co_names)
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    if names & SPAWNER_NAMES:  # also a spawner imported inside the function
+        return True
     values = [fn.__globals__.get(name) for name in names]
     ours = [v for v in values if isinstance(v, types.ModuleType) and _ours(getattr(v, "__file__", None))]
     values += [getattr(module, name, None) for module in ours for name in names]  # faults.make_world
