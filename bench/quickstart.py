@@ -145,7 +145,7 @@ def main() -> None:
     rollout, sft, evaluate = README_COMMANDS
     oracle = step(command(rollout, args.smoke, model), "run_id", work, log,
                   finished(db, "rollout", policy="oracle"))
-    done = finished(db, "sft")
+    done = finished(db, "sft", out="checkpoints")  # the README's (sft's default folder)
     ckpt = step(command(sft, args.smoke, model, ORACLE_RUN=oracle), "checkpoint", work, log,
                 done and (last_checkpoint(db, done[0]), done[1]))
     trained = step(command(evaluate, args.smoke, model, CHECKPOINT=ckpt), "run_id", work, log,
