@@ -460,10 +460,10 @@ class Bench:
 
     def sft(self, name: str, runs: list[str], student: str, steps: int, lr: float, seed: int, calls: int,
             save_every: int | None = None, carry: bool = False, first_moment: bool = True,
-                           keep_optimizer=True,  # the methods carry the warm start's AdamW state
             context: SamplingContext = SamplingContext.aligned) -> list[dict]:
         config = SftConfig(run_ids=runs, student=student, steps=steps, invocations_per_step=calls, carry_optimizer=carry,
                            carry_first_moment=first_moment, context=context, mixed_precision=self.mixed(),
+                           keep_optimizer=True,  # the methods carry the warm start's AdamW state
                            lr=lr, warmup_steps=self.plan.warmup, schedule=LrSchedule.cosine, seed=seed,
                            out=str(self.work / "ckpt" / name), save_every=save_every)
         result = run_sft(self.store, config, self.runtime)
