@@ -178,3 +178,38 @@ def test_rollout_help_gives_a_measured_time_not_a_guess():
 @pytest.fixture(autouse=True)
 def _no_db_env(monkeypatch):
     monkeypatch.delenv("AGENTMEM_DB", raising=False)
+
+
+def test_run_id_is_the_first_line_before_the_tokenizer_loads(tmp_path, capsys, monkeypatch):
+    """The run's row (and its printed id) comes before the model's tokenizer is loaded, which on a fresh
+    machine means before the default model is prepared."""
+    import agentmem.models as policy_models
+
+    model = save_tiny(tmp_path / "model")
+    db = str(tmp_path / "store.db")
+    loaded = policy_models.load_tokenizer
+    seen: list[str] = []
+
+    def load_tokenizer(path):
+        seen.append(capsys.readouterr().out)  # what was printed when the tokenizer started loading
+        return loaded(path)
+
+    monkeypatch.setattr(policy_models, "load_tokenizer", load_tokenizer)
+    code, out = run_cli(capsys, monkeypatch, "rollout", "--policy", "oracle", "--model", model, "--episodes", "1",
+                        "--knob", "context_tokens=120", "--chunk-tokens", "64", "--memory-tokens", "24", "--db", db)
+    assert code == 0
+    assert len(seen) == 1 and seen[0].startswith("run_id=") and seen[0].count("\n") == 1
+
+
+def test_a_new_run_refused_while_its_tasks_are_built_leaves_no_row(tmp_path, capsys, monkeypatch):
+    """An input found bad only once the tokenizer builds the tasks (here a data file that is no HotpotQA file)
+    ends in one error line, and the run row written before it is deleted again."""
+    model = save_tiny(tmp_path / "model")
+    db = tmp_path / "store.db"
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps({"not": "a list of questions"}))
+    code, out = run_cli(capsys, monkeypatch, "rollout", "--env", "hotpotqa", "--data", str(data), "--model", model,
+                        "--episodes", "1", "--db", f"sqlite:///{db}")
+    lines = out.strip().splitlines()
+    assert code == 1 and lines[0].startswith("run_id=")
+    assert count(f"sqlite:///{db}", "select count(*) from runs") == 0

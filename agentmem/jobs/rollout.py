@@ -354,10 +354,15 @@ def run_rollout(
         raise ConfigError("run_rollout needs a config or a run to resume")
     if (backend is None) != (policy is None):
         raise ConfigError("give both backend and policy, or neither")
-    setup = rollout_setup(store, config, kind, backend)
+    # a resumed run is checked before it is taken over; a new run's row comes first, so its id is the
+    # first line even when the default model is prepared (about 30 s) for the tokenizer that builds the tasks
+    setup = rollout_setup(store, config, kind, backend) if resumed is not None else None
     lease = lease or LeaseTerms()
     with tracked_run(store, kind, config, resume=resumed, shared=True) as run:
         rid = run.id
+        if setup is None:
+            with run.provisional():
+                setup = rollout_setup(store, config, kind, backend)
         if backend is None and not setup.oracle:  # after the run row: its id is known while weights load
             policy, backend = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
                                              base_url=config.base_url)

@@ -56,7 +56,23 @@ class RunHandle:
     store: Store
     id: str
     writes: bool = True  # False on the ranks other than 0 of a job over several processes
+    discarded: bool = False  # the row was deleted (``provisional``): nothing is left to end
     _last: float = field(default_factory=time.monotonic)
+
+    @contextlib.contextmanager
+    def provisional(self) -> Iterator[None]:
+        """A new run's set-up, after its row is written (so its id is printed first) and before it holds
+        anything: an error here (a bad input found while the tasks are built) deletes the row, so a refused
+        job leaves no run behind. Ctrl-C keeps the row, interrupted, for ``--resume``."""
+        try:
+            yield
+        except Exception:
+            with contextlib.suppress(Exception):  # the store itself may be what failed: keep the first error
+                with self.store.session() as s:
+                    repo.delete_run(s, self.id)
+                    s.commit()
+                self.discarded = True
+            raise
 
     def beat(self, force: bool = False) -> None:
         if not self.writes:
@@ -125,8 +141,9 @@ def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str |
             _end(store, rid, "interrupted", None)
         raise
     except BaseException as exc:
-        with contextlib.suppress(Exception):
-            _end(store, rid, "failed", error_line(exc))
+        if not handle.discarded:
+            with contextlib.suppress(Exception):
+                _end(store, rid, "failed", error_line(exc))
         raise
     finally:
         _ANNOUNCE.reset(token)

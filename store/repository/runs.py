@@ -48,6 +48,12 @@ def finish_run(session: Session, run_id: str, status: str = "finished", error: s
     _update_run(session, run_id, status=status, finished_at=utcnow(), error=text_column(error))
 
 
+def delete_run(session: Session, run_id: str) -> None:
+    """Delete run ``run_id``, which must hold nothing yet (no episodes, calls or checkpoints)."""
+    if session.execute(sa.delete(RunRow).where(RunRow.id == run_id)).rowcount == 0:
+        raise NotFound(f"no run with id {run_id!r} (see `agentmem runs`)")
+
+
 def claim_run(session: Session, run_id: str) -> Run:
     """Take over run ``run_id`` for a resume: running again, in this process, with its old error cleared."""
     run_id = get_row(session, RunRow, run_id, "run", " (see `agentmem runs`)").id
