@@ -42,6 +42,7 @@ from agentmem.jobs.teacher_check import TeacherReport, check_teacher
 from agentmem.records import Checkpoint, Episode, Run, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
+from agentmem.training.checkpoints import drop_optimizer_state
 from agentmem.training.dynamics import round_warnings
 from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
@@ -164,6 +165,10 @@ def run_train(
         for r in range(len(rounds), config.rounds):
             result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending, report_to)
             rounds.append(result)
+            if (r > 0 or config.warm_start is not None) and runtime.is_main:
+                # the round's start was this run's own checkpoint: the round's last checkpoint now keeps the
+                # AdamW state a resume or the next round needs, so the earlier copy (twice the model) goes
+                drop_optimizer_state(Path(policy.path))
             policy, pending = result.checkpoint, None
             run.beat(force=True)
     return run.id, rounds
