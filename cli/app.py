@@ -96,13 +96,15 @@ def main() -> None:
     from agentmem.errors import AgentmemError
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from cli.config_options import CommandLineError
+
     try:
         app()
     except (AgentmemError, ValidationError) as exc:
         if _DEBUG["on"]:
             raise
         typer.echo(f"error: {error_message(exc)}", err=True)
-        sys.exit(1)
+        sys.exit(2 if isinstance(exc, CommandLineError) else 1)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ terminal (at most 100 columns) with every flag's name whole:
   declared) and one line that ``--help-all`` (or ``agentmem config show JOB``) shows the rest.
 
 Errors: a usage error (an unknown flag, a bad value, a missing argument) is one line ``error: ...`` with exit
-code 2, any other click error exit code 1; the jobs' own errors are printed by ``cli.app.main`` (exit 1).
+code 2, any other click error exit code 1; the jobs' own errors are printed by ``cli.app.main`` (exit 2 for a
+``CommandLineError``: a bad value, config file or flag; 1 for the rest).
 """
 
 from __future__ import annotations

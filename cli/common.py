@@ -100,10 +100,15 @@ def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | No
     check_url(db)
     if rollout is not None:
         from agentmem.agent.registry import policy_options
+        from agentmem.errors import AgentmemError
+        from cli.config_options import CommandLineError
         from envs import check_env
 
-        check_env(rollout.env, rollout.data, rollout.env_knobs)
-        policy_options(rollout.agent.memory_policy, rollout.agent.memory_options)
+        try:  # an unknown knob, memory policy or option, a data flag the environment needs or refuses: usage
+            check_env(rollout.env, rollout.data, rollout.env_knobs)
+            policy_options(rollout.agent.memory_policy, rollout.agent.memory_options)
+        except AgentmemError as exc:  # these two read no file: what they refuse is the command line's
+            raise CommandLineError(str(exc)) from exc
         data = rollout.data if data is None else data
     if kinds is not None:
         from agentmem.agent.registry import check_kinds

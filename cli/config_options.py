@@ -41,6 +41,13 @@ from pydantic_core import PydanticUndefined
 from agentmem.errors import ConfigError
 from cli.command import HelpAllOption
 
+
+class CommandLineError(ConfigError):
+    """The command line or its ``--config`` file is wrong: a value that fails its check, an unknown key, a
+    file that does not parse. ``cli.app.main`` prints it as one line with exit code 2, as click's own usage
+    errors; an error found later (files, the database, runs, models, the job itself) exits 1."""
+
+
 # A field whose flag is not its own name (kept from before the options were generated, so docs and scripts
 # keep working). Keyed by the field's name in any section.
 FLAG_NAMES: dict[str, tuple[str, ...]] = {
@@ -141,7 +148,7 @@ def parse_pairs(values: list[str], flag: str) -> dict:
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
+            raise CommandLineError(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -259,7 +266,7 @@ class ConfigFile:
                 if info is None:
                     close = difflib.get_close_matches(str(key), list(model.model_fields), n=1)
                     hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
-                    raise ConfigError(f"--config {self.where(prefix + str(key))}: unknown key {prefix}{key}{hint}")
+                    raise CommandLineError(f"--config {self.where(prefix + str(key))}: unknown key {prefix}{key}{hint}")
                 sub = _section(info.annotation)
                 if sub is not None and isinstance(value, dict):
                     walk(value, sub, f"{prefix}{key}.")
@@ -304,7 +311,7 @@ def read_config_file(path: str) -> ConfigFile:
     """A ``--config`` file (YAML, or TOML by suffix); a syntax error names the line and column."""
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"--config {path}: no such file")
+        raise ConfigError(f"--config {path}: no such file")  # found in the world, as a missing --data
     text = file.read_text()
     if file.suffix == ".toml":
         import tomllib
@@ -312,7 +319,7 @@ def read_config_file(path: str) -> ConfigFile:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"--config {path}: {exc}") from None
+            raise CommandLineError(f"--config {path}: {exc}") from None
         lines = _toml_lines(text)
     else:
         import yaml
@@ -322,14 +329,14 @@ def read_config_file(path: str) -> ConfigFile:
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             at = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            raise ConfigError(f"--config {path}{at}: {exc.problem or exc.context} (not valid YAML)") from None
+            raise CommandLineError(f"--config {path}{at}: {exc.problem or exc.context} (not valid YAML)") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {path}: {str(exc).splitlines()[0]}") from None
+            raise CommandLineError(f"--config {path}: {str(exc).splitlines()[0]}") from None
         lines = _yaml_lines(text) if isinstance(data, dict) else {}
     if data is None:
         return ConfigFile(path, {}, {})
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of config fields, got {type(data).__name__}")
+        raise CommandLineError(f"--config {path}: expected a mapping of config fields, got {type(data).__name__}")
     return ConfigFile(path, data, lines)
 
 
@@ -363,7 +370,7 @@ class Invocation:
                   if o.path not in allowed and self.passed(o.param)]
         given += [f"--{name.replace('_', '-')}" for name, value in self.extras.items() if value is not None]
         if given:
-            raise ConfigError(f"--resume {resume} finishes the run with its stored config: {', '.join(given)} "
+            raise CommandLineError(f"--resume {resume} finishes the run with its stored config: {', '.join(given)} "
                               f"cannot change it (leave {'it' if len(given) == 1 else 'them'} out, or start a new "
                               "run)")
 
@@ -402,7 +409,7 @@ class Invocation:
         try:
             return self.spec.model.model_validate(merged)
         except ValidationError as exc:
-            raise ConfigError(self._message(exc)) from exc
+            raise CommandLineError(self._message(exc)) from exc
 
     def _message(self, exc: Any) -> str:
         """A validation error in the user's words: each problem under its flag (or, for a value the

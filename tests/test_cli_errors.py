@@ -63,14 +63,14 @@ def files(tmp_path):
 ])
 def test_a_config_file_error_names_the_file_line_and_key(capsys, monkeypatch, files, name, line):
     code, lines, _ = agentmem(capsys, monkeypatch, "config", "show", "rollout", "--config", str(files / name))
-    assert (code, lines) == (1, [f"error: --config {files / line}"])
+    assert (code, lines) == (2, [f"error: --config {files / line}"])
     assert "--memory-tokns" not in lines[0] and "Extra inputs" not in lines[0]
 
 
 def test_a_flag_over_a_bad_file_value_is_reported_as_the_flag(capsys, monkeypatch, files):
     code, lines, _ = agentmem(capsys, monkeypatch, "config", "show", "rollout", "--config",
                               str(files / "value.yaml"), "--temperature", "-2")
-    assert (code, lines) == (1, ["error: --temperature: Input should be greater than or equal to 0"])
+    assert (code, lines) == (2, ["error: --temperature: Input should be greater than or equal to 0"])
 
 
 @pytest.mark.parametrize(("args", "line"), [
@@ -87,7 +87,7 @@ def test_a_flag_over_a_bad_file_value_is_reported_as_the_flag(capsys, monkeypatc
 ])
 def test_a_validation_error_names_flags_not_fields(capsys, monkeypatch, args, line):
     code, lines, _ = agentmem(capsys, monkeypatch, "config", "show", *args)
-    assert (code, lines) == (1, [line])
+    assert (code, lines) == (2, [line])
 
 
 @pytest.mark.parametrize(("args", "line"), [
@@ -103,7 +103,7 @@ def test_a_validation_error_names_flags_not_fields(capsys, monkeypatch, args, li
 ])
 def test_resume_refuses_what_it_cannot_apply(capsys, monkeypatch, tmp_path, args, line):
     code, lines, _ = agentmem(capsys, monkeypatch, *args, "--db", str(tmp_path / "x.db"))
-    assert (code, lines) == (1, [line])
+    assert (code, lines) == (2, [line])
     assert not (tmp_path / "x.db").exists()
 
 

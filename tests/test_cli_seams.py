@@ -49,12 +49,12 @@ def test_fixed_choices_fail_at_parse_time(tmp_path, args, allowed):
 def test_validation_error_names_the_field_before_anything_loads(tmp_path):
     db = tmp_path / "x.db"
     proc = am("rollout", "--episodes", "0", "--db", str(db))
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a value that fails its check is a usage error
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: --episodes: ") and "greater than or equal to 1" in line
     assert not db.exists()  # validated before the store is opened or a model loads
     nested = am("rollout", "--top-p", "0", "--db", str(db))
-    assert nested.returncode == 1 and "error: --top-p: " in nested.stderr
+    assert nested.returncode == 2 and "error: --top-p: " in nested.stderr
     debug = am("--debug", "rollout", "--episodes", "0", "--db", str(db))
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ValidationError" in debug.stderr
 

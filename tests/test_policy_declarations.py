@@ -97,7 +97,7 @@ def test_a_registered_policy_adds_its_kinds_and_its_declarations_are_asked():
     call = policy.next_call(policy.initial_state(TASK), TASK)
     assert consume(policy, Count(), call, [5], "x", [-0.1]) == Count(10)  # wants_logprobs: passed
     assert consume(policy, Count(), call, [5], "x", None) == Count(1)
-    with pytest.raises(AgentError, match="memory policy 'counter': bad --memory-option \\(k: Extra inputs"):
+    with pytest.raises(AgentError, match="memory policy 'counter': bad --memory-option \\(k: unknown option\\); known: "):
         memory_policy("counter", tok, AgentConfig(memory_policy="counter", memory_options={"k": 1}))
     with pytest.raises(AgentError, match="the oracle writes the calls of memory policies that declare"):
         OracleWriter(tok, policy)
