@@ -43,3 +43,21 @@ def canonical_calls(episodes, invs, *fields: str) -> list[tuple]:
         return v.tolist() if hasattr(v, "tolist") else v
 
     return sorted((key[i.episode_id], i.step, i.kind, *(value(i, f) for f in fields)) for i in invs)
+
+
+def run_main(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``agentmem ARGS`` run in this process through ``cli.app.main``."""
+    import sys
+
+    from cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["agentmem", *args])
+    monkeypatch.delenv("AGENTMEM_DEBUG", raising=False)
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -7,26 +7,17 @@ cannot apply; ``view`` and ``serve`` have their own default ports and a port in 
 from __future__ import annotations
 
 import socket
-import sys
 
 import pytest
+from helpers import run_main
 
-from cli.app import main
 from cli.serve import SERVE_PORT
 
 
 def agentmem(capsys, monkeypatch, *args: str) -> tuple[int, list[str], str]:
     """(exit code, stderr lines, stdout) of ``agentmem ARGS``."""
-    monkeypatch.setattr(sys, "argv", ["agentmem", *args])
-    monkeypatch.delenv("AGENTMEM_DEBUG", raising=False)
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.err.strip().splitlines(), out.out
+    code, out, err = run_main(capsys, monkeypatch, *args)
+    return code, err.strip().splitlines(), out
 
 
 @pytest.mark.parametrize(("args", "line"), [

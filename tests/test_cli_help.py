@@ -7,11 +7,10 @@ workflow."""
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
+from helpers import run_main
 
-from cli.app import main
 from cli.command import WORKFLOW
 from cli.job_specs import JOBS
 
@@ -22,15 +21,7 @@ OTHER = ["worker", "replay-audit", "serve", "runs", "sql", "view", "report", "ex
 def agentmem(capsys, monkeypatch, *args: str, columns: int = 80) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of ``agentmem ARGS`` in a terminal ``columns`` wide."""
     monkeypatch.setenv("COLUMNS", str(columns))
-    monkeypatch.setattr(sys, "argv", ["agentmem", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_main(capsys, monkeypatch, *args)
 
 
 def flags(text: str) -> list[str]:
