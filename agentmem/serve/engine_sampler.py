@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from agentmem.policy.types import AsyncEngine, Generation
 from agentmem.records import FinishReason
-from agentmem.serve.sampler import Choice, Job, Tokens, cut_at_stop, to_choice
+from agentmem.serve.sampler import Choice, Job, Tokens, cut_at_stop, drain, to_choice
 
 
 class EngineSampler:
@@ -62,11 +62,7 @@ class EngineSampler:
         done = self._call(self._run(job, emit))
         done.add_done_callback(lambda f: here.call_soon_threadsafe(queue.put_nowait, f))
         try:
-            while True:
-                event = await queue.get()
-                if isinstance(event, Future):
-                    yield event.result()  # the choices, or the request's error
-                    return
+            async for event in drain(queue):
                 yield event
         finally:
             if not done.done():

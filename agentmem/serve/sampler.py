@@ -150,11 +150,7 @@ class Sampler:
         queue: asyncio.Queue = asyncio.Queue()
         done = self.submit(job, lambda event: here.call_soon_threadsafe(queue.put_nowait, event))
         done.add_done_callback(lambda f: here.call_soon_threadsafe(queue.put_nowait, f))
-        while True:
-            event = await queue.get()
-            if isinstance(event, Future):
-                yield event.result()  # the choices, or the request's error
-                return
+        async for event in drain(queue):
             yield event
 
     def close(self) -> None:
@@ -238,3 +234,14 @@ class _Steps:
 
 def _batch_key(job: Job) -> SamplingParams:
     return job.params  # frozen: jobs that sample alike share a batch
+
+
+async def drain(queue: asyncio.Queue) -> AsyncIterator:
+    """The events a sampler puts on ``queue`` as they come, then the result of the ``Future`` that ends the
+    request: its choices, or its error raised here."""
+    while True:
+        event = await queue.get()
+        if isinstance(event, Future):
+            yield event.result()
+            return
+        yield event
