@@ -203,21 +203,28 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
+class _Conversation(_Sampling):
+    """The fields the chat and Responses requests share: function ``tools`` and the choice among them, the
+    alternatives listed per token, and the fields that are neutral here (their refused values are checked
+    before parsing) or only recorded."""
+
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none"] | None = None  # "required" or a named function would need constrained decoding
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    # accepted as neutral (REFUSED checks their values before parsing), or recorded only
-    response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    modalities: list[str] | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+
+
+class ChatRequest(_Conversation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    # accepted as neutral (REFUSED checks their values before parsing), or recorded only
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
 
     @property
     def output_limit(self) -> int | None:
@@ -246,30 +253,22 @@ class CompletionRequest(_Sampling):
         return self.logprobs or 0
 
 
-class ResponsesRequest(_Sampling):
+class ResponsesRequest(_Conversation):
     """``POST /v1/responses``: ``input`` (a string, or a list of message, ``function_call`` and
     ``function_call_output`` items), ``instructions`` (a system message), function ``tools``,
     ``previous_response_id``; the sampling fields are the chat ones, ``max_output_tokens`` the output limit."""
 
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | None = None  # "required" or a named function would need constrained decoding
     previous_response_id: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     include: list[str] | None = None
     # accepted as neutral (RESPONSES_REFUSED checks their values before parsing), or recorded only
-    parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled"] | None = None
     background: bool | None = None
     max_tool_calls: int | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
 
     @property
     def output_limit(self) -> int | None:
