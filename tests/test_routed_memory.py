@@ -121,7 +121,7 @@ def test_options_are_checked():
     tok = tiny_tokenizer()
     policy = memory_policy("routed", tok, agent(threshold=0.25, k=2))
     assert isinstance(policy, RoutedPolicy) and policy.threshold == 0.25 and policy.k == 2
-    with pytest.raises(AgentError, match=r"memory policy 'routed': bad --memory-option \(thresh: Extra"):
+    with pytest.raises(AgentError, match=r"memory policy 'routed': bad --memory-option \(thresh: unknown option\); known: threshold, k"):
         memory_policy("routed", tok, agent(thresh=0.5))
     with pytest.raises(AgentError, match=r"k: Input should be greater than or equal to 1"):
         memory_policy("routed", tok, agent(k=0))
