@@ -95,6 +95,14 @@ def cached_block_mask(layout: BlockLayout, length: int, device: torch.device) ->
     return _MASKS[key]
 
 
+def check_packed_row(kernel: str, layout: BlockLayout | None, query: torch.Tensor,
+                     attention_mask: torch.Tensor | None) -> BlockLayout:
+    """The call every block-layout kernel takes: one packed row, no attention mask, a ``BlockLayout`` (returned)."""
+    if layout is None or query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError(f"{kernel} needs one packed row, no mask, and a BlockLayout")
+    return layout
+
+
 def flex_block_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -108,8 +116,7 @@ def flex_block_attention(
 ) -> tuple[torch.Tensor, None]:
     """Compiled FlexAttention over a packed ``[1, heads, N, dim]`` row with a ``BlockLayout``; returns
     ``[1, N, heads, dim]``."""
-    if agentmem_layout is None or query.shape[0] != 1 or attention_mask is not None:
-        raise ValueError(f"{FLEX_ATTENTION} needs one packed row, no mask, and a BlockLayout")
+    agentmem_layout = check_packed_row(FLEX_ATTENTION, agentmem_layout, query, attention_mask)
     if dropout:
         raise ValueError(f"{FLEX_ATTENTION} has no attention dropout (got {dropout})")
     if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 
 from agentmem.training.collate import PackedBatch
-from agentmem.training.flex_attention import FLEX_ATTENTION, flex_block_attention
+from agentmem.training.flex_attention import FLEX_ATTENTION, check_packed_row, flex_block_attention
 
 SEGMENT_ATTENTION = "agentmem_segments"
 BLOCK_ATTENTION = "agentmem_blocks"
@@ -174,8 +174,7 @@ def block_sdpa_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """SDPA per block of a packed ``[1, heads, N, dim]`` row (``BlockLayout``); returns ``[1, N, heads, dim]``."""
-    if agentmem_layout is None or query.shape[0] != 1 or attention_mask is not None:
-        raise ValueError(f"{BLOCK_ATTENTION} needs one packed row, no mask, and a BlockLayout")
+    agentmem_layout = check_packed_row(BLOCK_ATTENTION, agentmem_layout, query, attention_mask)
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
@@ -211,8 +210,7 @@ def block_flash_attention(
     mask, aligned bottom-right when keys outnumber queries, lets a suffix see its whole prefix."""
     from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]  # CUDA-only, optional
 
-    if agentmem_layout is None or query.shape[0] != 1 or attention_mask is not None:
-        raise ValueError(f"{BLOCK_FLASH_ATTENTION} needs one packed row, no mask, and a BlockLayout")
+    agentmem_layout = check_packed_row(BLOCK_FLASH_ATTENTION, agentmem_layout, query, attention_mask)
     index, cu_k, longest_q, longest_k = agentmem_layout.varlen
     device = query.device
     gather = torch.tensor(index, dtype=torch.long, device=device)
