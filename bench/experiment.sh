@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Experiment: memory-aligned on-policy distillation on CPU with the default model (docs/experiment.md).
+# Experiment: memory-aligned on-policy distillation on CPU with the default model (the last figures:
+# bench/results/teacher_context/aligned_vs_persistent.json; the full learning benchmark: docs/learning.md).
 #   bash bench/experiment.sh [WORKDIR]
 # 1. held-out F1 of the base model (greedy, synthetic tasks of seed 1000);
 # 2. one on-policy rollout (seed 0, sampled, groups of G per task);
