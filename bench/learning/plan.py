@@ -1,0 +1,292 @@
+"""The plan: every knob of one benchmark run, the arms and the order their tasks run in."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agentmem.config import (
+    AgentConfig,
+    PsdMode,
+    TeacherCentering,
+)
+from agentmem.records import TeacherContext
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# in the order they run (the paper's questions first, so a partial run answers them)
+LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_persistent", "opd_persistent_update",
+               "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd",
+               "opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory",
+               "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
+ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
+ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
+# the base model's evaluation starts after these (task_order): the ladder arms of the last line
+BASE_AFTER = ("opd_aligned", "grpo", "opd_grpo", "opd_persistent")
+# --quick's arms: the paper's comparisons (the last line's arms, SFT continued, off-policy distillation, every
+# persistent context, PSD on- and off-policy, ReOPD, the teacher itself) and the best distillation arm measured so
+# far; the other ablations (the RL term beside a privileged or centred teacher, centring by kind) run in the full
+# plan or with --arms, so that --quick does not grow with every ablation
+QUICK_ARMS = ("base", "warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent",
+              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat",
+              "opd_privileged", "psd_off", "reopd", "opd_centered_memory", "squad_warm", "squad_opd")
+# the order --jobs starts them in: the last line's arms first (a partial run answers the benchmark's goals),
+# then the other comparisons
+RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
+             "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
+             "opd_privileged_grpo", "psd_off", "reopd", "opd_centered", "opd_grpo_centered", "opd_centered_memory",
+             "opd_grpo_centered_memory", "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
+# what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
+ON_POLICY: dict[str, dict] = {
+    "opd_aligned": {"kd": True},
+    "opd_persistent": {"kd": True, "context": TeacherContext.persistent},
+    "opd_persistent_update": {"kd": True, "context": TeacherContext.persistent, "aligned_kinds": ["answer"]},
+    "opd_persistent_answer": {"kd": True, "context": TeacherContext.persistent, "aligned_kinds": ["memory_update"]},
+    "opd_persistent_chat": {"kd": True, "context": TeacherContext.persistent_chat},
+    "opd_privileged": {"kd": True, "context": TeacherContext.privileged},
+    "grpo": {"rl": True},
+    "opd_grpo": {"kd": True, "rl": True},
+    "opd_privileged_grpo": {"kd": True, "rl": True, "context": TeacherContext.privileged},
+    "opd_centered": {"kd": True, "teacher_centering": TeacherCentering.first_token},
+    "opd_grpo_centered": {"kd": True, "rl": True, "teacher_centering": TeacherCentering.first_token},
+    "opd_centered_memory": {"kd": True, "teacher_centering": TeacherCentering.first_token_memory},
+    "opd_grpo_centered_memory": {"kd": True, "rl": True, "teacher_centering": TeacherCentering.first_token_memory},
+    "opd_privileged_centered_memory": {"kd": True, "context": TeacherContext.privileged,
+                                       "teacher_centering": TeacherCentering.first_token_memory},
+    "opd_privileged_grpo_centered_memory": {"kd": True, "rl": True, "context": TeacherContext.privileged,
+                                            "teacher_centering": TeacherCentering.first_token_memory},
+    "psd_off": {"kd": True, "context": TeacherContext.privileged, "psd": PsdMode.off_policy},
+    "reopd": {"kd": True},
+    "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
+    "squad_opd": {"kd": True},
+}
+RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo", "opd_grpo_centered", "opd_grpo_centered_memory",
+           "opd_privileged_grpo_centered_memory")
+REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
+SHARED = ROOT.parent / "shared" / "data"
+HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
+SQUAD = SHARED / "squad" / "dev-v1.1.json"
+ORACLE_SEED = 7000
+VALIDATION_SEED = 9000
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every knob of one benchmark run (stored in ``state.json``; a resumed run must match it)."""
+
+    seeds: int
+    warm_steps: int
+    steps: int
+    steps_per_round: int
+    calls_per_step: int  # stored calls per optimiser step of the methods after the warm start
+    rollout_tasks: int  # training tasks per on-policy round (each sampled ``group`` times)
+    group: int
+    heldout_per_level: int
+    heldout_real: int  # questions per real-text component
+    teacher_steps: list[int]  # candidate teacher checkpoints (SFT steps on oracle calls)
+    teacher_val: int  # validation episodes of each teacher candidate
+    train_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    heldout_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    # with the warm start's AdamW carried, 2e-5 was best or equal for opd_aligned on every seed (full plan, 3
+    # seeds: aligned - warm +0.032, against -0.004 at 5e-5) and equal for sft_more (+0.060 against +0.062);
+    # grpo at 2e-5 with groups of 8: +0.082 [+0.021, +0.157] over warm (bench/results/learning/legacy.json)
+    lr: float = 2e-5
+    warm_lr: float = 5e-5  # 8 steps at 2e-5 left the warm start writing `(empty)` and the RL term dead (probe)
+    warmup: int = 1
+    # stored calls per SFT step of the warm start and the teacher (kept apart from ``calls_per_step``, so a
+    # recipe that changes the methods' batch starts from the same warm start and teacher)
+    warm_calls_per_step: int = 8
+    # every method after the warm start goes on with the warm start's AdamW state (moments and step count) instead
+    # of a fresh one, whose first step moves every weight by about the learning rate whatever its gradient
+    carry_warm_optimizer: bool = True
+    # False: the carried state's first moment (the warm start's running mean of SFT gradients) starts at zero, its
+    # second moment and step count kept, so the null move is zero and a method's update is its own gradients'
+    # (with it carried, much of every method's move is the warm start's momentum: the momentum arm)
+    carry_warm_first_moment: bool = True
+    chunk_tokens: int = 128
+    memory_tokens: int = 48
+    # SQuAD arms: single-paragraph reading (the gold paragraph alone) with room for a whole evidence sentence
+    # (at 10 documents and 48 tokens the oracle left 59% of its updates `(empty)`: no teacher qualified)
+    squad_docs: int = 1
+    squad_memory_tokens: int = 96
+    answer_tokens: int = 16
+    temperature: float = 1.0
+    # the teacher term's divergence at the student's sampled tokens. Forward KL covers the teacher's modes;
+    # reverse KL (MemOPD's) picks one, and with a teacher split between `(empty)` and the fact at an update
+    # after evidence it drove every update to `(empty)` within one step (quick run: F1 0.000, against 0.250
+    # with forward KL from the same warm start, teacher and rollouts: docs/learning.md)
+    loss: str = "forward_kl"
+    # the teacher's log-probs divided by this before the divergence (below 1: towards its greedy choice, which is
+    # what the greedy evaluation measures; DistillConfig.teacher_temperature)
+    teacher_temperature: float = 1.0
+    # positions where the teacher's top probability is below this get no teacher term (the RL term still
+    # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
+    teacher_min_confidence: float = 0.0
+    # the teacher term's weight in an arm that also has the RL term (opd_grpo, opd_privileged_grpo); the RL term keeps
+    # weight 1. Alone a term's weight is moot under AdamW; beside the RL term it sets the balance (the teacher term's
+    # gradient norm is 1.3-13.7 against 0-2.2 for the RL term's, and opd_grpo followed the teacher)
+    rl_kd_weight: float = 1.0
+    # the privileged arms' teacher (opd_privileged, opd_privileged_grpo, psd_off): True, the default model fine-tuned
+    # on the oracle calls under the privileged prompt it distils with (gold answer and evidence spliced before every
+    # prompt), picked on validation under that prompt; False, the ladder teacher (fine-tuned on the plain prompt)
+    # reading a splice it never saw in training. The SFT one writes `(empty)` after evidence on 0.06 of its
+    # validation updates (plain: 0.38), yet its students drift to `(empty)` as opd_aligned's do (docs/learning.md),
+    # so the default stays the plan the earlier folders were made with
+    privileged_teacher_sft: bool = False
+    max_teacher_empty: float = 0.02
+    # a teacher writing `(empty)` on more of its updates made after evidence is refused (quick run: 0.92 at SFT
+    # step 16 against 0.16 at step 24, at the same F1); ties on F1 go to the one that drops less
+    max_teacher_forgot: float = 0.5
+    # greedy evaluations and teacher checks in the faster dtype (auto: measured once, kept in state.json);
+    # sampled rollouts stay float32, so their stored log-probs match the float32 training recompute
+    eval_dtype: str = "auto"
+    # every training job (warm start, teachers, methods) with its decoders in bfloat16 autocast and float32 weights,
+    # optimiser and head (DistillConfig.mixed_precision): 1.6x (this bench's step) to 2x (long rows) faster where bf16
+    # is native, slower where it is emulated. off, on, or auto (on where the measured faster dtype is bfloat16: Bench.mixed). Earlier folders
+    # trained in float32, so the default stays off (--quick: auto)
+    mixed_precision: str = "off"
+    model: str = "default"
+    hotpot: str | None = None
+    squad: str | None = None
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
+
+    @property
+    def rounds(self) -> int:
+        return self.steps // self.steps_per_round
+
+    @property
+    def coasts(self) -> bool:
+        """Whether the warm start's carried state moves the weights with zero gradients (the momentum arm's
+        null move is non-zero): only when its first moment is carried."""
+        return self.carry_warm_optimizer and self.carry_warm_first_moment
+
+    def agent(self, temperature: float, seed: int, domain: str = "ladder") -> AgentConfig:
+        memory = self.squad_memory_tokens if domain == "squad" else self.memory_tokens
+        return AgentConfig(memory_tokens=memory, answer_max_new_tokens=self.answer_tokens,
+                           temperature=temperature, seed=seed, max_batch=32)
+
+
+def make_plan(args: argparse.Namespace, model: str) -> Plan:
+    hotpot = args.hotpot or (str(HOTPOT) if HOTPOT.exists() else None)
+    squad = args.squad or (str(SQUAD) if SQUAD.exists() else None)
+    common = {"model": model, "hotpot": hotpot, "squad": squad}
+    if args.smoke:  # every phase on a tiny random model; its numbers mean nothing
+        plan = Plan(seeds=1, warm_steps=1, steps=2, steps_per_round=1, calls_per_step=4, rollout_tasks=2, group=2,
+                    heldout_per_level=2, heldout_real=1, teacher_steps=[1, 2], teacher_val=2, train_levels=[1, 2],
+                    heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4, warm_calls_per_step=4,
+                    max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", **common)
+    elif args.quick:
+        plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=8,
+                    heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8,
+                    mixed_precision="auto", arms=[a for a in ARMS if a in QUICK_ARMS], **common)
+    else:
+        # the recipe measured best on three seeds (bench/results/learning/legacy.json): 24 calls per method step
+        # (8: the first step's noise decided the seed), groups of 8 (RL live 0.60, against 0.33 with 4), and a
+        # teacher chosen among 32/64/96 SFT steps on 32 validation episodes (16/24/32 on 12 left none with headroom)
+        plan = Plan(seeds=3, warm_steps=16, steps=8, steps_per_round=2, calls_per_step=24, rollout_tasks=4, group=8,
+                    heldout_per_level=32, heldout_real=40, teacher_steps=[32, 64, 96], teacher_val=32, **common)
+    updates: dict = {k: v for k, v in (("lr", args.lr), ("seeds", args.seeds), ("steps", args.steps),
+                                       ("heldout_per_level", args.heldout_per_level),
+                                       ("heldout_real", args.heldout_real),
+                                       ("eval_dtype", args.eval_dtype), ("warm_steps", args.warm_steps),
+                                       ("warm_lr", args.warm_lr), ("loss", args.loss),
+                                       ("teacher_val", args.teacher_val), ("group", args.group),
+                                       ("calls_per_step", args.calls_per_step),
+                                       ("teacher_temperature", args.teacher_temperature),
+                                       ("teacher_min_confidence", args.teacher_min_confidence),
+                                       ("rl_kd_weight", args.rl_kd_weight),
+                                       ("privileged_teacher_sft", args.privileged_teacher_sft),
+                                       ("carry_warm_optimizer", args.carry_warm_optimizer),
+                                       ("carry_warm_first_moment", args.carry_warm_first_moment),
+                                       ("mixed_precision", args.mixed_precision)) if v is not None}
+    if args.teacher_steps:
+        try:
+            updates["teacher_steps"] = sorted({int(x) for x in args.teacher_steps.split(",") if x})
+        except ValueError:
+            raise SystemExit(f"--teacher-steps: comma-separated integers, got {args.teacher_steps!r}") from None
+        if not updates["teacher_steps"] or min(updates["teacher_steps"]) < 1:
+            raise SystemExit(f"--teacher-steps: positive integers, got {args.teacher_steps!r}")
+    if args.group is not None and args.group < 2:
+        raise SystemExit(f"--group: at least 2 samples per task (an advantage needs a group), got {args.group}")
+    if args.teacher_temperature is not None and not args.teacher_temperature > 0:
+        raise SystemExit(f"--teacher-temperature: a positive number, got {args.teacher_temperature}")
+    if args.teacher_min_confidence is not None and not 0 <= args.teacher_min_confidence < 1:
+        raise SystemExit(f"--teacher-min-confidence: a probability in [0, 1), got {args.teacher_min_confidence}")
+    if args.rl_kd_weight is not None and not args.rl_kd_weight > 0:
+        raise SystemExit(f"--rl-kd-weight: a positive weight, got {args.rl_kd_weight} (opd_grpo without the teacher "
+                         "term is grpo)")
+    if args.calls_per_step is not None and args.calls_per_step < 1:
+        raise SystemExit(f"--calls-per-step: a positive number of stored calls, got {args.calls_per_step}")
+    if args.teacher_val is not None and args.teacher_val < 1:
+        raise SystemExit(f"--teacher-val: a positive number of episodes, got {args.teacher_val}")
+    if args.arms:
+        arms = [a for a in args.arms.split(",") if a]
+        unknown = sorted(set(arms) - set(ARMS))
+        if unknown:
+            raise SystemExit(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
+        updates["arms"] = [a for a in ARMS if a in arms or a in ALWAYS]
+    plan = Plan(**{**asdict(plan), **updates})
+    if not plan.carry_warm_first_moment and not plan.carry_warm_optimizer:
+        raise SystemExit("--no-carry-warm-first-moment drops the first moment of the carried warm-start AdamW state: "
+                         "it needs the state carried (leave out --no-carry-warm-optimizer)")
+    if plan.steps % plan.steps_per_round:
+        raise SystemExit(f"steps ({plan.steps}) must be a multiple of steps_per_round ({plan.steps_per_round})")
+    if plan.rounds > 10:  # rollout seeds are 100 + 10 x seed + round: an 11th round would take the next seed's tasks
+        raise SystemExit(f"--steps: at most 10 rounds of {plan.steps_per_round} steps (the seeds' rollout tasks are "
+                         f"10 apart), got {plan.steps} steps ({plan.rounds} rounds)")
+    if not plan.squad:
+        plan = Plan(**{**asdict(plan), "arms": [a for a in plan.arms if not a.startswith("squad")]})
+    return plan
+
+
+def teacher_key(plan: Plan, arm: str) -> str:
+    """The teacher an arm distils from: its domain's (``ladder``, ``squad``), or ``ladder-privileged`` for the
+    arms whose teacher reads the privileged prompt when ``plan.privileged_teacher_sft``."""
+    domain = "squad" if arm.startswith("squad") else "ladder"
+    privileged = ON_POLICY.get(arm, {}).get("context") is TeacherContext.privileged
+    return f"{domain}-privileged" if privileged and plan.privileged_teacher_sft else domain
+
+
+def uses_teacher(arm: str) -> bool:
+    """Whether an arm reads a teacher: its term (``kd``) or its samples (``seqkd``)."""
+    spec = ON_POLICY.get(arm, {})
+    return bool(spec.get("kd") or spec.get("seqkd"))
+
+
+def teacher_keys(plan: Plan) -> list[str]:
+    """Every teacher the plan's arms distil from (or evaluate: ``teacher_ladder``), in a stable order."""
+    keys = {teacher_key(plan, a) for a in plan.arms if uses_teacher(a)}
+    keys |= {"ladder"} if "teacher_ladder" in plan.arms else set()
+    return sorted(keys)
+
+
+def arm_seeds(plan: Plan, arm: str) -> range:
+    """The training seeds of an arm: one for a model that is not trained per seed (base, the teacher)."""
+    return range(1) if arm in ("base", "teacher_ladder") else range(plan.seeds)
+
+
+def eval_key(arm: str, seed: str | int, ladder: bool, real: bool) -> str:
+    """The state phase of an arm-seed's evaluation on the ladder and/or real text (``Bench.evaluate``)."""
+    return f"eval/{arm}/{seed}/{int(ladder)}{int(real)}"
+
+
+def arm_flags(arm: str) -> tuple[bool, bool]:
+    """(evaluated on the ladder, evaluated on real text)"""
+    return not arm.startswith("squad"), arm in REAL_ARMS
+
+
+def task_order(plan: Plan) -> list[tuple[str, str | int]]:
+    """The tasks of ``run_jobs``, in the order a free process takes them (the first whose needs are there): the
+    warm starts and the teachers first, since every method waits for them, then the arms in ``RUN_ORDER``, with
+    the base model's evaluation after the ladder arms of the last line (``BASE_AFTER``). Nothing waits for it but
+    the report, and it is the longest evaluation (base runs every call to its token cap, on real text too): first,
+    it kept a process from the critical path (the quick run's methods started 13.5 min in, behind it and the SQuAD
+    teacher); last, it ran alone at the end (a float32 quick run: 9.4 of its 11.7 min, one process idle).
+    Mid-list, a list-scheduling simulation on that run's task times ends 3-4% sooner (99.6 against 103.9 min;
+    on a bf16 CPU's times: 29.7-29.9 against 31.4)."""
+    arms = [(a, seed) for a in RUN_ORDER if a in plan.arms for seed in arm_seeds(plan, a)]
+    warm = [t for t in arms if t[0] == "warm"]
+    rest = [t for t in arms if t not in warm]
+    cut = max((i + 1 for i, t in enumerate(rest) if t[0] in BASE_AFTER), default=len(rest))
+    return [*warm, *[("teacher", k) for k in teacher_keys(plan)], *rest[:cut], ("base", 0), *rest[cut:]]
