@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
-from agentmem.config import Packing
+from agentmem.config import AgentConfig, Packing
 from agentmem.policy.models import load_model, prepare_default_model
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.policy.types import SamplingParams
@@ -65,7 +65,7 @@ def env_groups(args, tok, g: int, n_groups: int, seed: int) -> list[list[list[in
         env = load_env("hotpotqa", data_path=data, seed=seed, chunk_tokens=args.chunk_tokens, count_tokens=count)
     else:
         env = load_env("synthetic", seed=seed, chunk_tokens=args.chunk_tokens, count_tokens=count)
-    policy = OverwritePolicy(tok, args.memory, layout="chunk-first")
+    policy = OverwritePolicy(tok, AgentConfig(memory_tokens=args.memory, prompt_layout="chunk-first"))
     rng = np.random.default_rng(seed)
     groups = []
     for task in env.tasks(n_groups * 4):

@@ -57,7 +57,7 @@ def calls(tok, tasks: int, chunk_tokens: int, memory: int, level: int, seed: int
     """Per call kind, ``tasks`` prompts (token ids) of distinct held-out ladder tasks, as one evaluation round."""
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     env = load_env("synthetic", seed=seed, chunk_tokens=chunk_tokens, count_tokens=count, level=level, names="heldout")
-    policy = OverwritePolicy(tok, memory, layout="chunk-first")
+    policy = OverwritePolicy(tok, AgentConfig(memory_tokens=memory, prompt_layout="chunk-first"))
     rng = np.random.default_rng(seed)
     out: dict[str, list[list[int]]] = {"update": [], "answer": []}
     for task in env.tasks(tasks):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from agentmem import models
 from agentmem.agent.loop import AgentLoop, ListSink
-from agentmem.agent.routed_memory import ROUTE, RoutedPolicy, p_yes, router_label
+from agentmem.agent.routed_memory import ROUTE, RoutedOptions, RoutedPolicy, p_yes, router_label
 from agentmem.config import HELD_OUT_SEED, AgentConfig
 from agentmem.records import Episode
 from agentmem.runtime import Runtime
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
 
     full_f1 = sum(e.f1 or 0.0 for e in full[0].values()) / len(tasks)
     full_secs = sum(seconds(c) for c in full[1].values())
-    policy = RoutedPolicy(tok, args.memory_tokens, k=args.k)
+    policy = RoutedPolicy(tok, AgentConfig(memory_tokens=args.memory_tokens), RoutedOptions(k=args.k))
     labels = [router_label(t, policy.retrieve(t)) for t in tasks]
     says_yes = [p_yes(router[1][t.task_id][0].output_text, float(router[1][t.task_id][0].output_logprobs[0])) >= 0.5
                 for t in tasks]

@@ -9,7 +9,8 @@ import torch
 
 import agentmem.config
 from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, ListSink, resume_state
-from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
+from agentmem.agent.overwrite import OverwriteState
+from agentmem.agent.registry import memory_policy
 from agentmem.config import RolloutConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
@@ -106,7 +107,7 @@ REWRITE = ("Rewrite your memory. Keep every fact that may help answer the questi
 def test_overwrite_prompts_are_pinned():
     """Golden: the overwrite policy's prompts, byte for byte as they were before the memory-policy seam."""
     tok = tiny_tokenizer()
-    policy = OverwritePolicy(tok, memory_tokens=16, answer_max_new_tokens=7)
+    policy = memory_policy(tok, AgentConfig(memory_tokens=16, answer_max_new_tokens=7, prompt_layout="memory-first"))
     task = Task(task_id="t", env="synthetic", question="Where does Bob live?",
                 chunks=["Bob moved to Oslo in 2019.", "Alice works in Berlin."], answers=["Oslo"])
     first = policy.next_call(policy.initial_state(task), task)
@@ -229,7 +230,7 @@ def test_memory_must_match_the_config():
     env = tiny_env(tok)
     with pytest.raises(AgentError, match="config.memory_policy is 'notes'"):
         AgentLoop(ScriptedBackend(tok, ["x"]), AgentConfig(memory_policy="notes"), env.score,
-                  memory=OverwritePolicy(tok, 8))
+                  memory=memory_policy(tok, AgentConfig()))
     with pytest.raises(AgentError, match="unknown memory policy 'nope'; registered: .*overwrite"):
         AgentLoop(ScriptedBackend(tok, ["x"]), AgentConfig(memory_policy="nope"), env.score)
 

@@ -14,6 +14,7 @@ from agentmem.agent.memory import Call
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.overwrite import UPDATE, OverwritePolicy
 from agentmem.agent.prompts import EMPTY_MEMORY, Prompt
+from agentmem.config import AgentConfig
 from agentmem.jobs.eval import f1_by_category
 from agentmem.records import Episode
 from envs import EnvError, Scores, load_env
@@ -204,7 +205,8 @@ def test_quality_oracle_writes_the_empty_memory_text_and_answers_gold(tmp_path):
     env = env_of("quality", write_jsonl(tmp_path / "q.jsonl", quality_records()))
     task = by_id(env)["51201_X_1"]
     tokenizer = SimpleNamespace(eos_token_id=0, encode=lambda text, add_special_tokens=False: [ord(c) for c in text])
-    oracle = OracleWriter(tokenizer, OverwritePolicy(tokenizer, 64))  # the overwrite policy's oracle_text
+    # the overwrite policy's oracle_text
+    oracle = OracleWriter(tokenizer, OverwritePolicy(tokenizer, AgentConfig(memory_tokens=64)))
     prompt = Prompt(ids=[1], text="p")
     update = Call(kind=UPDATE, prompt=prompt, max_new_tokens=64, chunk_text=task.chunks[0], chunk_index=0)
     assert oracle.text(update, task) == EMPTY_MEMORY == "(empty)"

@@ -209,8 +209,9 @@ def test_eval_reports_the_empty_output_rate_and_length_per_kind(sqlite_store):
 
 
 def test_empty_after_evidence_counts_updates_that_drop_what_was_read():
-    """Only overwrite updates made once a fact was read count; of those, blank and ``(empty)`` memories are
-    the dropped ones: 2 of the 3 that qualify here."""
+    """Only rewrite calls (a policy's declared ``rewrite_kind``: overwrite's and teacher's updates, not routed's)
+    made once a fact was read count; of those, blank and ``(empty)`` memories are the dropped ones: 3 of the 4
+    that qualify here."""
     import numpy as np
 
     from agentmem.jobs.eval import empty_after_evidence
@@ -228,9 +229,11 @@ def test_empty_after_evidence_counts_updates_that_drop_what_was_read():
              call(1, "(empty)"),            # the fact was just read: dropped
              call(2, " "),                  # blank: dropped
              call(2, "Ann lives in Oslo."),  # kept
+             call(2, "(empty)", policy="teacher"),  # the teacher policy's update: dropped
              call(2, "(empty)", kind="answer"), call(2, "(empty)", policy="log"),  # other calls
+             call(2, "(empty)", policy="routed"), call(2, "(empty)", policy="not-installed"),
              call(2, "(empty)", episode="unknown")]
-    assert empty_after_evidence(calls, {"e": task}) == pytest.approx(2 / 3)
+    assert empty_after_evidence(calls, {"e": task}) == pytest.approx(3 / 4)
     assert empty_after_evidence(calls[:1], {"e": task}) is None
     no_facts = task.model_copy(update={"facts": []})
     assert empty_after_evidence(calls, {"e": no_facts}) is None

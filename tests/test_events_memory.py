@@ -388,10 +388,10 @@ def test_a_view_over_its_budget_is_cut_at_whole_lines():
     lines = view.split("\n")
     kept = "\n".join([*lines[:3], "(5 more lines cut)"])
     budget = len(tok.encode(kept, add_special_tokens=False))
-    policy = EventsPolicy(tok, view_tokens=budget)
+    policy = memory_policy(tok, events_config(view_tokens=budget))
     assert policy.cut(view) == kept
-    assert EventsPolicy(tok, view_tokens=10_000).cut(view) == view
-    assert EventsPolicy(tok, view_tokens=1).cut(view) == f"{lines[0]}\n(7 more lines cut)"  # the request stays
+    assert memory_policy(tok, events_config(view_tokens=10_000)).cut(view) == view
+    assert memory_policy(tok, events_config(view_tokens=1)).cut(view) == f"{lines[0]}\n(7 more lines cut)"  # the request stays
 
 
 KNOWN = "; known: recorder, view_tokens, record_tokens"
@@ -410,18 +410,17 @@ KNOWN = "; known: recorder, view_tokens, record_tokens"
 def test_options_are_validated_by_name(options, message):
     config = AgentConfig(memory_policy="events", memory_options=options)
     with pytest.raises(AgentError) as err:
-        memory_policy("events", tiny_tokenizer(), config)
+        memory_policy(tiny_tokenizer(), config)
     assert str(err.value) == message
 
 
 def test_defaults_and_options_from_config():
     tok = tiny_tokenizer()
-    policy = memory_policy("events", tok, AgentConfig(memory_policy="events", memory_tokens=40,
-                                                      answer_max_new_tokens=9))
+    policy = memory_policy(tok, AgentConfig(memory_policy="events", memory_tokens=40, answer_max_new_tokens=9))
     assert isinstance(policy, EventsPolicy)
     assert (policy.recorder, policy.view_tokens, policy.record_tokens, policy.answer_max_new_tokens) == (
         "model", 40, 40, 9)
-    policy = memory_policy("events", tok, events_config("rules", view_tokens=99, record_tokens=7))
+    policy = memory_policy(tok, events_config("rules", view_tokens=99, record_tokens=7))
     assert (policy.recorder, policy.view_tokens, policy.record_tokens) == ("rules", 99, 7)
     assert policy.initial_state(TASK) == EventsState(extract_events(TASK.chunks), 3)
 

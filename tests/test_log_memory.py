@@ -130,11 +130,11 @@ def agent(**options) -> AgentConfig:
 def test_options_are_checked_and_errors_name_the_option(options, message):
     with pytest.raises(AgentError, match=r"^memory policy 'log': bad --memory-option \(.*" + re.escape(message)
                        + r".*\); known: condition, window, searches, read_tokens, query_tokens$"):
-        memory_policy("log", tiny_tokenizer(), agent(**options))
+        memory_policy(tiny_tokenizer(), agent(**options))
 
 
 def test_the_registry_builds_it_and_it_declares_its_kinds_and_the_oracle():
-    policy = memory_policy("log", tiny_tokenizer(), agent(condition="windowed-log", window=4, searches=0))
+    policy = memory_policy(tiny_tokenizer(), agent(condition="windowed-log", window=4, searches=0))
     assert isinstance(policy, LogPolicy)
     assert policy.options == LogOptions(condition="windowed-log", window=4, searches=0)
     assert (policy.kinds, policy.oracle, policy.wants_logprobs, policy.replayable) == (
@@ -327,7 +327,7 @@ def test_the_oracle_query_fits_its_call_and_stays_well_formed():
     tok = tiny_tokenizer()
     task = Task(task_id="t", env="synthetic", question=QUESTION, chunks=CHUNKS[:2], answers=["Katidyne"],
                 facts=[Fact(text="Vode works for Katidyne.", chunk=1)])
-    policy = memory_policy("log", tok, agent(searches=2, query_tokens=33).model_copy(update={"memory_tokens": 64}))
+    policy = memory_policy(tok, agent(searches=2, query_tokens=33).model_copy(update={"memory_tokens": 64}))
     state = policy.initial_state(task)
     for _ in task.chunks:
         call = policy.next_call(state, task)
@@ -352,7 +352,7 @@ def test_log_calls_replay_and_score_like_overwrite(sqlite_store):
     tok = tiny_tokenizer()
     result = rollout(sqlite_store, agent(condition="full-log", searches=2), episodes=2)
     episodes, invs, _ = stored(sqlite_store, result.run_id)
-    policy = memory_policy("log", tok, agent(condition="full-log", searches=2))
+    policy = memory_policy(tok, agent(condition="full-log", searches=2))
     tasks = {t.task_id: t for t in load_env("synthetic", seed=0, chunk_tokens=48, count_tokens=lambda s: len(
         tok(s, add_special_tokens=False)["input_ids"]), **SYNTH).tasks(2)}
     for ep in episodes:  # re-planning each stored call gives back its stored prompt ids, exactly

@@ -154,7 +154,7 @@ def test_unrouted_kind_and_unknown_policy_are_agent_errors():
     with pytest.raises(AgentError, match="no backend for call kind 'search'; routed kinds: note"):
         loop.run([loop.start(episodes_for([task])[0], task)], ListSink())
     with pytest.raises(AgentError, match=r"unknown memory policy 'nope'; registered: .*notes.*overwrite"):
-        memory_policy("nope", tok, NOTES)
+        memory_policy(tok, NOTES.model_copy(update={"memory_policy": "nope"}))
     with pytest.raises(AgentError, match="is registered already"):
         register_memory_policy(type("NotesPolicy", (NotesPolicy,), {}))
 

@@ -93,12 +93,12 @@ def counter_registered():
 def test_a_registered_policy_adds_its_kinds_and_its_declarations_are_asked():
     tok = tiny_tokenizer()
     assert "counter" in memory_policy_names() and "tick" in call_kinds()
-    policy = memory_policy("counter", tok, AgentConfig(memory_policy="counter"))
+    policy = memory_policy(tok, AgentConfig(memory_policy="counter"))
     call = policy.next_call(policy.initial_state(TASK), TASK)
     assert consume(policy, Count(), call, [5], "x", [-0.1]) == Count(10)  # wants_logprobs: passed
     assert consume(policy, Count(), call, [5], "x", None) == Count(1)
     with pytest.raises(AgentError, match="memory policy 'counter': bad --memory-option \\(k: unknown option\\); known: "):
-        memory_policy("counter", tok, AgentConfig(memory_policy="counter", memory_options={"k": 1}))
+        memory_policy(tok, AgentConfig(memory_policy="counter", memory_options={"k": 1}))
     with pytest.raises(AgentError, match="the oracle writes the calls of memory policies that declare"):
         OracleWriter(tok, policy)
 
@@ -114,7 +114,7 @@ def test_the_oracle_asks_the_policy(sqlite_store, tmp_path):
         rollout_setup(sqlite_store, config)
     update = Call("memory_update", Prompt([1], "p"), 64, chunk_index=1)
     for name, options in (("overwrite", {}), ("routed", {})):
-        policy = memory_policy(name, tok, AgentConfig(memory_policy=name, memory_options=options))
+        policy = memory_policy(tok, AgentConfig(memory_policy=name, memory_options=options))
         oracle = OracleWriter(tok).for_policy(policy)
         assert oracle.text(update, TASK) == "Bob lives in Oslo."  # overwrite's oracle_text, routed delegates
         assert oracle.text(Call("memory_update", Prompt([1], "p"), 64, chunk_index=0), TASK) == EMPTY_MEMORY

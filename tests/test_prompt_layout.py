@@ -3,7 +3,7 @@ before their memory) and memory-first (MemAgent's order, and what runs stored be
 
 from __future__ import annotations
 
-from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
+from agentmem.agent.overwrite import OverwriteState
 from agentmem.agent.registry import memory_policy
 from agentmem.config import AgentConfig, PromptLayout, RolloutConfig
 from agentmem.records import Task
@@ -17,7 +17,7 @@ TASK = Task(task_id="t", env="synthetic", question="Where does Bob live?",
 
 def test_chunk_first_prompt_is_pinned():
     tok = tiny_tokenizer()
-    policy = memory_policy("overwrite", tok, AgentConfig(memory_tokens=16))
+    policy = memory_policy(tok, AgentConfig(memory_tokens=16))
     assert policy.layout is PromptLayout.chunk_first
     call = policy.next_call(OverwriteState("Bob lives in Oslo.", 1), TASK)
     assert call.prompt.text == (
@@ -32,7 +32,7 @@ def test_siblings_share_everything_before_their_memory():
     tok = tiny_tokenizer()
     prompts = {}
     for layout in PromptLayout:
-        policy = OverwritePolicy(tok, 16, layout=layout)
+        policy = memory_policy(tok, AgentConfig(memory_tokens=16, prompt_layout=layout))
         a = policy.next_call(OverwriteState("Bob lives in Oslo.", 1), TASK).prompt.ids
         b = policy.next_call(OverwriteState("Alice works in Lyon and Bob in Oslo.", 1), TASK).prompt.ids
         shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)

@@ -140,7 +140,7 @@ def test_privileged_rollout_stores_exactly_the_ids_the_backend_saw(store):
         assert (inv.prompt_ids.tolist(), inv.privileged_ids.tolist(), inv.output_ids.tolist()) == (
             kept[inv.id].prompt_ids.tolist(), kept[inv.id].privileged_ids.tolist(), kept[inv.id].output_ids.tolist())
     assert sorted(map(tuple, backend.seen)) == sorted(tuple(i.sampled_prompt_ids.tolist()) for i in invocations)
-    updater = OverwritePolicy(tok, config.agent.memory_tokens)
+    updater = OverwritePolicy(tok, config.agent)
     by_episode: dict[str, list[Invocation]] = {}
     for inv in invocations:
         by_episode.setdefault(inv.episode_id, []).append(inv)

@@ -119,12 +119,12 @@ def test_p_yes_from_the_sampled_tokens_logprob():
 
 def test_options_are_checked():
     tok = tiny_tokenizer()
-    policy = memory_policy("routed", tok, agent(threshold=0.25, k=2))
+    policy = memory_policy(tok, agent(threshold=0.25, k=2))
     assert isinstance(policy, RoutedPolicy) and policy.threshold == 0.25 and policy.k == 2
     with pytest.raises(AgentError, match=r"memory policy 'routed': bad --memory-option \(thresh: unknown option\); known: threshold, k"):
-        memory_policy("routed", tok, agent(thresh=0.5))
+        memory_policy(tok, agent(thresh=0.5))
     with pytest.raises(AgentError, match=r"k: Input should be greater than or equal to 1"):
-        memory_policy("routed", tok, agent(k=0))
+        memory_policy(tok, agent(k=0))
 
 
 # ---- episodes through the loop ----------------------------------------------------------------------
@@ -249,7 +249,7 @@ def test_oracle_writes_the_evidence_label_and_the_gold_answer(sqlite_store, toke
         routes = list(repo.stream_invocations(s, run_ids=[result.run_id], kinds=[ROUTE]))
     assert len(routes) == 3 and {r.role for r in routes} == {"oracle"}
     assert {r.output_text for r in routes} == {tok.decode(tok.encode(label, add_special_tokens=False)[:1])}
-    policy = RoutedPolicy(tok, 16, k=k)
+    policy = memory_policy(tok, agent(k=k))
     for ep in result.episodes:
         assert router_label(tasks[ep.task_id], policy.retrieve(tasks[ep.task_id])) is (label == "yes")
         assert ep.f1 == 1.0 and ep.status is EpisodeStatus.answered
@@ -269,7 +269,7 @@ def test_routed_episodes_replay_and_score_like_overwrites(sqlite_store):
         assert seq.action_ids.tolist() == inv.output_ids.tolist()
         assert seq.sampler_logprobs.tolist() == inv.output_logprobs.tolist()
     # resume from the stored calls reaches each episode's final state (P(yes) from the stored log-prob)
-    routed = RoutedPolicy(tok, 16, 16, "memory-first", threshold=0.5, k=2)
+    routed = memory_policy(tok, agent(threshold=0.5, k=2))
     tasks = {t.task_id: t for t in tiny_env(tok).tasks(3)}
     for ep in result.episodes:
         calls = [i for i in invs if i.episode_id == ep.id]

@@ -181,20 +181,27 @@ BANK = [memory(0, "Who is the mentor of Roso?", "W0"), memory(1, "Which company 
         memory(2, "Which company does Vode work for?", "W2"), memory(3, "Where was Dado born?", "W3")]
 
 
+def teacher(tok, bank, **options) -> TeacherMemoryPolicy:
+    """The teacher policy over ``bank`` (16 memory tokens, memory-first), built by the registry."""
+    policy = memory_policy(tok, agent("teacher", memories="bank", **options), lambda run: bank)
+    assert isinstance(policy, TeacherMemoryPolicy)
+    return policy
+
+
 def test_top_k_memories_are_exact_on_a_known_bank():
     tok = tiny_tokenizer()
-    one = TeacherMemoryPolicy(tok, BANK, 16)
+    one = teacher(tok, BANK)
     assert [m.id for m in one.retrieve("Which company does Vode work for?")] == ["m2"]  # k = 1 by default
-    three = TeacherMemoryPolicy(tok, BANK, 16, k=3)
+    three = teacher(tok, BANK, k=3)
     assert [m.id for m in three.retrieve("Which company does Dado work for?")] == ["m1", "m2", "m3"]
     assert [m.id for m in three.retrieve("zebra")] == ["m0", "m1", "m2"]  # nothing matches: bank order
-    assert TeacherMemoryPolicy(tok, [], 16).retrieve("anything") == []
+    assert teacher(tok, []).retrieve("anything") == []
 
 
 def test_prompts_carry_the_memories_in_the_system_message_exactly():
     tok = tiny_tokenizer()
     task = tiny_env(tok).tasks(1)[0]
-    policy = TeacherMemoryPolicy(tok, BANK, 16, 8, "memory-first", k=2)
+    policy = teacher(tok, BANK, k=2)
     state = policy.initial_state(task)
     assert state.workflows == ("W2", "W1")
     system = SYSTEM + "\n\n" + WORKFLOW.format(memories="Workflow 1:\nW2\n\nWorkflow 2:\nW1")
@@ -210,7 +217,7 @@ def test_prompts_carry_the_memories_in_the_system_message_exactly():
     assert last.final and last.prompt == render(tok, ANSWER.format(question=task.question, memory="Vode facts"),
                                                 system=system)
     # an empty bank gives exactly overwrite's prompts
-    bare = TeacherMemoryPolicy(tok, [], 16, 8, "memory-first")
+    bare = teacher(tok, [])
     assert bare.next_call(bare.initial_state(task), task).prompt == update_prompt(tok, task.question, "",
                                                                                   task.chunks[0], "memory-first")
     assert answer_prompt(tok, "q", "").text == render(tok, ANSWER.format(question="q", memory="(empty)")).text
@@ -223,7 +230,7 @@ def test_memory_for_loads_the_bank_and_options_are_checked(sqlite_store):
     policy = memory_for(sqlite_store, tok, agent("teacher", memories=built.run_id[:10], k=2))
     assert isinstance(policy, TeacherMemoryPolicy) and policy.k == 2 and policy.bank == built.memories
     with pytest.raises(AgentError, match="needs its memory bank"):
-        memory_policy("teacher", tok, agent("teacher", memories=built.run_id))
+        memory_policy(tok, agent("teacher", memories=built.run_id))
     with pytest.raises(AgentError, match=r"bad --memory-option \(memories: Field required\)"):
         memory_for(sqlite_store, tok, agent("teacher"))
     with pytest.raises(ConfigError, match=f"run {source.run_id} is a rollout run, not a memories build run"):

@@ -63,7 +63,6 @@ if TYPE_CHECKING:
 RECORD = "event_record"
 VIEW = "event_view"
 ANSWER = InvocationKind.answer.value
-RECORDERS = ("model", "rules")
 VIEW_REQUEST_TOKENS = 48
 CATALOGUE_ENTITIES = 40
 
@@ -129,25 +128,16 @@ class EventsPolicy(MemoryPolicyBase[EventsState]):
     Options = EventsOptions
     oracle = True
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, recorder: str = "model", view_tokens: int = 256,
-                 record_tokens: int = 256, answer_max_new_tokens: int = 32):
-        if recorder not in RECORDERS:
-            raise AgentError(f"memory policy 'events': recorder must be model or rules, got {recorder!r}")
-        for name, value in (("view_tokens", view_tokens), ("record_tokens", record_tokens)):
-            if value < 1:
-                raise AgentError(f"memory policy 'events': {name} must be >= 1, got {value}")
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: EventsOptions):
         self.tokenizer = tokenizer
-        self.recorder = recorder
-        self.view_tokens = view_tokens
-        self.record_tokens = record_tokens
-        self.answer_max_new_tokens = answer_max_new_tokens
+        self.recorder = options.recorder
+        self.view_tokens = options.view_tokens or config.memory_tokens
+        self.record_tokens = options.record_tokens or config.memory_tokens
+        self.answer_max_new_tokens = config.answer_max_new_tokens
 
     @classmethod
     def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: EventsOptions) -> EventsPolicy:
-        return cls(tokenizer, recorder=options.recorder,
-                   view_tokens=options.view_tokens or config.memory_tokens,
-                   record_tokens=options.record_tokens or config.memory_tokens,
-                   answer_max_new_tokens=config.answer_max_new_tokens)
+        return cls(tokenizer, config, options)
 
     # -- the MemoryPolicy contract ------------------------------------------------------------------------
 

@@ -167,7 +167,7 @@ class AgentLoop:
         else:
             self.tokenizer = self.backends.get(DEFAULT_ROUTE, next(iter(self.backends.values()))).tokenizer
         if memory is None:
-            memory = memory_policy(config.memory_policy, self.tokenizer, config)
+            memory = memory_policy(self.tokenizer, config)
         elif memory.name != config.memory_policy:
             raise AgentError(f"memory policy {memory.name!r} given, but config.memory_policy is "
                              f"{config.memory_policy!r}")

@@ -23,8 +23,13 @@ What a policy is, beside its methods, it declares on its class, as the class att
 - ``oracle``: ``oracle_text(call, task)`` writes every non-final call it makes, so ``--policy oracle`` runs it;
 - ``replayable``: ReOPD replay (``rollout --replay-from``) may branch from its stored calls: every call's
   token limit is ``memory_tokens`` (the ``answer`` call's ``answer_max_new_tokens``), and its method
-  ``update(memory_before, output_ids)`` gives the memory after a non-final call.
-It is built by ``build(tokenizer, config, options)``, ``options`` an ``Options`` instance. A policy that keeps
+  ``update(memory_before, output_ids)`` gives the memory after a non-final call;
+- ``rewrite_kind``: the call kind whose output is the whole memory after it (eval's empty-memory metrics
+  read these calls; None: no such kind);
+- ``memory_bank``: the option naming the ``agentmem memories build`` run whose workflow memories ``build``
+  takes as ``bank=`` (a job loads them from its store; None: the policy reads no bank).
+It is built by ``build(tokenizer, config, options)``, ``options`` an ``Options`` instance, and only through
+``registry.memory_policy``; every default it reads is ``AgentConfig``'s or its ``Options``'. A policy that keeps
 an episode log returns each stored call's entries from ``log_entries`` (the rollout stores them; default none).
 A policy that cannot go on from an output (say, one it cannot parse) raises ``AgentError``: the loop ends
 that episode ``failed`` and its siblings go on. Any other exception is a bug and propagates.
@@ -85,6 +90,8 @@ class MemoryPolicy(Protocol[S]):
     wants_logprobs: ClassVar[bool]
     oracle: ClassVar[bool]
     replayable: ClassVar[bool]
+    rewrite_kind: ClassVar[str | None]
+    memory_bank: ClassVar[str | None]
 
     def initial_state(self, task: Task) -> S:
         """The state before the episode's first call."""
@@ -126,6 +133,8 @@ class MemoryPolicyBase(Generic[S]):
     wants_logprobs: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
     replayable: ClassVar[bool] = False
+    rewrite_kind: ClassVar[str | None] = None
+    memory_bank: ClassVar[str | None] = None
 
     @classmethod
     def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: Any) -> MemoryPolicyBase[S]:

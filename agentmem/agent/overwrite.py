@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 from agentmem.agent.memory import Call, MemoryPolicyBase, NoOptions
 from agentmem.agent.oracle import facts_memory
 from agentmem.agent.prompts import answer_prompt, update_prompt
-from agentmem.config import AgentConfig, PromptLayout
-from agentmem.errors import AgentError
+from agentmem.config import AgentConfig
 from agentmem.records import Invocation, InvocationKind, Task
 
 if TYPE_CHECKING:
@@ -42,22 +41,17 @@ class OverwritePolicy(MemoryPolicyBase[OverwriteState]):
     kinds = (UPDATE, ANSWER)
     oracle = True
     replayable = True
+    rewrite_kind = UPDATE
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int, answer_max_new_tokens: int = 32,
-                 layout: PromptLayout | str = PromptLayout.memory_first):
-        if memory_tokens < 1:
-            raise AgentError(f"memory_tokens must be >= 1, got {memory_tokens}")
-        try:
-            self.layout = PromptLayout(layout)
-        except ValueError:
-            raise AgentError(f"unknown prompt layout {layout!r}: use memory-first or chunk-first") from None
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: AgentConfig):
         self.tokenizer = tokenizer
-        self.memory_tokens = memory_tokens
-        self.answer_max_new_tokens = answer_max_new_tokens
+        self.layout = config.prompt_layout
+        self.memory_tokens = config.memory_tokens
+        self.answer_max_new_tokens = config.answer_max_new_tokens
 
     @classmethod
     def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: NoOptions) -> OverwritePolicy:
-        return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout)
+        return cls(tokenizer, config)
 
     def initial_state(self, task: Task) -> OverwriteState:
         return OverwriteState()

@@ -16,7 +16,7 @@ Entry points are read on the first look-up, not at import (no plug-in is importe
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,8 @@ from agentmem.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from agentmem.records import WorkflowMemory
 
 GROUP = "agentmem.memory_policies"
 _BUILT_IN: tuple[type, ...] = (OverwritePolicy, EventsPolicy, LogPolicy, RoutedPolicy, TeacherMemoryPolicy)
@@ -102,10 +104,28 @@ def policy_options(name: str, values: dict[str, Any]) -> Any:
         raise AgentError(f"memory policy {name!r}: bad --memory-option ({problems}); known: {known}") from None
 
 
-def memory_policy(name: str, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> MemoryPolicy:
-    """The policy registered as ``name``, built for ``tokenizer`` and ``config`` (its options checked)."""
+def memory_policy(tokenizer: PreTrainedTokenizerBase, config: AgentConfig,
+                  load_bank: Callable[[str], Sequence[WorkflowMemory]] | None = None) -> MemoryPolicy:
+    """The policy ``config.memory_policy``, built for ``tokenizer`` and ``config`` (its options checked): the
+    one way every policy is built. A policy that declares ``memory_bank`` gets ``bank=load_bank(run id)``,
+    the run id being that option's value (``jobs.memory_setup.memory_for`` loads from the job's store)."""
+    name = config.memory_policy
     cls: Any = policy_class(name)
-    return cls.build(tokenizer, config, policy_options(name, config.memory_options))
+    options = policy_options(name, config.memory_options)
+    if cls.memory_bank is None:
+        return cls.build(tokenizer, config, options)
+    run = getattr(options, cls.memory_bank)
+    if load_bank is None:
+        raise AgentError(f"memory policy {name!r} needs its memory bank (build run {run}): a job "
+                         "builds it with agentmem.jobs.memory_setup.memory_for")
+    return cls.build(tokenizer, config, options, bank=load_bank(run))
+
+
+def rewrite_kinds(names: Iterable[str]) -> dict[str, str]:
+    """Of the policies ``names``, those that declare a ``rewrite_kind``, each to that kind (a name no
+    installed package registers is left out: its stored calls stay readable)."""
+    known = set(memory_policy_names())
+    return {n: kind for n in set(names) & known if (kind := policy_class(n).rewrite_kind) is not None}
 
 
 def call_kinds() -> list[str]:

@@ -44,7 +44,7 @@ from agentmem.agent.memory import Call, MemoryPolicyBase, replay
 from agentmem.agent.overwrite import ANSWER, UPDATE, OverwritePolicy, OverwriteState
 from agentmem.agent.prompts import Prompt, render
 from agentmem.agent.retrieval import top_k
-from agentmem.config import AgentConfig, PromptLayout
+from agentmem.config import AgentConfig
 from agentmem.records import Invocation, Task
 
 if TYPE_CHECKING:
@@ -114,17 +114,15 @@ class RoutedPolicy(MemoryPolicyBase[RoutedState]):
     wants_logprobs = True
     oracle = True
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, memory_tokens: int, answer_max_new_tokens: int = 32,
-                 layout: PromptLayout | str = PromptLayout.memory_first, threshold: float = 0.5, k: int = 3):
-        self.overwrite = OverwritePolicy(tokenizer, memory_tokens, answer_max_new_tokens, layout)
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: RoutedOptions):
+        self.overwrite = OverwritePolicy(tokenizer, config)
         self.tokenizer = tokenizer
-        self.answer_max_new_tokens = answer_max_new_tokens
-        self.threshold, self.k = threshold, k
+        self.answer_max_new_tokens = config.answer_max_new_tokens
+        self.threshold, self.k = options.threshold, options.k
 
     @classmethod
     def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, opts: RoutedOptions) -> RoutedPolicy:
-        return cls(tokenizer, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout,
-                   threshold=opts.threshold, k=opts.k)
+        return cls(tokenizer, config, opts)
 
     def retrieve(self, task: Task) -> tuple[int, ...]:
         """The top-``k`` chunks for the question, in reading order."""

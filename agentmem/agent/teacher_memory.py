@@ -1,8 +1,8 @@
 """The ``teacher`` memory policy (AMD, DuoMem): overwrite, with teacher-written workflow memories in the prompt.
 
 A bank of workflow memories (``WorkflowMemory``, written by ``agentmem memories build`` from a teacher's
-successful episodes) is given at construction (``agentmem.jobs.memory_setup.memory_for`` loads it from the
-store: the policy does no I/O). At the task start the policy picks the ``k`` memories whose source question
+successful episodes) is given at construction (the policy declares ``memory_bank = "memories"``:
+``agentmem.jobs.memory_setup.memory_for`` loads it from the store; the policy does no I/O). At the task start the policy picks the ``k`` memories whose source question
 is most similar to the task's question (BM25, ``agentmem.agent.retrieval.top_k``; best first, ties to the
 earlier memory of the bank) and keeps them for the whole episode.
 
@@ -31,7 +31,6 @@ from agentmem.agent.prompts import EMPTY_MEMORY, SYSTEM, UPDATE_CHUNK_FIRST, Pro
 from agentmem.agent.prompts import UPDATE as UPDATE_TEMPLATE
 from agentmem.agent.retrieval import top_k
 from agentmem.config import AgentConfig, PromptLayout
-from agentmem.errors import AgentError
 from agentmem.records import Invocation, Task, WorkflowMemory
 
 if TYPE_CHECKING:
@@ -77,24 +76,21 @@ class TeacherMemoryPolicy(MemoryPolicyBase[TeacherState]):
     kinds = (UPDATE, ANSWER)
     Options = TeacherOptions
     oracle = True
+    rewrite_kind = UPDATE
+    memory_bank = "memories"
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, bank: Sequence[WorkflowMemory], memory_tokens: int,
-                 answer_max_new_tokens: int = 32, layout: PromptLayout | str = PromptLayout.memory_first,
-                 k: int = 1):
-        self.overwrite = OverwritePolicy(tokenizer, memory_tokens, answer_max_new_tokens, layout)
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, options: TeacherOptions,
+                 bank: Sequence[WorkflowMemory]):
+        self.overwrite = OverwritePolicy(tokenizer, config)
         self.tokenizer = tokenizer
         self.bank = list(bank)
-        self.k = k
+        self.k = options.k
 
     @classmethod
     def build(cls, tokenizer: PreTrainedTokenizerBase, config: AgentConfig, opts: TeacherOptions,
-              bank: Sequence[WorkflowMemory] | None = None) -> TeacherMemoryPolicy:
-        """Needs the bank: jobs build this policy through ``jobs.memory_setup.memory_for``, which loads it."""
-        if bank is None:
-            raise AgentError(f"memory policy 'teacher' needs its memory bank (build run {opts.memories}): a job "
-                             "builds it with agentmem.jobs.memory_setup.memory_for")
-        return cls(tokenizer, bank, config.memory_tokens, config.answer_max_new_tokens, config.prompt_layout,
-                   k=opts.k)
+              bank: Sequence[WorkflowMemory]) -> TeacherMemoryPolicy:
+        """``bank``: the memories of build run ``opts.memories`` (``registry.memory_policy`` loads them)."""
+        return cls(tokenizer, config, opts, bank)
 
     def retrieve(self, question: str) -> list[WorkflowMemory]:
         """The ``k`` memories whose source question is most similar to ``question``, best first."""

@@ -11,10 +11,11 @@ Invariants:
 - ``metrics`` holds ``empty_rate`` (the share of calls whose output is end-of-sequence only: a student or
   teacher that learned to stop at once), and per call kind ``empty_by_kind`` and ``out_len_by_kind`` (mean
   output tokens, end-of-sequence included), from the run's stored calls;
-- ``metrics`` holds ``empty_after_evidence``: of the overwrite policy's ``memory_update`` calls made once a fact
-  of the task was read (``oracle.evidence_read``), the share whose memory is empty (blank or ``(empty)``): a
-  student that learned to write ``(empty)`` whatever it read. None when no call qualifies (no annotated facts);
-- ``metrics`` holds ``empty_at_first_read``: of the overwrite ``memory_update`` calls that read a chunk while
+- ``metrics`` holds ``empty_after_evidence``: of the rewrite calls (of a policy's declared ``rewrite_kind``,
+  whose output is the whole memory: overwrite's and teacher's ``memory_update``) made once a fact of the task
+  was read (``oracle.evidence_read``), the share whose memory is empty (blank or ``(empty)``): a student that
+  learned to write ``(empty)`` whatever it read. None when no call qualifies (no annotated facts);
+- ``metrics`` holds ``empty_at_first_read``: of the rewrite calls that read a chunk while
   holding nothing, the share that write an empty memory, apart for ``evidence`` reads (a fact of the task is
   complete in that chunk) and ``other`` reads (none is). The two apart say whether a policy tells the kinds of
   read apart (writes the fact, skips the distractor) or only how often it skips (``first_read_skips``);
@@ -34,7 +35,7 @@ import numpy as np
 from agentmem import models
 from agentmem.agent.loop import RoundStats
 from agentmem.agent.oracle import evidence_read
-from agentmem.agent.overwrite import UPDATE
+from agentmem.agent.registry import rewrite_kinds
 from agentmem.config import HELD_OUT_SEED, EvalConfig, PolicySource
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.rollout import build_env, run_rollout
@@ -96,29 +97,31 @@ def call_stats(calls: Sequence[Invocation], eos_id: int | None) -> dict[str, Any
             "out_len_by_kind": {k: stats[f"out_len/{k}"] for k in kinds}}
 
 
-def _overwrite_updates(calls: Sequence[Invocation], task_of: dict[str, Task]) -> Iterator[tuple[Invocation, Task]]:
-    """``calls``' overwrite ``memory_update`` calls with a chunk and a known task, each with that task."""
+def _rewrites(calls: Sequence[Invocation], task_of: dict[str, Task]) -> Iterator[tuple[Invocation, Task]]:
+    """``calls``' rewrite calls (of their policy's ``rewrite_kind``: the output is the whole memory) with a
+    chunk and a known task, each with that task."""
+    kind_of = rewrite_kinds({c.memory_policy for c in calls})
     for c in calls:
-        if c.kind == UPDATE and c.memory_policy == "overwrite" and c.chunk_index is not None and c.episode_id in task_of:
+        if kind_of.get(c.memory_policy) == c.kind and c.chunk_index is not None and c.episode_id in task_of:
             yield c, task_of[c.episode_id]
 
 
 def empty_after_evidence(calls: Sequence[Invocation], task_of: dict[str, Task]) -> float | None:
-    """Of ``calls``' overwrite ``memory_update`` calls made once a fact of their episode's task was read, the
+    """Of ``calls``' rewrite calls made once a fact of their episode's task was read, the
     share whose memory after the call is empty (blank or ``EMPTY_MEMORY``). ``task_of`` maps an episode id to
     its task. None when no call qualifies."""
-    flags = [holds_nothing(c.memory_after) for c, task in _overwrite_updates(calls, task_of)
+    flags = [holds_nothing(c.memory_after) for c, task in _rewrites(calls, task_of)
              if evidence_read(task.facts, c.chunk_index)]
     return float(np.mean(flags)) if flags else None
 
 
 def first_read_skips(calls: Sequence[Invocation], task_of: dict[str, Task]) -> dict[str, float] | None:
-    """Of ``calls``' overwrite ``memory_update`` calls made with an empty memory (blank or ``EMPTY_MEMORY``)
+    """Of ``calls``' rewrite calls made with an empty memory (blank or ``EMPTY_MEMORY``)
     on an episode whose task has facts, the share whose memory after the call is empty, per kind of read:
     ``evidence`` when some fact with text is complete in the call's chunk, ``other`` otherwise. A kind
     without calls is left out; None when no call qualifies."""
     flags: dict[str, list[bool]] = {"evidence": [], "other": []}
-    for c, task in _overwrite_updates(calls, task_of):
+    for c, task in _rewrites(calls, task_of):
         if task.facts and holds_nothing(c.memory_before):
             kind = "evidence" if any(f.chunk == c.chunk_index and f.text.strip() for f in task.facts) else "other"
             flags[kind].append(holds_nothing(c.memory_after))

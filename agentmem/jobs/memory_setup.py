@@ -1,7 +1,7 @@
-"""The memory policy of a rollout or evaluation job: built from the registry, with what it needs from the store.
+"""The memory policy of a rollout or evaluation job: built by the registry, with what it needs from the store.
 
-A policy is pure (``agentmem.agent.memory``): it never reads the store. A policy that needs stored data to be
-built (the ``teacher`` policy's memory bank) gets it here, at construction, from the job's store.
+A policy is pure (``agentmem.agent.memory``): it never reads the store. A policy that declares a
+``memory_bank`` option (the ``teacher`` policy) gets that bank here, at construction, from the job's store.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentmem.agent.memory import MemoryPolicy
-from agentmem.agent.registry import memory_policy, policy_class, policy_options
-from agentmem.agent.teacher_memory import TeacherMemoryPolicy
+from agentmem.agent.registry import memory_policy
 from agentmem.config import AgentConfig
 from agentmem.jobs.memories import load_bank
 
@@ -21,10 +20,6 @@ if TYPE_CHECKING:
 
 
 def memory_for(store: Store, tokenizer: PreTrainedTokenizerBase, config: AgentConfig) -> MemoryPolicy:
-    """The memory policy ``config.memory_policy`` with ``config.memory_options``, for ``tokenizer``.
-    ``teacher``: its bank is the memories of build run ``memories=`` (``agentmem memories build``)."""
-    if policy_class(config.memory_policy) is TeacherMemoryPolicy:
-        options = policy_options(config.memory_policy, config.memory_options)
-        _, bank = load_bank(store, options.memories)
-        return TeacherMemoryPolicy.build(tokenizer, config, options, bank=bank)
-    return memory_policy(config.memory_policy, tokenizer, config)
+    """The memory policy ``config.memory_policy`` with ``config.memory_options``, for ``tokenizer``; its
+    ``memory_bank``, if it declares one, is the memories of that build run (``agentmem memories build``)."""
+    return memory_policy(tokenizer, config, lambda run: load_bank(store, run)[1])

@@ -124,7 +124,7 @@ def run_replay(
     else:
         tokenizer = backend.tokenizer
     _check_vocab(branches, len(tokenizer))
-    memory: Any = memory_policy(agent.memory_policy, tokenizer, agent)  # replayable: it has ``update``
+    memory: Any = memory_policy(tokenizer, agent)  # replayable: it has ``update``
     with tracked_run(store, RunKind.replay, config, resume=resumed) as run:
         if backend is None:  # after the run row: its id is known while weights load
             policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
