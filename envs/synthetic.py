@@ -20,6 +20,12 @@ n-z) was a shift of its own, since a model fine-tuned on one set of initials wro
 on 0.93 of its held-out level-2 updates against 0.31 on the same tasks with training-letter names. A
 benchmark that trains on ``train`` and evaluates on ``heldout`` can never score a memorised name.
 
+Question forms (``forms``): ``entity`` (the default) asks for the chain's last entity. ``yesno`` asks
+whether the chain ends at a named entity (the true one, or a name of the same kind that no fact states: answers
+``yes``/``no``); ``number`` ends the chain with a fact that states a number about its last entity and asks for
+it (distractor chains end with numbers of their own); ``mixed`` draws one of the three per task. Real text asks
+yes/no and number questions; the default keeps every existing seed's tasks as they were.
+
 The task ladder: ``level`` (0..4, ``LEVELS``) names a difficulty, from one fact in one short chunk (level
 0) to three hops among many distractors over a long context (level 4). A level sets ``context_tokens``,
 ``hops`` and ``distractors``; a knob given explicitly beside it wins. The chunk counts in ``LEVELS`` are
@@ -84,6 +90,22 @@ _TEMPLATES = (
     ),
 )
 
+# yes/no questions per template and hop count: is {x} where the chain ends?
+_YESNO = (
+    ("Does {0} work for {x}?", "Is the company that {0} works for headquartered in {x}?",
+     "Is the city where the company that {0} works for is headquartered in {x}?"),
+    ("Is {x} the mentor of {0}?", "Was the mentor of {0} born in {x}?", "Was the mentor of {0} born in a city in {x}?"),
+)
+# number chains per hop count: the entity kinds, the facts (the last states {n} about entity hops - 1) and the question
+_NUMBER = {
+    1: (("person",), ("{0} is {n} years old.",), "How old is {0}?"),
+    2: (("person", "company"), ("{0} works for {1}.", "{0} has {n} employees."),
+        "How many employees does the company that {0} works for have?"),
+    3: (("person", "company", "city"), ("{0} works for {1}.", "{0} is headquartered in {1}.", "{0} has {n} bridges."),
+        "How many bridges does the city where the company that {0} works for is headquartered have?"),
+}
+FORMS = ("entity", "yesno", "number", "mixed")
+
 _FILLER = (
     ("The", "A quiet", "An old", "The small", "The busy"),
     ("market", "river", "library", "garden", "bridge", "festival", "train", "museum", "bakery"),
@@ -125,6 +147,7 @@ class SyntheticEnv(TaskSource):
         distractors: int | None = None,
         num_tasks: int = 1000,
         names: str = "any",
+        forms: str = "entity",
     ) -> None:
         if level is not None and (isinstance(level, bool) or level not in LEVELS):
             raise EnvError(f"synthetic: knob level must be one of {', '.join(map(str, LEVELS))}, got {level!r}")
@@ -141,6 +164,9 @@ class SyntheticEnv(TaskSource):
         if names not in NAME_SPLITS:
             raise EnvError(f"synthetic: knob names must be one of {', '.join(NAME_SPLITS)}, got {names!r}")
         self._names = names
+        if forms not in FORMS:
+            raise EnvError(f"synthetic: knob forms must be one of {', '.join(FORMS)}, got {forms!r}")
+        self._forms = forms
         if hops not in (1, 2, 3) or isinstance(hops, bool):
             raise EnvError(f"synthetic: knob hops must be 1, 2 or 3, got {hops!r}")
         super().__init__(count_tokens=count_tokens, chunk_tokens=chunk_tokens, seed=seed)
@@ -155,14 +181,26 @@ class SyntheticEnv(TaskSource):
     def _build(self, index: int) -> Task:
         rng = task_rng(self._seed, index)
         used: set[str] = set()
-        template = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
-        chain = _chain(rng, template, self._hops, used, self._names)
-        evidence = [template.facts[h].format(chain[h], chain[h + 1]) for h in range(self._hops)]
-        distractor_facts = []
-        for _ in range(self._distractors):
-            other = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
-            names = _chain(rng, other, self._hops, used, self._names)
-            distractor_facts += [other.facts[h].format(names[h], names[h + 1]) for h in range(self._hops)]
+        form = self._forms if self._forms != "mixed" else ("entity", "yesno", "number")[int(rng.integers(3))]
+        if form == "number":
+            chain, evidence, question, answer = self._number_chain(rng, used)
+            distractor_facts = [f for _ in range(self._distractors) for f in self._number_chain(rng, used)[1]]
+        else:
+            pick = int(rng.integers(len(_TEMPLATES)))
+            template = _TEMPLATES[pick]
+            chain = _chain(rng, template, self._hops, used, self._names)
+            evidence = [template.facts[h].format(chain[h], chain[h + 1]) for h in range(self._hops)]
+            question, answer = template.questions[self._hops - 1].format(chain[0]), chain[self._hops]
+            if form == "yesno":  # the true end of the chain, or a name of its kind that no fact states
+                yes = bool(rng.integers(2))
+                named = chain[self._hops] if yes else _new_name(rng, template.kinds[self._hops], used, self._names)
+                question = _YESNO[pick][self._hops - 1].format(chain[0], x=named)
+                answer = "yes" if yes else "no"
+            distractor_facts = []
+            for _ in range(self._distractors):
+                other = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
+                names = _chain(rng, other, self._hops, used, self._names)
+                distractor_facts += [other.facts[h].format(names[h], names[h + 1]) for h in range(self._hops)]
         sentences, positions = self._scatter(rng, evidence + distractor_facts)
         chunks = pack([Unit(s) for s in sentences], self._count, self._chunk_tokens)
         evidence_positions = positions[: self._hops]
@@ -170,15 +208,24 @@ class SyntheticEnv(TaskSource):
         return Task(
             task_id=f"synthetic-{self._seed}-{index}",
             env=self.name,
-            question=template.questions[self._hops - 1].format(chain[0]),
+            question=question,
             chunks=[c.text for c in chunks],
-            answers=[chain[self._hops]],
+            answers=[answer],
             evidence=evidence,
             evidence_chunks=chunk_indices(chunks, set(evidence_positions)),
             facts=[Fact(text=text, chunk=chunk) for chunk, _, text in facts],
-            category=f"{self._hops}-hop",
+            category=f"{self._hops}-hop" if form == "entity" else f"{self._hops}-hop {form}",
             metadata={"evidence_sentences": evidence_positions, "seed": self._seed, "index": index},
         )
+
+    def _number_chain(self, rng: np.random.Generator, used: set[str]) -> tuple[list[str], list[str], str, str]:
+        """A chain that ends in a number: its names, its facts, the question about its subject and the number."""
+        kinds, facts, question = _NUMBER[self._hops]
+        names = [_new_name(rng, kind, used, self._names) for kind in kinds]
+        n = str(int(rng.integers(12, 100)))
+        evidence = [f.format(*names[h : h + 2]) for h, f in enumerate(facts[:-1])]
+        evidence.append(facts[-1].format(names[-1], n=n))
+        return names, evidence, question.format(names[0]), n
 
     def _scatter(self, rng: np.random.Generator, facts: list[str]) -> tuple[list[str], list[int]]:
         """Filler up to the token target with ``facts`` at random positions; returns each fact's position."""

@@ -86,7 +86,7 @@ def test_names_and_knobs():
     assert ENV_NAMES == ("synthetic", "hotpotqa", "squad", "locomo", "longmemeval", "ruler_hotpotqa", "needle",
                          "musique", "2wikimultihopqa", "quality")
     assert knobs_of("synthetic") == {"level": None, "context_tokens": None, "hops": None, "distractors": None,
-                                     "num_tasks": 1000, "names": "any"}
+                                     "num_tasks": 1000, "names": "any", "forms": "entity"}
     assert knobs_of("hotpotqa") == {"docs": 20, "context_tokens": None}
     assert knobs_of("squad") == {"docs": 10, "context_tokens": None}
     assert knobs_of("locomo") == {"categories": None, "stem": True}
