@@ -1,0 +1,168 @@
+"""Supervised fine-tuning on stored calls (``SftConfig``), and the on-policy loop's warm start
+(``WarmStartConfig``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from agentmem.config.base import Frozen, kind_names, mixed_over_float32
+from agentmem.config.choices import AttentionPath, DType, LrSchedule, Oversize, Packing, RLKind, Weighting
+from agentmem.config.distill_config import DistillConfig
+from agentmem.records import CallKind, SamplingContext
+
+# LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class SftConfig(Frozen):
+    """Supervised fine-tuning on stored calls (``agentmem sft``): cross-entropy on the action tokens only,
+    on the distill job's rebuild -> pack -> forward path (``distill_config`` gives the ``DistillConfig``
+    the ``Trainer`` runs: the cross-entropy term alone, no teacher, no RL). The calls are those of
+    ``run_ids`` (oracle runs, a teacher's runs or the student's own), of ``kinds`` (``update`` is an alias
+    of ``memory_update``; a comma-separated string is accepted), of episodes with ``f1 >= min_f1`` when
+    given. ``lora_rank``: train LoRA adapters on ``lora_targets`` instead of every weight (the saved
+    checkpoints hold the merged weights)."""
+
+    run_ids: list[str] = Field(min_length=1)
+    """Run id(s) whose stored calls to train on: oracle runs, a teacher's runs or the student's own."""
+    student: str = "default"
+    """Student: model folder, checkpoint id or 'default'."""
+    min_f1: float | None = Field(None, ge=0, le=1)
+    """Train only on calls of episodes with F1 >= this (e.g. a student's own successful episodes)."""
+    kinds: list[CallKind] | None = None
+    """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
+    event_view, log_search, ...). Default: all."""
+    lora_rank: int | None = Field(None, ge=1)
+    """Train LoRA adapters of this rank instead of every weight; checkpoints hold the merged weights."""
+    lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA input."""
+    lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Modules that get LoRA adapters."""
+    # the defaults are the warm-start recipe measured in docs/learning.md (16 steps at 5e-5, one warmup step,
+    # cosine): at the old 10 steps at 1e-5 (constant) the README's path learned to write `(empty)` and gained nothing
+    steps: int = Field(16, ge=1)
+    """Optimizer steps in all (on --resume, the stored value unless given)."""
+    invocations_per_step: int = Field(8, ge=1)
+    """Stored calls per optimizer step."""
+    row_tokens: int = Field(4096, ge=16)
+    """Tokens per packed row."""
+    lr: float = Field(5e-5, gt=0)
+    """Peak AdamW learning rate."""
+    warmup_steps: int = Field(1, ge=0)
+    """Linear warmup steps (step s at lr x (s+1)/(warmup+1))."""
+    schedule: LrSchedule = LrSchedule.cosine
+    """Learning rate after warmup: constant, or cosine decay to --min-lr-ratio x lr at the last step."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine schedule: the last step's learning rate as a share of lr."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
+    seed: int = 0
+    """Seed of the data order (and of the LoRA initialisation)."""
+    out: str = "checkpoints"
+    """Folder for checkpoints."""
+    save_every: int | None = Field(None, ge=1)
+    """Save a checkpoint every N steps (and at the end)."""
+    keep_last: int | None = Field(None, ge=1)
+    """Keep only the run's last N checkpoint folders, deleting older ones as new ones are saved. Default: keep
+    every one (each is the model alone: only the latest keeps the optimizer state)."""
+    keep_optimizer: bool = False
+    """Keep the optimizer state (twice the model's size) in the finished run's last checkpoint, so that
+    --resume --steps N can extend the run or a later job can start from it with --carry-optimizer. A running
+    job always keeps it in its latest checkpoint, so a killed run resumes exactly."""
+    weighting: Weighting = Weighting.token
+    """Token averaging over the global step: every token, every call or every episode equal."""
+    path: AttentionPath = AttentionPath.fast
+    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
+    block mask)."""
+    packing: Packing = Packing.segments
+    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
+    prefix placed and computed once; exact)."""
+    oversize: Oversize = Oversize.error
+    """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
+    dtype: DType = DType.float32
+    """Weights dtype of training (bf16 is faster on most CPUs)."""
+    mixed_precision: bool = False
+    """The student's (and the anchor reference's) decoder under bfloat16 autocast, the weights, gradients,
+    AdamW state and the output head in float32 (as in distill). Needs --train-dtype float32."""
+    anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
+    """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (the starting
+    weights, without LoRA adapters)."""
+    carry_optimizer: bool = False
+    """Start AdamW from the state saved in the student's checkpoint folder (an earlier sft's or distill's),
+    when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
+    of size lr on every weight. Full-parameter training only (not with --lora-rank)."""
+    carry_first_moment: bool = True
+    """With --carry-optimizer (without it, moot): also carry AdamW's first moment (its running mean of the
+    earlier job's gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step
+    count: the carried state sets each weight's step size but pushes along no earlier direction."""
+    # privileged: the model learns the stored outputs under the privileged message (gold answer and evidence)
+    # spliced before each prompt, exactly what the ``privileged`` teacher context reads: a privileged teacher
+    # fine-tuned in its own context. Never a student's recipe: a student reads only its own prompt
+    context: SamplingContext = SamplingContext.aligned
+    """Prompt the model is trained under: aligned (the stored prompt, what a student reads) or privileged (the
+    episode's gold answer and evidence as a system message before every prompt: the SFT of a privileged
+    teacher for `distill --context privileged`, which reads the same splice)."""
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kind_names(cls, value: Any) -> Any:
+        return kind_names(value)
+
+    @field_validator("mixed_precision")
+    @classmethod
+    def _mixed_over_float32(cls, value: bool, info: ValidationInfo) -> bool:
+        return mixed_over_float32(value, info)
+
+    @field_validator("carry_optimizer")
+    @classmethod
+    def _carry_full_parameters(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("lora_rank") is not None:
+            raise ValueError("carry_optimizer restores a full-parameter AdamW state: it cannot start LoRA adapters "
+                             "(leave out --lora-rank or --carry-optimizer)")
+        return value
+
+    def distill_config(self) -> DistillConfig:
+        """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
+        (plus the anchor term when ``anchor_weight > 0``)."""
+        return DistillConfig(
+            run_ids=self.run_ids, student=self.student, teacher=None, rl=RLKind.none, kd_weight=0.0,
+            rl_weight=0.0, ce_weight=1.0, weighting=self.weighting, steps=self.steps,
+            invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens, lr=self.lr,
+            warmup_steps=self.warmup_steps, schedule=self.schedule, min_lr_ratio=self.min_lr_ratio,
+            weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
+            save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
+            oversize=self.oversize, dtype=self.dtype, mixed_precision=self.mixed_precision,
+            anchor_weight=self.anchor_weight,
+            carry_optimizer=self.carry_optimizer, carry_first_moment=self.carry_first_moment)
+
+
+class WarmStartConfig(SftConfig):
+    """``TrainConfig.warm_start``: an SFT before round 1 with the recipe's defaults (docs/learning.md: 16
+    steps at 5e-5, one warmup step, cosine). Stored as an ``SftConfig``'s fields."""
+
+    steps: int = Field(16, ge=1)
+    """Warm-start SFT steps."""
+    lr: float = Field(5e-5, gt=0)
+    """Peak learning rate of the warm start."""
+    warmup_steps: int = Field(1, ge=0)
+    """Linear warmup steps of the warm start."""
+    schedule: LrSchedule = LrSchedule.cosine
+    """Learning rate after warmup: cosine decay to --min-lr-ratio x lr at the last step, or constant."""
+    keep_optimizer: bool = True
+    """Keep the optimizer state in the warm start's checkpoint: round 1 starts from it (as --carry-optimizer
+    does)."""
+
+    @field_validator("context")
+    @classmethod
+    def _student_reads_its_own_prompt(cls, value: SamplingContext) -> SamplingContext:
+        if value is not SamplingContext.aligned:
+            raise ValueError("the warm start trains the student, which reads only its own prompt: context must be "
+                             "aligned (a privileged SFT is a privileged teacher's: `agentmem sft --context privileged`)")
+        return value
+

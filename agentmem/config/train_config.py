@@ -1,0 +1,84 @@
+"""The on-policy loop: ``TrainConfig``, a rollout and a distill per round."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from agentmem.config.agent_config import AgentConfig
+from agentmem.config.base import Frozen
+from agentmem.config.choices import Divergence, LrSchedule, Oversize, Packing, RewardKind, TeacherTruncation
+from agentmem.config.distill_config import DistillConfig
+from agentmem.config.rollout_config import RolloutConfig
+from agentmem.config.sft_config import WarmStartConfig
+from agentmem.records import TeacherContext
+
+
+def _train_rollout() -> RolloutConfig:
+    return RolloutConfig(env="synthetic", env_knobs={"context_tokens": 384, "distractors": 2, "hops": 1},
+                         episodes=4, group_size=4, chunk_tokens=192,
+                         agent=AgentConfig(memory_tokens=48, answer_max_new_tokens=16, temperature=1.0))
+
+
+def _train_distill() -> DistillConfig:
+    # privileged: the same base model sees the gold answer and evidence, so one small model runs the loop;
+    # skip: a call over the row budget is left out and counted, never cut (train_steps.metrics).
+    # the stable recipe (docs/learning.md): fresh rollouts every 2 steps, one warmup + cosine schedule over
+    # all rounds, AdamW's moments carried across rounds (round 1 takes the warm start's scale without its first
+    # moment: the SFT's momentum is another objective's direction), a reward with variance for a small model; forward
+    # KL at 5e-5 (reverse KL drove every memory update to `(empty)` in one step; at 1e-5 the student barely
+    # moved from its warm start)
+    return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
+                         teacher_truncation=TeacherTruncation.left, packing=Packing.shared_prefix, lr=5e-5,
+                         loss=Divergence.forward_kl,
+                         warmup_steps=1, schedule=LrSchedule.cosine, carry_optimizer=True,
+                         carry_first_moment=False,
+                         reward=RewardKind.max_f1_sub_em, monitor_start_kl=True)
+
+
+class TrainConfig(Frozen):
+    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.steps`` distill
+    steps on that rollout). Each round sets the rollout's model and seed and the distill's student,
+    run ids and seed; everything else is taken as given."""
+
+    rounds: int = Field(2, ge=1)
+    """Rollout + distill rounds."""
+    seed: int = 0
+    """Seed (rollout tasks, sampling, data order); round r uses seed + r."""
+    rollout: RolloutConfig = Field(default_factory=_train_rollout)
+    distill: DistillConfig = Field(default_factory=_train_distill)
+    # SFT before round 1 (its run_ids: an oracle or teacher run); its last checkpoint starts round 1
+    warm_start: WarmStartConfig | None = None
+    # the teacher is checked before any distillation: a greedy eval of it on ``teacher_check_episodes``
+    # tasks of the rollout's environment (held-out seed); above ``max_teacher_empty`` end-of-sequence-only
+    # outputs on any call kind the loop refuses it. 0 episodes: no check.
+    teacher_check_episodes: int = Field(8, ge=0)
+    """Validate the teacher first on this many held-out greedy episodes; refuse it when a call kind's
+    end-of-sequence-only share is over --max-teacher-empty (0: no check)."""
+    max_teacher_empty: float = Field(0.1, ge=0, le=1)
+    """Largest end-of-sequence-only share the teacher may have on any call kind."""
+    max_teacher_forgot: float = Field(0.5, ge=0, le=1)
+    """Largest share of the teacher's memory updates, made once a fact was read, that write an empty memory
+    ((empty)): a teacher over it would teach the student to drop what it read."""
+
+    @model_validator(mode="after")
+    def _run_ids_per_round(self) -> TrainConfig:
+        if self.distill.run_ids:
+            raise ValueError("distill.run_ids is set by each round of the loop: leave it empty")
+        return self
+
+    def round_configs(self, round_index: int, policy_id: str) -> tuple[RolloutConfig, DistillConfig]:
+        """Round ``round_index``'s rollout (the current policy, seed ``seed + round``) and distill (that
+        policy as the student; its part of one learning-rate schedule over every round)."""
+        seed = self.seed + round_index
+        rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
+        steps = self.distill.steps
+        # every round carries AdamW from its student's folder when that kept a state: from round 2 on the previous
+        # round's; in round 1 the warm start's or --init's (a base model folder keeps none: a fresh AdamW, whose
+        # first step moves every weight by about lr; carrying the warm start's took the first step's KL to the
+        # start from 0.24 to 0.015 in the learning benchmark, docs/learning.md)
+        # carry_first_moment concerns round 1's start only (the warm start's or --init's moments, another job's
+        # direction); from round 2 on the moments carried are this loop's own
+        first_moment = self.distill.carry_first_moment or round_index > 0
+        return rollout, self.distill.model_copy(update={
+            "student": policy_id, "seed": seed, "schedule_offset": round_index * steps,
+            "schedule_steps": self.rounds * steps, "carry_first_moment": first_moment})
