@@ -364,7 +364,8 @@ class EvalResult(Record):
 class ServeCall(Record):
     """What a client sent with a call recorded by ``agentmem serve``: the chat ``messages`` and ``tools``
     (None for a completions call), the sampling parameters, what the client named (episode, task, kind),
-    and in gateway mode the upstream's prompt log-probs (NaN for the first prompt token)."""
+    in gateway mode the upstream's prompt log-probs (NaN for the first prompt token), and whether the call is
+    replayable (False: a provider returned text, tokenized locally, without the sampler's ids or log-probs)."""
 
     invocation_id: str
     messages: list[dict[str, Any]] | None = None
@@ -372,4 +373,5 @@ class ServeCall(Record):
     sampling: dict[str, Any] = Field(default_factory=dict)
     client: dict[str, Any] = Field(default_factory=dict)
     prompt_logprobs: FloatArray | None = None
+    replayable: bool = True  # False: the output ids were tokenized locally from a provider's text
     created_at: datetime = Field(default_factory=utcnow)

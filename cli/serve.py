@@ -15,6 +15,7 @@ from agentmem.config import BackendKind, Device, DType
 from cli.options import DbOption, DeviceOption, ThreadsOption
 
 API_KEY_VAR = "AGENTMEM_API_KEY"
+UPSTREAM_KEY_VAR = "AGENTMEM_UPSTREAM_API_KEY"
 SERVE_PORT = 8001  # `agentmem view` listens on 8000: both run side by side with their defaults
 
 
@@ -41,10 +42,18 @@ def serve(
                                             min=1)] = 256,
     batch_window_ms: Annotated[float, typer.Option(help="How long a request waits for others to share its "
                                                         "backend call (transformers).", min=0)] = 5.0,
-    upstream: Annotated[str | None, typer.Option(help="Gateway mode: forward generation to this vLLM OpenAI server "
-                                                      "(e.g. http://127.0.0.1:8002/v1) instead of loading the model; "
-                                                      "--model then gives only the tokenizer and chat template.",
-                                                 show_default=False)] = None,
+    upstream: Annotated[list[str] | None, typer.Option(
+        help="Gateway mode: forward generation to this vLLM or agentmem OpenAI server (e.g. "
+             "http://127.0.0.1:8002/v1) instead of loading the model; --model then gives only the tokenizer and "
+             "chat template. Repeat it for several upstreams (an episode's calls stay on one).",
+        show_default=False)] = None,
+    upstream_text: Annotated[bool, typer.Option(
+        help="The upstreams return no token ids (a hosted API): the chat goes to their /chat/completions under "
+             "the served name, the reply text is tokenized locally and stored not replayable (sft, not distill).")] = False,
+    upstream_wait: Annotated[float, typer.Option(help="Seconds start-up waits, retrying with backoff, for a first "
+                                                      "upstream to answer.", min=0)] = 60.0,
+    upstream_api_key: Annotated[str | None, typer.Option(help=f"The key sent to the upstreams (default "
+                                                              f"${UPSTREAM_KEY_VAR}).", show_default=False)] = None,
     chat_template: Annotated[str | None, typer.Option(
         help="A Jinja chat template FILE replacing the model's own (or `chatml_tools`, shipped: ChatML with "
              "Hermes tool calls, for the default model): a request with tools its template cannot render is "
@@ -65,8 +74,8 @@ def serve(
 
     config = ServeConfig(model=model, served_model_name=served_model_name, backend=backend, dtype=dtype,
                          run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,
-                         batch_window_ms=batch_window_ms, upstream=upstream,
-                         chat_template=chat_template)
+                         batch_window_ms=batch_window_ms, upstream=upstream, upstream_text=upstream_text,
+                         upstream_wait_s=upstream_wait, chat_template=chat_template)
     key = api_key or os.environ.get(API_KEY_VAR) or None
     setup_logging()
     rt = runtime(device, threads)
@@ -75,7 +84,8 @@ def serve(
     from store.engine import open_store
 
     store = open_store(db, create=True)
-    server = build_server(store, config, rt, api_key=key)
+    server = build_server(store, config, rt, api_key=key,
+                          upstream_api_key=upstream_api_key or os.environ.get(UPSTREAM_KEY_VAR) or None)
     auth = "bearer key required" if key else "no key"
     typer.echo(f"agentmem serve: http://{host}:{port}/v1  model={config.name}  run_id={server.run_id}  ({auth}; "
                "Ctrl-C or SIGTERM stops)")

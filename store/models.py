@@ -215,4 +215,6 @@ class ServeCallRow(Base):
     sampling: Mapped[dict[str, Any]]
     client: Mapped[dict[str, Any]]
     prompt_logprobs: Mapped[bytes | None]
+    # False: ids tokenized locally from a provider's text (no sampled ids or log-probs): SFT data, not OPD's
+    replayable: Mapped[bool] = mapped_column(server_default=sa.true())
     created_at: Mapped[datetime]

@@ -59,7 +59,7 @@ def insert_serve_calls(session: Session, calls: Iterable[ServeCall]) -> None:
     session.add_all([ServeCallRow(
         invocation_id=c.invocation_id, messages=c.messages, tools=c.tools, sampling=c.sampling, client=c.client,
         prompt_logprobs=None if c.prompt_logprobs is None else arrays.encode(c.prompt_logprobs, arrays.FLOATS),
-        created_at=c.created_at) for c in calls])
+        replayable=c.replayable, created_at=c.created_at) for c in calls])
 
 
 def get_serve_call(session: Session, invocation_id: str) -> ServeCall:
@@ -67,6 +67,17 @@ def get_serve_call(session: Session, invocation_id: str) -> ServeCall:
     if row is None:
         raise NotFound(f"no served call with invocation id {invocation_id!r}")
     return _serve_call(row)
+
+
+def unreplayable_calls(session: Session, run_ids: Sequence[str]) -> dict[str, int]:
+    """Per run of ``run_ids`` that has any: how many of its served calls are not replayable (text from a
+    provider, tokenized locally)."""
+    rows = session.execute(sa.select(EpisodeRow.run_id, sa.func.count())
+                           .join(InvocationRow, InvocationRow.episode_id == EpisodeRow.id)
+                           .join(ServeCallRow, ServeCallRow.invocation_id == InvocationRow.id)
+                           .where(EpisodeRow.run_id.in_(list(run_ids)), ServeCallRow.replayable.is_(False))
+                           .group_by(EpisodeRow.run_id))
+    return {rid: int(n) for rid, n in rows}
 
 
 def chat_serve_calls(session: Session, run_ids: Sequence[str]) -> dict[str, ServeCall]:
@@ -80,6 +91,6 @@ def chat_serve_calls(session: Session, run_ids: Sequence[str]) -> dict[str, Serv
 
 def _serve_call(row: ServeCallRow) -> ServeCall:
     return ServeCall(invocation_id=row.invocation_id, messages=row.messages, tools=row.tools, sampling=row.sampling,
-                     client=row.client, created_at=row.created_at,
+                     client=row.client, created_at=row.created_at, replayable=row.replayable,
                      prompt_logprobs=None if row.prompt_logprobs is None
                      else arrays.decode(row.prompt_logprobs, arrays.FLOATS))

@@ -1,11 +1,17 @@
 """A fake vLLM OpenAI server for gateway tests: ``/v1/models`` and ``/v1/completions`` over token-id prompts,
 answering as vLLM (>= 0.10) does with ``return_token_ids`` (``token_ids`` and ``prompt_token_ids`` per
-choice) and ``logprobs`` (``token_logprobs``). It generates with a real backend and keeps every answer."""
+choice) and ``logprobs`` (``token_logprobs``), streamed with ``stream: true``. It generates with a real
+backend and keeps every answer."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
 from agentmem.policy.types import SamplingParams
 
@@ -19,7 +25,7 @@ def fake_vllm(backend, model_id: str = "fake/model", max_model_len: int = 4096) 
         return {"object": "list", "data": [{"id": model_id, "object": "model", "max_model_len": max_model_len}]}
 
     @app.post("/v1/completions")
-    def completions(body: dict) -> dict:
+    def completions(body: dict) -> Any:
         prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
         n = body.get("n", 1)
         rows = [p for p in prompts for _ in range(n)]
@@ -34,9 +40,26 @@ def fake_vllm(backend, model_id: str = "fake/model", max_model_len: int = 4096) 
                     "finish_reason": g.finish_reason.value, "token_ids": g.output_ids, "prompt_token_ids": row, "prompt_logprobs": plp}
                    for i, (row, g, plp) in enumerate(zip(rows, gens, prompt_lps, strict=True))]
         app.state.answers.append(choices)
+        if body.get("stream"):
+            return StreamingResponse(_chunks(backend.tokenizer, model_id, choices), media_type="text/event-stream")
         return {"id": "cmpl-fake", "object": "text_completion", "model": model_id, "choices": choices}
 
     return app
+
+
+def _chunks(tokenizer, model_id: str, choices: list[dict]) -> Iterator[str]:
+    """vLLM's stream with ``return_token_ids``: per choice, one chunk per token (its ``token_ids`` and log-prob;
+    the first also ``prompt_token_ids``), the last with the finish reason; no prompt log-probs."""
+    for c in choices:
+        ids, lps = c["token_ids"], c["logprobs"]["token_logprobs"]
+        for k, (t, lp) in enumerate(zip(ids, lps, strict=True)):
+            piece = {"index": c["index"], "text": tokenizer.decode([t]), "token_ids": [t],
+                     "logprobs": {"tokens": [tokenizer.decode([t])], "token_logprobs": [lp]},
+                     "finish_reason": c["finish_reason"] if k == len(ids) - 1 else None}
+            if k == 0:
+                piece["prompt_token_ids"] = c["prompt_token_ids"]
+            yield f"data: {json.dumps({'id': 'cmpl-fake', 'model': model_id, 'choices': [piece]})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def _prompt_logprobs(model, prompt: list[int]) -> list:

@@ -29,6 +29,7 @@ from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
 from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
+from store import serve as serve_repo
 from store.engine import Store
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
@@ -103,6 +104,18 @@ def check_rl_runs(store: Store, config: DistillConfig) -> None:
                                   f"no reward): {fix}")
 
 
+def check_replayable(store: Store, config: DistillConfig) -> None:
+    """Refuse, before any weights load, runs with served calls that are not replayable: a gateway stored a
+    provider's text tokenized locally, without the sampler's ids or log-probs (sft trains on them)."""
+    with store.session() as s:
+        found = serve_repo.unreplayable_calls(s, config.run_ids)
+    if found:
+        rid, n = next(iter(found.items()))
+        raise ConfigError(f"run {rid} has {n} calls recorded as text from a provider that returns no token ids "
+                          "(tokenized locally, not replayable): distill needs the sampled ids and log-probs; "
+                          "train on them with agentmem sft")
+
+
 def check_psd_runs(store: Store, config: DistillConfig) -> None:
     """Refuse, before any weights load, runs that do not match ``config.psd``: ``on_policy`` trains on the
     student's own samples (no privileged rollout), ``off_policy`` only on privileged rollouts, ``mixed``
@@ -145,6 +158,7 @@ def run_distill(
     check_loss_terms(config.loss_terms)
     check_rl_runs(store, config)
     check_psd_runs(store, config)
+    check_replayable(store, config)
     check_installed(report_to)
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     return train(store, RunKind.distill, config, runtime, resumed,

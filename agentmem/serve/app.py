@@ -6,7 +6,7 @@ Routes, one router module per API (``routes/``), each ``/v1/...`` route also ans
   ``POST /v1/responses`` (``routes/responses.py``), ``GET /v1/models`` (``routes/models.py``); their options:
   ``protocol.py``; checks, generation and storing: ``calls.py``;
 - ``POST /agentmem/episodes/{episode}/reward`` and ``.../privileged`` (``routes/episodes.py``);
-- ``GET /health``.
+- ``GET /health`` (a gateway's: each upstream's status too, and 503 while none is up).
 
 Authentication: with an API key every route, ``/health`` included, needs ``Authorization: Bearer KEY`` or
 ``api-key: KEY``. An unknown route answers 404 and a wrong method 405, with the OpenAI error body.
@@ -51,8 +51,13 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
     app.include_router(episodes.router)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "run": recorder.run_id}
+    async def health() -> JSONResponse:
+        body: dict = {"status": "ok", "run": recorder.run_id}
+        if hasattr(sampler, "health"):  # a gateway: each upstream, and 503 while none is up
+            body["upstreams"] = sampler.health()
+            if not any(u["status"] == "up" for u in body["upstreams"]):
+                body["status"] = "down"
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:

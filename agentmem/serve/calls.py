@@ -23,6 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from agentmem.serve.gateway import NO, RECORD_HEADER
 from agentmem.serve.protocol import ApiError, bad_request, refuse_unsupported
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
 from agentmem.serve.responses import Formatter, LiveText, usage
@@ -105,8 +106,10 @@ class Calls:
         if follows is not None:
             ctx = replace(ctx, episode=ctx.episode or follows[0], parent=ctx.parent or follows[1])
         planned = self.recorder.plan(ctx, len(prompts), req.n)
-        await asyncio.to_thread(self.recorder.check_call, ctx, planned)
-        job = Job(prompts, req.n, params, tuple(req.stops), top_k)
+        if ctx.record:
+            await asyncio.to_thread(self.recorder.check_call, ctx, planned)
+        job = Job(prompts, req.n, params, tuple(req.stops), top_k, getattr(req, "prompt_logprobs", None) is not None,
+                  ctx.episode, sent.messages, sent.tools)
         return Prepared(prompts, sent, job, ctx, planned)
 
     async def respond(self, request: Request, req, prep: Prepared, *, chat: bool, logprobs: bool,
@@ -114,7 +117,7 @@ class Calls:
         headers = {"X-Agentmem-Invocation": ",".join(prep.planned.invocation_ids),
                    "X-Agentmem-Episode": ",".join(prep.planned.episode_ids)}
         shape = Formatter(self.tokenizer, self.settings.model_name, self.recorder.policy_version, chat, logprobs,
-                          tool_calls)
+                          tool_calls, req.return_token_ids, prep.job.prompt_logprobs)
         if req.stream:
             return StreamingResponse(self.stream(request, prep, shape, req.include_usage), headers=headers,
                                      media_type="text/event-stream")
@@ -125,7 +128,8 @@ class Calls:
         return JSONResponse(out, headers=headers)
 
     def store(self, prep: Prepared, choices: list[Choice]) -> None:
-        self.recorder.record(prep.ctx, prep.planned, choices, prep.sent, prep.job.params.temperature, prep.job.n)
+        if prep.ctx.record:  # not when a gateway in front records the call (X-Agentmem-Record: no)
+            self.recorder.record(prep.ctx, prep.planned, choices, prep.sent, prep.job.params.temperature, prep.job.n)
 
     async def stream(self, request: Request, prep: Prepared, shape: Formatter, include_usage: bool) -> AsyncIterator[str]:
         call_id, created = prep.planned.invocation_ids[0], int(time.time())
@@ -177,11 +181,13 @@ def context(request: Request, meta: dict, episode: str | None, kind: str) -> Cal
         return str(value) if value is not None else None
 
     reopen = pick("x-agentmem-reopen", "agentmem_reopen")
+    record = h.get(RECORD_HEADER)
     return CallContext(episode=episode or pick("x-agentmem-episode", "agentmem_episode", "episode"),
                        task=pick("x-agentmem-task", "agentmem_task", "task"),
                        kind=pick("x-agentmem-kind", "agentmem_kind", "kind") or kind,
                        parent=h.get("x-agentmem-parent"),
-                       reopen=reopen is not None and reopen.lower() in TRUE)
+                       reopen=reopen is not None and reopen.lower() in TRUE,
+                       record=record is None or record.lower() not in NO)
 
 
 async def read_json(request: Request) -> dict:

@@ -243,6 +243,7 @@ class ChatRequest(_Conversation):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=0)  # vLLM's: 0, each prompt token's own log-prob
 
     @property
     def output_param(self) -> str:

@@ -71,6 +71,7 @@ class CallContext:
     kind: str = "chat"
     parent: str | None = None
     reopen: bool = False  # a call may continue an episode already rewarded (it goes back to running)
+    record: bool = True  # False: a gateway in front records the call (X-Agentmem-Record: no); nothing is stored
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class Recorder:
                                         "the same step; serve one run from one server process", type="conflict")
                 serve_repo.insert_serve_calls(s, [ServeCall(
                     invocation_id=planned.invocation_ids[i], messages=sent.messages, tools=sent.tools,
-                    sampling=sent.sampling, prompt_logprobs=choice.prompt_logprobs,
+                    sampling=sent.sampling, prompt_logprobs=choice.prompt_logprobs, replayable=choice.replayable,
                     client={"episode": planned.client_episodes[i], "task": planned.tasks[i], "kind": ctx.kind})])
                 if standalone:
                     ep = repo.get_episode(s, ep_id)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentmem.records import FinishReason
+from agentmem.serve.gateway import vllm_prompt_logprobs
 from agentmem.serve.sampler import Choice, Tokens
 from agentmem.serve.tool_calls import Reply, ToolCallParser
 
@@ -110,6 +111,8 @@ class Formatter:
     chat: bool
     logprobs: bool
     tool_calls: ToolCallParser | None = None
+    token_ids: bool = False  # a stream's chunks carry their token ids (vLLM's return_token_ids)
+    prompt_logprobs: bool = False  # each choice carries its prompt's log-probs (vLLM's prompt_logprobs)
 
     def response(self, call_id: str, created: int, prompts: list[list[int]], choices: list[Choice],
                  token_ids: bool) -> dict[str, Any]:
@@ -165,6 +168,8 @@ class Formatter:
             piece["text"] = delta
             if self.logprobs and stop > start:
                 piece["logprobs"] = self._completion_logprobs(c, start, stop)
+        if self.token_ids:
+            piece["token_ids"] = c.output_ids[start:stop]
         return self._chunk(call_id, created, [piece])
 
     def final_chunks(self, call_id: str, created: int, choices: list[Choice],
@@ -174,6 +179,8 @@ class Formatter:
             reason = (reply.finish_reason if reply is not None else None) or c.finish_reason.value
             last: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": None}
             last.update({"delta": {}} if self.chat else {"text": ""})
+            if self.prompt_logprobs and c.prompt_logprobs is not None:
+                last["prompt_logprobs"] = vllm_prompt_logprobs(c.prompt_ids, c.prompt_logprobs)
             yield self._chunk(call_id, created, [last])
         if usage_of is not None:
             yield self._chunk(call_id, created, [], usage=usage_of)
@@ -218,6 +225,8 @@ class Formatter:
             out["logprobs"] = self._completion_logprobs(c) if self.logprobs else None
         if token_ids:
             out["token_ids"] = c.output_ids
+        if self.prompt_logprobs and c.prompt_logprobs is not None:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(c.prompt_ids, c.prompt_logprobs)
         return out
 
     def _token(self, tid: int) -> str:

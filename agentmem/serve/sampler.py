@@ -27,11 +27,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agentmem.policy.transformers_backend import Step
 from agentmem.policy.types import Backend, Generation, SamplingParams
 from agentmem.records import FinishReason
+from agentmem.serve.gateway import prompt_logprobs as score_prompt
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class Job:
     params: SamplingParams
     stops: tuple[str, ...] = ()
     top_logprobs: int = 0
+    prompt_logprobs: bool = False  # also each prompt token's log-prob (vLLM's prompt_logprobs; a gateway asks)
+    route: str | None = None  # the episode: a gateway sends an episode's calls to one upstream
+    messages: list[dict] | None = None  # the chat as sent, and its tools: a text-only upstream takes these
+    tools: list[dict] | None = None
 
     @property
     def rows(self) -> list[list[int]]:
@@ -59,7 +64,8 @@ class Choice:
     text: str
     latency_s: float
     top: list[list[tuple[int, float]]] | None = None  # per output token: (id, log-prob), most likely first
-    prompt_logprobs: list[float | None] | None = None  # gateway mode: the upstream's prompt log-probs
+    prompt_logprobs: list[float | None] | None = None  # when asked: the model's (the upstream's) prompt log-probs
+    replayable: bool = True  # False: ids tokenized locally from a provider's text, no log-probs
 
 
 @dataclass(frozen=True)
@@ -204,8 +210,12 @@ class Sampler:
         for item in taken:
             job, mine = item.job, gens[at : at + len(item.job.rows)]
             at += len(job.rows)
-            item.future.set_result([to_choice(self.backend.tokenizer, row, gen, job.stops, job.top_logprobs)
-                                    for row, gen in zip(job.rows, mine, strict=True)])
+            choices = [to_choice(self.backend.tokenizer, row, gen, job.stops, job.top_logprobs)
+                       for row, gen in zip(job.rows, mine, strict=True)]
+            model = getattr(self.backend, "model", None)
+            if job.prompt_logprobs and model is not None:
+                choices = [replace(c, prompt_logprobs=score_prompt(model, c.prompt_ids)) for c in choices]
+            item.future.set_result(choices)
 
 
 class _Steps:

@@ -46,7 +46,10 @@ class ServeConfig(BaseModel):
     batch_window_ms: float = Field(5.0, ge=0)
     max_batch: int = Field(64, ge=1)
     context_length: int | None = Field(None, ge=2)  # default: the model's
-    upstream: str | None = None  # gateway mode: a vLLM OpenAI server's /v1 URL generates instead of a local model
+    # gateway mode: OpenAI servers' /v1 URLs (vLLM, agentmem serve) generate instead of a local model
+    upstream: tuple[str, ...] | None = None
+    upstream_text: bool = False  # the upstreams return text, no token ids (a hosted API): calls not replayable
+    upstream_wait_s: float = Field(60.0, ge=0)  # how long start-up waits for a first upstream to answer
     chat_template: str | None = None  # a Jinja file (or a shipped template's name) replacing the model's template
 
     @field_validator("backend")
@@ -55,6 +58,12 @@ class ServeConfig(BaseModel):
         if value is BackendKind.openai:
             raise ValueError("a server generates with transformers or vllm; to forward to another server use --upstream")
         return value
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _upstreams(cls, value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...] | None:
+        found = (value,) if isinstance(value, str) else tuple(value or ())
+        return found or None
 
     @field_validator("chat_template")
     @classmethod
@@ -121,12 +130,12 @@ def context_length(backend: Backend) -> int:
 
 def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, api_key: str | None = None,
                  backend: Backend | None = None, engine: Callable[[], AsyncEngine] | None = None,
-                 policy_version: str | None = None) -> Server:
+                 policy_version: str | None = None, upstream_api_key: str | None = None) -> Server:
     """A ready server. ``backend`` injects a loaded backend, ``engine`` a factory of an async engine (tests;
-    ``policy_version`` then names it)."""
+    ``policy_version`` then names it). ``upstream_api_key``: the key a gateway sends its upstreams."""
     template = load_template(config.chat_template) if config.chat_template is not None else None
     if config.upstream is not None:
-        return _gateway(store, config, api_key, template)
+        return _gateway(store, config, api_key, template, upstream_api_key)
     if backend is None and engine is None:
         ref = model_refs.resolve(store, config.model)
         policy_version = model_refs.register(store, ref).id
@@ -137,7 +146,8 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
         live = EngineSampler(engine)
         settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
                                  config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus,
-                                 shaping=getattr(live.engine, "shaping", False))
+                                 shaping=getattr(live.engine, "shaping", False),
+                                 constrains=getattr(live.engine, "constrains", False))
         recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
         return Server(create_app(live, recorder, with_template(live.tokenizer, template), settings), live, recorder)
     if backend is None:
@@ -146,7 +156,8 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
                              config.default_max_tokens, api_key,
                              top_logprobs=getattr(backend, "lists_top_logprobs", False),
-                             shaping=getattr(backend, "shaping", False))
+                             shaping=getattr(backend, "shaping", False),
+                             constrains=getattr(backend, "constrains", False))
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
     return Server(create_app(sampler, recorder, with_template(backend.tokenizer, template), settings), sampler,
                   recorder)
@@ -158,17 +169,23 @@ def _vllm_engine(path: str, dtype: str) -> AsyncEngine:
     return AsyncVLLMEngine(path, dtype=dtype)
 
 
-def _gateway(store: Store, config: ServeConfig, api_key: str | None, template: str | None) -> Server:
-    """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstream generates."""
-    from agentmem.serve.upstream import upstream_model
-
+def _gateway(store: Store, config: ServeConfig, api_key: str | None, template: str | None,
+             upstream_api_key: str | None) -> Server:
+    """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstreams generate (``upstream.py``)."""
+    assert config.upstream is not None
     ref = model_refs.resolve(store, config.model)
     tokenizer = with_template(model_refs.load_tokenizer(ref.path), template)
-    upstream_name, upstream_len = upstream_model(config.upstream)
+    sampler = UpstreamSampler(config.upstream, tokenizer, api_key=upstream_api_key, text=config.upstream_text,
+                              model=config.name if config.upstream_text else None)
+    try:
+        sampler.connect(config.upstream_wait_s)  # before the run opens: no upstream, no run
+    except BaseException:
+        sampler.close()
+        raise
     policy_version = model_refs.register(store, ref).id
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
-    sampler = UpstreamSampler(config.upstream, upstream_name, tokenizer)
-    length = config.context_length or upstream_len or int(tokenizer.model_max_length)
+    length = config.context_length or sampler.context_length() or int(tokenizer.model_max_length)
     settings = ServeSettings(config.name, length, config.max_n, config.default_max_tokens, api_key,
-                             top_logprobs=False, shaping=True)  # the options go upstream (vLLM applies them)
+                             top_logprobs=False, shaping=True,  # the options go upstream (vLLM applies them)
+                             constrains=False)
     return Server(create_app(sampler, recorder, tokenizer, settings), sampler, recorder)

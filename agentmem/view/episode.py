@@ -1,10 +1,12 @@
 """The episode page (``/episodes/{id}``): the calls in order, each with its prompt (the chunk folded in a
-``<details>``), its output, and the memory before -> after as a word diff. Where teacher scores exist, the
+``<details>``), its output, and the memory before -> after as a word diff; a served call (``agentmem serve``)
+shows the request instead: its messages, tools, sampling options and constraint (``view.served``). Where teacher scores exist, the
 output's tokens are coloured by the teacher log-prob or the reverse KL stored under one (teacher, context),
 chosen by query parameters (``context``, ``teacher``, ``metric``)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,10 +15,11 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from agentmem.records import Episode, Invocation, TeacherContext
-from agentmem.view import heat, tokens
+from agentmem.view import heat, served, tokens
 from agentmem.view.diff import DiffPart, word_diff
 from agentmem.view.render import Links, model_label, render
 from store import repository as repo
+from store import serve as serve_repo
 from store.errors import NotFound
 
 router = APIRouter()
@@ -49,6 +52,7 @@ class CallView:
     prompt_tail: str
     diff: list[DiffPart]
     heats: list[Heat]
+    request: served.Request | None = None  # a served call's request (``serve_calls``)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class EpisodeData:
     calls: list[Invocation]
     keys: list[ScoreKey]
     tokenizer_of: dict[str, str | None]  # invocation id -> tokenizer.json (None: show ids)
+    requests: dict[str, served.Request]  # invocation id -> what the client sent, for served calls
 
 
 def prompt_parts(inv: Invocation) -> tuple[str, str | None, str]:
@@ -86,7 +91,18 @@ def load_episode(session: Session, episode_id: str, tokenizer: str | None = None
     episode = repo.get_episode(session, episode_id)
     calls = repo.episode_invocations(session, episode.id)
     keys = [ScoreKey(t, c) for t, c in repo.teacher_score_keys(session, [c.id for c in calls])]
-    return EpisodeData(episode, calls, keys, _tokenizers(session, episode, calls, tokenizer))
+    return EpisodeData(episode, calls, keys, _tokenizers(session, episode, calls, tokenizer),
+                       _requests(session, episode, calls))
+
+
+def _requests(session: Session, episode: Episode, calls: list[Invocation]) -> dict[str, served.Request]:
+    if episode.env != "serve":  # only a serve run's episodes hold served calls
+        return {}
+    requests = {}
+    for inv in calls:
+        with contextlib.suppress(NotFound):  # a call stored by another writer than serve
+            requests[inv.id] = served.request(serve_repo.get_serve_call(session, inv.id))
+    return requests
 
 
 def choose(keys: list[ScoreKey], teacher: str | None, context: TeacherContext | None,
@@ -129,7 +145,8 @@ def call_views(data: EpisodeData, valuesets: list[dict], metric: heat.Metric, sc
     for inv in data.calls:
         head, chunk, tail = prompt_parts(inv)
         heats = [call_heat(inv, values.get(inv.id), metric, scale, data.tokenizer_of[inv.id]) for values in valuesets]
-        views.append(CallView(inv, head, chunk, tail, word_diff(inv.memory_before, inv.memory_after), heats))
+        views.append(CallView(inv, head, chunk, tail, word_diff(inv.memory_before, inv.memory_after), heats,
+                              data.requests.get(inv.id)))
     return views
 
 
