@@ -28,6 +28,7 @@ from agentmem.config.choices import (
     DistillTarget,
     Divergence,
     DType,
+    KdForm,
     LrSchedule,
     Oversize,
     Packing,
@@ -52,7 +53,7 @@ from agentmem.config.train_config import TrainConfig
 __all__ = [
     "HELD_OUT_SEED", "KIND_ALIASES", "LORA_TARGETS", "SERVE_KINDS", "AgentConfig", "AttentionPath", "BackendKind",
     "Choice", "DType", "Device", "DistillConfig", "DistillTarget", "Divergence", "EvalConfig", "Frozen",
-    "LrSchedule", "Oversize", "Packing", "PlotBy", "PolicySource", "PromptLayout", "PsdMode", "RLKind",
+    "KdForm", "LrSchedule", "Oversize", "Packing", "PlotBy", "PolicySource", "PromptLayout", "PsdMode", "RLKind",
     "ReplayConfig", "RewardKind", "RolloutConfig", "ScoreConfig", "SftConfig", "TeacherCentering",
     "TeacherSourceKind", "TeacherTruncation", "TrainConfig", "WarmStartConfig", "Weighting", "kind_names",
 ]

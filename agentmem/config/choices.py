@@ -51,6 +51,16 @@ class TeacherCentering(Choice):
     first_token_memory = "first_token_memory"
 
 
+class KdForm(Choice):
+    """How the teacher enters an objective that also has the RL term: ``additive``, its own divergence term
+    beside the policy gradient (``kd_weight`` x divergence + ``rl_weight`` x policy gradient); ``advantage``, the
+    RL-plus-distillation form of slime and tinker-cookbook: no divergence term, each sampled token's advantage
+    minus ``kd_weight`` x (log p_sampler(a) - log p_teacher(a)), so the teacher acts as a per-token reward."""
+
+    additive = "additive"
+    advantage = "advantage"
+
+
 class DistillTarget(Choice):
     """What the distillation term pulls the student towards at each action position: the ``teacher``'s
     distribution, or the ``barycenter`` ``q ∝ p_t^alpha p_s^(1 - alpha)`` with alpha per token from the

@@ -12,6 +12,7 @@ from agentmem.config.choices import (
     DistillTarget,
     Divergence,
     DType,
+    KdForm,
     LrSchedule,
     Oversize,
     Packing,
@@ -75,7 +76,10 @@ class DistillConfig(Frozen):
     rl: RLKind = RLKind.grpo
     """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)
-    """Weight of the distillation term."""
+    """Weight of the distillation term (with kd_form advantage: the teacher's coefficient in the advantage)."""
+    kd_form: KdForm = KdForm.additive
+    """additive: the distillation term beside the RL term; advantage: no distillation term, the RL term's advantage
+    minus kd_weight x (log p_sampler - log p_teacher) at each sampled token (needs rl=grpo and a teacher)."""
     rl_weight: float = Field(1.0, ge=0)
     """Weight of the policy-gradient term."""
     ce_weight: float = Field(0.0, ge=0)
@@ -281,6 +285,11 @@ class DistillConfig(Frozen):
             if self.target is not DistillTarget.teacher:
                 raise ValueError(f"teacher_centering={self.teacher_centering} centres the push towards the teacher; "
                                  f"target={self.target} builds its target from the student (leave one at its default)")
+        if self.kd_form is KdForm.advantage and not (self.effective_kd_weight and self.effective_rl_weight):
+            raise ValueError("kd_form=advantage puts the teacher in the RL term's advantage: it needs a teacher, "
+                             "kd_weight > 0, rl=grpo and rl_weight > 0")
+        if self.kd_form is KdForm.advantage and self.teacher_centering is not TeacherCentering.none:
+            raise ValueError("kd_form=advantage has no distillation term to centre: leave teacher_centering none")
         if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight
                 or any(self.loss_terms.values())):
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from agentmem.config import DistillConfig, Divergence, TeacherCentering, TeacherSourceKind, Weighting
+from agentmem.config import DistillConfig, Divergence, KdForm, TeacherCentering, TeacherSourceKind, Weighting
 from agentmem.errors import TrainingError
 from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.losses import (
@@ -184,7 +184,13 @@ class DistillTerm:
 
 @dataclass(frozen=True)
 class PolicyGradientTerm:
+    """The clipped surrogate on each token's advantage. With ``teacher_coef`` c > 0 (``KdForm.advantage``) the
+    advantage of sampled token a is ``A - c (log p_sampler(a) - log p_teacher(a))``: the teacher's per-token
+    reverse-KL estimate as a penalty in the reward (slime, tinker-cookbook), the teacher's log-probs at
+    temperature 1 and without gradient; ``rl_teacher_gap`` logs the weighted mean of that difference."""
+
     clip_eps: float = 0.2
+    teacher_coef: float = 0.0
     name: str = "rl"
     needs_teacher: bool = False
     needs_reference: bool = False
@@ -195,11 +201,21 @@ class PolicyGradientTerm:
                                 "prompt (PSD off-policy) cannot be trained with the RL term; "
                                 "use rl_weight 0 / --rl none, or agentmem sft")
         new = sampled_logprobs(batch.logits / batch.sampling_temperature[:, None], batch.action_ids)
-        loss, m = policy_gradient_loss(new, batch.sampler_logprobs, batch.advantages, self.clip_eps,
+        advantages, extra = batch.advantages, {}
+        if self.teacher_coef:
+            if batch.teacher is None:
+                raise TrainingError("kd_form=advantage: the RL term has no teacher log-probs for this micro-batch")
+            teacher = batch.teacher.detach().float()
+            if teacher.dim() == 2:
+                teacher = torch.log_softmax(teacher, dim=-1).gather(-1, batch.action_ids[:, None]).squeeze(-1)
+            gap = batch.sampler_logprobs.float() - teacher
+            advantages = advantages - self.teacher_coef * gap
+            extra["rl_teacher_gap"] = float((batch.weights * gap.to(batch.weights.dtype)).sum())
+        loss, m = policy_gradient_loss(new, batch.sampler_logprobs, advantages, self.clip_eps,
                                        weights=batch.weights)
         share = float(batch.weights.sum())
         return TermValue(loss, {"clip_fraction": share * m.clip_fraction, "approx_kl": share * m.approx_kl,
-                                "ratio_mean": share * m.ratio_mean})
+                                "ratio_mean": share * m.ratio_mean, **extra})
 
 
 @dataclass(frozen=True)
@@ -277,12 +293,14 @@ def objective_from_config(config: DistillConfig) -> Objective:
         raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
                             "log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
     barycenter = BarycenterTarget.from_config(config)
+    advantage = config.kd_form is KdForm.advantage  # the teacher inside the RL term's advantage, no term of its own
     candidates: list[tuple[float, LossTerm]] = [
-        (config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
+        (0.0 if advantage else config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
                                                  config.jsd_clip, barycenter, config.teacher_temperature,
                                                  config.teacher_min_confidence,
                                                  config.teacher_centering is not TeacherCentering.none)),
-        (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps)),
+        (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps, config.effective_kd_weight if advantage else 0.0,
+                                                        needs_teacher=advantage)),
         (config.ce_weight, CrossEntropyTerm(config.temperature)),
         (config.anchor_weight, AnchorTerm(config.temperature)),
         *((w, loss_term_factory(name)(config)) for name, w in sorted(config.loss_terms.items()) if w),
