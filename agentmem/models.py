@@ -41,17 +41,35 @@ class ModelRef:
 
 def resolve(store: Store | None, ref: str | None) -> ModelRef:
     """Resolve ``ref`` without loading weights. A registered checkpoint id wins over a same-named hub
-    model; a missing folder or an unknown name raises ``ModelError`` naming it."""
+    model; a missing folder or an unknown name raises ``ModelError`` naming it, and so does a trained checkpoint
+    whose folder is gone (``sft --keep-last`` deletes the folders of a run's earlier checkpoints, not their rows)."""
     if ref and store is not None and "/" not in ref and not Path(ref).exists():
         with store.session() as s:
             try:
                 ckpt = repo.get_checkpoint(s, ref)
-                return ModelRef(ref, ckpt.path, ckpt.base_model, ckpt)
             except NotFound:
                 pass
+            else:
+                if ckpt.run_id is not None and not Path(ckpt.path).is_dir():
+                    raise _folder_gone(s, ckpt)
+                return ModelRef(ref, ckpt.path, ckpt.base_model, ckpt)
     path = resolve_model(ref)
     base = DEFAULT_MODEL if ref in (None, "default", DEFAULT_MODEL) else str(ref)
     return ModelRef(ref or "default", str(path), base)
+
+
+def _folder_gone(session, ckpt: Checkpoint):
+    """The ``ModelError`` for a trained checkpoint whose folder is missing: pruned by its run's ``--keep-last``
+    (naming the run's last checkpoint, which is kept), or removed by hand."""
+    from agentmem.policy.errors import ModelError
+
+    run = repo.get_run(session, ckpt.run_id)
+    keep = run.config.get("keep_last")
+    last = repo.list_checkpoints(session, run.id)[-1]
+    if keep is not None and last.id != ckpt.id:
+        return ModelError(f"checkpoint {ckpt.id} was pruned by --keep-last {keep} of run {run.id}; its folder "
+                          f"{ckpt.path} is gone (the run's last checkpoint is {last.id})")
+    return ModelError(f"checkpoint {ckpt.id} of run {run.id}: its folder {ckpt.path} is gone")
 
 
 def register(store: Store, model: ModelRef) -> Checkpoint:

@@ -310,3 +310,33 @@ def test_keep_last_deletes_all_but_the_last_folders(stored, tmp_path):
         ckpts = repo.list_checkpoints(s, result.run_id)
     assert [(c.step, Path(c.path).is_dir()) for c in ckpts] == [(1, False), (2, False), (3, True), (4, True)]
     AutoModelForCausalLM.from_pretrained(result.last_checkpoint.path)
+
+
+def test_a_pruned_checkpoint_is_refused_in_one_line_naming_its_run(stored, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose folder --keep-last deleted keeps its row (the lineage), and naming it as a model
+    fails before anything loads: `eval --model` exits 1 with one line naming the flag, the gone folder and
+    the run's last checkpoint; the kept ones still resolve."""
+    import shutil
+
+    from agentmem.policy.errors import ModelError
+    from cli.app import main
+
+    store, run_id, folder = stored
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3, save_every=1, keep_last=1))
+    with store.session() as s:
+        first, _, last = repo.list_checkpoints(s, result.run_id)
+    want = (f"checkpoint {first.id} was pruned by --keep-last 1 of run {result.run_id}; its folder {first.path} "
+            f"is gone (the run's last checkpoint is {last.id})")
+    with pytest.raises(ModelError) as info:
+        resolve(store, first.id)
+    assert str(info.value) == want
+    assert resolve(store, last.id).path == last.path
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["agentmem", "eval", "--model", first.id, "--db", str(store.engine.url)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == f"error: {want}\n"
+    shutil.rmtree(last.path)  # removed by hand: the last checkpoint was not pruned, so the line says only that
+    with pytest.raises(ModelError, match=rf"^checkpoint {last.id} of run {result.run_id}: its folder .* is gone$"):
+        resolve(store, last.id)
