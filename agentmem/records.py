@@ -103,21 +103,26 @@ def holds_nothing(memory: str) -> bool:
 class TeacherContext(str, enum.Enum):
     """What the teacher reads before a call's actions: the student's own state (``aligned``), every earlier
     call of the episode flattened as stored (``persistent``) or as one well-formed multi-turn chat
-    (``persistent_chat``), or ``aligned`` plus privileged context (``privileged``)."""
+    (``persistent_chat``), or ``aligned`` plus privileged context: the gold answer and evidence
+    (``privileged``), or on each memory update one line saying whether its chunk holds a fact about the
+    question's entity (``hint``: ``replay.privileged.hint_ids``, no answer text)."""
 
     aligned = "aligned"
     persistent = "persistent"
     privileged = "privileged"
     persistent_chat = "persistent_chat"
+    hint = "hint"
 
 
 class SamplingContext(str, enum.Enum):
     """The prompt a call is sampled under (``rollout --context``, ``Invocation.sampled_context``): the
     student's own (``aligned``), or with the episode's privileged message spliced before it (``privileged``:
-    PSD's off-policy samples). A teacher reads a call under a ``TeacherContext``; the two share these values."""
+    PSD's off-policy samples), or each memory update's hint line (``hint``: a hint teacher's own prompt). A
+    teacher reads a call under a ``TeacherContext``; the two share these values."""
 
     aligned = "aligned"
     privileged = "privileged"
+    hint = "hint"
 
 
 class RunKind(str, enum.Enum):
@@ -269,14 +274,14 @@ class Invocation(Record):
     latency_s: float = 0.0
     created_at: datetime = Field(default_factory=utcnow)
     sampled_context: SamplingContext = SamplingContext.aligned
-    privileged_ids: IntArray | None = None  # set iff sampled_context is privileged
+    privileged_ids: IntArray | None = None  # the splice, set iff sampled_context is privileged or hint
     parent_invocation_id: str | None = None
 
     @model_validator(mode="after")
     def _sampled_prompt(self) -> Invocation:
-        privileged = self.sampled_context is SamplingContext.privileged
-        if privileged != (self.privileged_ids is not None):
-            raise ValueError("privileged_ids are stored exactly when sampled_context is privileged")
+        spliced = self.sampled_context is not SamplingContext.aligned
+        if spliced != (self.privileged_ids is not None):
+            raise ValueError("privileged_ids are stored exactly when sampled_context is privileged or hint")
         return self
 
     @property

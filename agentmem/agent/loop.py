@@ -152,12 +152,16 @@ class AgentLoop:
         memory: MemoryPolicy | None = None,
         oracle: OracleWriter | None = None,
         privileged: Callable[[Episode], Sequence[int]] | None = None,
+        hint: Callable[[Task, Call], Sequence[int]] | None = None,
     ):
         self.backends = _routes(backend, oracle)
-        if oracle is not None and privileged is not None:
-            raise AgentError("the oracle reads no prompt: a privileged rollout needs a backend")
+        if oracle is not None and (privileged is not None or hint is not None):
+            raise AgentError("the oracle reads no prompt: a privileged or hint rollout needs a backend")
+        if privileged is not None and hint is not None:
+            raise AgentError("one splice per rollout: privileged or hint, not both")
         self.oracle = oracle
         self.privileged = privileged
+        self.hint = hint
         self.role = "model" if oracle is None else oracle.name
         self.config = config
         self.score = score
@@ -264,7 +268,7 @@ class AgentLoop:
             if self.oracle is not None:
                 gens = self._write(self.oracle, [(calls[i], tasks[i]) for i in idx])  # type: ignore[misc]
             else:
-                prompts = [(states[i].privileged_ids or []) + calls[i].prompt.ids  # type: ignore[union-attr]
+                prompts = [(self._splice(states[i], calls[i]) or []) + calls[i].prompt.ids  # type: ignore[arg-type,union-attr]
                            for i in idx]
                 gens = self._generate(self._backend(kind), prompts, self._params(max_new_tokens))
             results.update(zip(idx, gens, strict=True))
@@ -313,9 +317,19 @@ class AgentLoop:
                            dropped=len(refused))
         return still, stats
 
+    def _splice(self, s: EpisodeState, call: Call) -> list[int] | None:
+        """The ids spliced before ``call``'s prompt: its hint line in a hint rollout (``hint(task, call)``),
+        the episode's privileged ids in a privileged rollout, None otherwise."""
+        if self.hint is not None:
+            return list(self.hint(s.readable or s.task, call))
+        return s.privileged_ids
+
     def _advance(self, s: EpisodeState, call: Call, gen: Generation) -> Invocation:
         """Consume ``gen`` into ``s`` and return its Invocation (``s`` is unchanged if the policy raises)."""
         output_text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+        splice = self._splice(s, call)
+        sampled = (SamplingContext.aligned if splice is None else
+                   SamplingContext.hint if self.hint is not None else SamplingContext.privileged)
         after = consume(self.memory, s.memory, call, gen.output_ids, output_text, gen.logprobs)
         inv = Invocation(
             episode_id=s.episode.id, step=s.next_step, kind=call.kind, memory_policy=self.memory.name,
@@ -324,8 +338,7 @@ class AgentLoop:
             memory_before=self.memory.memory_text(s.memory), memory_after=self.memory.memory_text(after),
             chunk_text=call.chunk_text, chunk_index=call.chunk_index, finish_reason=gen.finish_reason,
             temperature=self.config.temperature, latency_s=gen.latency_s,
-            sampled_context=SamplingContext.aligned if s.privileged_ids is None else SamplingContext.privileged,
-            privileged_ids=s.privileged_ids,
+            sampled_context=sampled, privileged_ids=splice,
         )
         s.memory, s.next_step = after, s.next_step + 1
         s.calls += 1

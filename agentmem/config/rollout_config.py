@@ -58,9 +58,9 @@ class RolloutConfig(Frozen):
     # privileged: every call is sampled with the episode's privileged message (gold answer, evidence) spliced
     # before its prompt, stored apart from the student-visible prompt (PSD's off-policy samples)
     context: SamplingContext = SamplingContext.aligned
-    """Prompt the model samples from: aligned (the task prompt) or privileged (the episode's gold answer and
+    """Prompt the model samples from: aligned (the task prompt), privileged (the episode's gold answer and
     evidence as a system message before every prompt, stored apart: PSD's off-policy samples, `distill --psd
-    off_policy`)."""
+    off_policy`) or hint (each memory update's hint line before its prompt: a hint teacher's validation)."""
 
     @model_validator(mode="after")
     def _server(self) -> RolloutConfig:
@@ -70,8 +70,8 @@ class RolloutConfig(Frozen):
 
     @model_validator(mode="after")
     def _oracle_reads_no_prompt(self) -> RolloutConfig:
-        if self.context is SamplingContext.privileged and self.policy is PolicySource.oracle:
-            raise ValueError("the oracle reads no prompt: context privileged needs policy model")
+        if self.context is not SamplingContext.aligned and self.policy is PolicySource.oracle:
+            raise ValueError(f"the oracle reads no prompt: context {self.context.value} needs policy model")
         return self
 
 

@@ -105,9 +105,11 @@ class SftConfig(Frozen):
     # spliced before each prompt, exactly what the ``privileged`` teacher context reads: a privileged teacher
     # fine-tuned in its own context. Never a student's recipe: a student reads only its own prompt
     context: SamplingContext = SamplingContext.aligned
-    """Prompt the model is trained under: aligned (the stored prompt, what a student reads) or privileged (the
+    """Prompt the model is trained under: aligned (the stored prompt, what a student reads), privileged (the
     episode's gold answer and evidence as a system message before every prompt: the SFT of a privileged
-    teacher for `distill --context privileged`, which reads the same splice)."""
+    teacher for `distill --context privileged`, which reads the same splice) or hint (before each memory
+    update, one line saying whether its chunk holds a fact about the question's entity: the hint teacher's SFT
+    for `distill --context hint`)."""
 
     @field_validator("kinds", mode="before")
     @classmethod

@@ -32,7 +32,7 @@ from typing import Any
 
 from agentmem import models
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
-from agentmem.agent.memory import MemoryPolicy
+from agentmem.agent.memory import Call, MemoryPolicy
 from agentmem.agent.oracle import OracleWriter
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError, RunError
@@ -40,7 +40,7 @@ from agentmem.jobs.memory_setup import memory_for
 from agentmem.jobs.runs import RunHandle, error_line, load_run, tracked_run
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, SamplingContext, Task
-from agentmem.replay.privileged import privileged_ids
+from agentmem.replay.privileged import hint_ids, privileged_ids
 from agentmem.runtime import CPU, Runtime
 from envs import load_env
 from envs.files import require_file
@@ -211,15 +211,18 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
 def rollout_loop(store: Store, setup: RolloutSetup, backend: Backend | Mapping[str, Backend] | None,
                  policy: Checkpoint | None) -> AgentLoop:
     """The agent loop of a rollout: the sampling backend (none for an oracle rollout), the memory policy,
-    and the privileged splice of a privileged rollout."""
+    and the splice of a privileged rollout (per episode) or a hint rollout (per call)."""
     config, tokenizer = setup.config, setup.tokenizer
-    privileged = None
+    privileged = hint = None
     if config.context is SamplingContext.privileged:
         def privileged(episode: Episode) -> list[int]:
             return privileged_ids(tokenizer, episode)
+    elif config.context is SamplingContext.hint:
+        def hint(task: Task, call: Call) -> list[int]:
+            return hint_ids(tokenizer, task.evidence, call.chunk_text)
     return AgentLoop(backend, config.agent, setup.env.score, policy_version=policy.id if policy else None,
                      memory=setup.memory,
-                     oracle=OracleWriter(tokenizer) if setup.oracle else None, privileged=privileged)
+                     oracle=OracleWriter(tokenizer) if setup.oracle else None, privileged=privileged, hint=hint)
 
 
 @dataclass

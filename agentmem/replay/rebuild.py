@@ -165,13 +165,13 @@ def rebuild(
     ``persistent`` and ``persistent_chat`` take each call's history from the calls seen before it in the
     same episode, so the iterable must hold every earlier call of an episode (a whole-episode selection;
     a missing step is a ``ReplayError``).
-    ``privileged`` needs ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see
-    ``rebuild_privileged``); ``persistent_chat`` needs ``conversation(history, inv)`` (see
+    ``privileged`` and ``hint`` need ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see
+    ``rebuild_privileged``; for ``hint``, the call's hint line, ``replay.privileged.hint_ids``); ``persistent_chat`` needs ``conversation(history, inv)`` (see
     ``rebuild_persistent_chat``)."""
     context = TeacherContext(context)
-    if context is TeacherContext.privileged and privileged is None:
-        raise ReplayError("teacher context 'privileged' needs the teacher's tokenizer (a privileged(inv) -> token "
-                          "ids function)")
+    if context in (TeacherContext.privileged, TeacherContext.hint) and privileged is None:
+        raise ReplayError(f"teacher context {context.value!r} needs the teacher's tokenizer (a privileged(inv) -> "
+                          "token ids function)")
     if context is TeacherContext.persistent_chat and conversation is None:
         raise ReplayError("teacher context 'persistent_chat' needs the teacher's tokenizer (a "
                           "conversation(history, inv) -> token ids function)")

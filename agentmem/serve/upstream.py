@@ -365,12 +365,12 @@ _NO_IDS = ("the upstream returned no token ids or log-probs: it must be a vLLM (
            "use --upstream-text")
 
 
-def _prompt_logprobs(prompt: list[int], entries: list | None) -> list[float] | None:
+def _prompt_logprobs(prompt: list[int], entries: list | None) -> list[float | None] | None:
     """vLLM's ``prompt_logprobs`` (None for the first token, then ``{token id: {"logprob": ..}}`` per position,
     the prompt's own token among them) as one log-prob per prompt token, NaN where there is none."""
     if entries is None or len(entries) != len(prompt):
         return None
-    out = []
+    out: list[float | None] = []
     for tid, entry in zip(prompt, entries, strict=True):
         found = (entry or {}).get(str(tid))
         out.append(float(found["logprob"]) if isinstance(found, dict) else float("nan"))

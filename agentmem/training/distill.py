@@ -152,8 +152,8 @@ class Trainer:
     must already be there. ``teacher``: a source to use instead of the one ``config.teacher_source``
     names (built from ``models``); ``selection``: the calls to train on, instead of every call of
     ``config.run_ids`` of ``config.kinds`` (``agentmem sft --min-f1`` filters by episode outcome);
-    ``student_context``: ``privileged`` trains under the privileged splice (``SftConfig.context``: a privileged
-    teacher's SFT; refused with a teacher or an RL term)."""
+    ``student_context``: ``privileged`` (``hint``) trains under the privileged splice (each update's hint line):
+    ``SftConfig.context``, a privileged (hint) teacher's SFT; refused with a teacher or an RL term."""
 
     def __init__(self, store: Store, config: DistillConfig, models: Models, run_id: str,
                  runtime: Runtime = CPU, *, teacher: TeacherSource | None = None,
@@ -170,11 +170,12 @@ class Trainer:
                           if models.reference is not None
                           and (self.objective.needs_reference or config.monitor_start_kl) else None)
         self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)
-        if student_context is SamplingContext.privileged:  # a privileged teacher's own SFT (SftConfig.context)
+        if student_context is not SamplingContext.aligned:  # a privileged or hint teacher's own SFT
             if models.teacher is not None or config.rl is not RLKind.none:
-                raise ConfigError("a privileged student context is an SFT's (a privileged teacher's): a student that "
-                                  "distils or learns from a reward reads only its own prompt")
-            self.student_seqs = teacher_sequences(self.selection, TeacherContext.privileged, models.tokenizer)
+                raise ConfigError(f"a {student_context.value} student context is an SFT's (a {student_context.value} "
+                                  "teacher's): a student that distils or learns from a reward reads only its own prompt")
+            self.student_seqs = teacher_sequences(self.selection, TeacherContext(student_context.value),
+                                                  models.tokenizer)
         else:
             self.student_seqs = student_sequences(self.selection)
         self.units = draw_units(self.student_seqs, config.packing)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
-from agentmem.records import Episode, Invocation, InvocationKind, ServeCall, TeacherContext
+from agentmem.records import Episode, Invocation, InvocationKind, SamplingContext, ServeCall, TeacherContext
 from agentmem.replay import Sequence, rebuild
-from agentmem.replay.privileged import privileged_ids
+from agentmem.replay.privileged import hint_ids, privileged_ids
 from agentmem.training.chat_history import ChatHistory
 from store import repository as repo
 from store import serve as serve_repo
@@ -94,15 +94,20 @@ def teacher_sequences(
     selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None
 ) -> list[Sequence]:
     """Rebuild the selection under ``context``. ``replay.rebuild`` branches on the context; this gives it
-    what any context may read: the privileged ids of each call and the chat rendering of a history, both
-    with the teacher's ``tokenizer`` (without one, ``privileged`` and ``persistent_chat`` are refused)."""
+    what any context may read: the privileged ids of each call (``hint``: its hint line) and the chat rendering
+    of a history, all with the teacher's ``tokenizer`` (without one, ``privileged``, ``hint`` and
+    ``persistent_chat`` are refused)."""
     if tokenizer is None:
         return _grouped(selection, rebuild(selection.invocations, context))
     cache: dict[str, list[int]] = {}
+    context = TeacherContext(context)
+    spliced = SamplingContext(context.value) if context.value in SamplingContext.__members__ else None
 
     def privileged(inv: Invocation) -> list[int]:
-        if inv.privileged_ids is not None:  # what the sampler read (a privileged rollout)
+        if inv.privileged_ids is not None and inv.sampled_context is spliced:  # what the sampler read
             return inv.privileged_ids.tolist()
+        if context is TeacherContext.hint:
+            return hint_ids(tokenizer, selection.episodes[inv.episode_id].evidence, inv.chunk_text)
         if inv.episode_id not in cache:
             cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
         return cache[inv.episode_id]
