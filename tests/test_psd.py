@@ -169,7 +169,7 @@ def test_privileged_rollout_stores_exactly_the_ids_the_backend_saw(store):
 def test_the_oracle_cannot_sample_under_a_privileged_prompt():
     with pytest.raises(ValueError, match="the oracle reads no prompt"):
         RolloutConfig(policy="oracle", context="privileged")
-    with pytest.raises(ValueError, match="context\n  Input should be 'aligned' or 'privileged'"):
+    with pytest.raises(ValueError, match="context\n  Input should be 'aligned', 'privileged' or 'hint'"):
         RolloutConfig(context="persistent")  # a SamplingContext: a teacher context is no sampling context
     from agentmem.agent.loop import AgentLoop
     from agentmem.agent.oracle import OracleWriter
