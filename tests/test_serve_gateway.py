@@ -233,3 +233,24 @@ def test_text_provider_calls_are_not_replayable_sft_takes_them_distill_refuses(t
     tuned = am("sft", "--run", gw.run_id, "--student", model_dir, "--steps", "1", "--invocations-per-step", "2",
                "--out", str(tmp_path / "sft"))
     assert tuned.returncode == 0, tuned.stderr
+
+
+def test_migration_0008_marks_stored_calls_replayable(tmp_path):
+    """A served call stored before ``serve_calls.replayable`` existed is replayable after the upgrade, and the
+    column goes away on the downgrade."""
+    import sqlalchemy as sa
+
+    from store.migrations import downgrade
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    upgrade(engine, "0007")
+    with engine.begin() as conn:
+        conn.execute(sa.text("PRAGMA foreign_keys=OFF"))
+        conn.execute(sa.text("insert into serve_calls (invocation_id, sampling, client, created_at) "
+                             "values ('i1', '{}', '{}', '2026-01-01 00:00:00')"))
+    upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("select invocation_id, replayable from serve_calls")).all() == [("i1", 1)]
+    downgrade(engine, "0007")
+    assert "replayable" not in {c["name"] for c in sa.inspect(engine).get_columns("serve_calls")}
+    engine.dispose()
