@@ -180,8 +180,15 @@ def test_start_up_waits_for_an_upstream_and_health_reports_each(tmp_path, model_
                 while httpx.get(f"{root}/health").json()["upstreams"][1]["status"] != "up":
                     assert time.monotonic() < deadline
                     time.sleep(0.2)
-            first.__exit__(None, None, None)
-            first = None
+                first.__exit__(None, None, None)
+                first = None
+                # the episode's upstream is gone: its call goes to the other, which is then its upstream
+                ep = next(e for e in (f"f{k}" for k in range(100))
+                          if max(urls, key=lambda u: hashlib.sha256(f"{e}\x00{u}".encode()).digest()) == urls[0])
+                moved = openai.OpenAI(base_url=f"{root}/episodes/{ep}/v1", api_key="unused", max_retries=0)
+                moved_id = moved.chat.completions.create(model=model_dir, messages=_ask("Di"), max_tokens=2).id
+                states = [(u["status"], u["calls"]) for u in httpx.get(f"{root}/health").json()["upstreams"]]
+                assert states == [("down", 1), ("up", 1)]
             # every upstream gone: a call tries each, then gets 503, and /health says so
             with pytest.raises(openai.InternalServerError, match="no upstream is up"):
                 client.chat.completions.create(model=model_dir, messages=_ask("Cy"), max_tokens=2)
@@ -191,7 +198,7 @@ def test_start_up_waits_for_an_upstream_and_health_reports_each(tmp_path, model_
         if first is not None:
             first.__exit__(None, None, None)
     gw.close("finished")
-    assert list(_calls(store, gw.run_id)) == [reply.id]
+    assert sorted(_calls(store, gw.run_id)) == sorted([reply.id, moved_id])
 
 
 def test_text_provider_calls_are_not_replayable_sft_takes_them_distill_refuses(tmp_path, model_dir):

@@ -14,7 +14,7 @@ RECORD_HEADER = "X-Agentmem-Record"
 NO = ("0", "false", "no")
 
 
-def prompt_logprobs(model, prompt: list[int]) -> list[float]:
+def prompt_logprobs(model, prompt: list[int]) -> list[float | None]:
     """Per prompt token, its log-prob under ``model`` given the tokens before it (NaN for the first)."""
     import torch
 
