@@ -89,6 +89,7 @@ def test_gateway_records_once_with_prompt_logprobs_sticky_and_streamed(tmp_path,
     with running(ups[0].app) as root0, running(ups[1].app) as root1:
         urls = [f"{root0}/v1", f"{root1}/v1"]
         gw = build_server(store, ServeConfig(model=model_dir, upstream=urls, run_name="gw"), upstream_api_key="k0")
+        assert gw.app.state.calls.settings.context_length == ups[0].app.state.calls.settings.context_length
         episodes = [f"e{k}" for k in range(6)]
         with running(gw.app) as root:
             ids = {}

@@ -1,4 +1,4 @@
-"""``GET /v1/models``: the served model."""
+"""``GET /v1/models``: the served model, with its context length (vLLM's ``max_model_len``)."""
 
 from __future__ import annotations
 
@@ -13,5 +13,6 @@ router = APIRouter()
 
 @router.get("/models")
 async def models(request: Request) -> dict[str, Any]:
-    name = calls(request).settings.model_name
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "agentmem"}]}
+    settings = calls(request).settings
+    return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+                                        "owned_by": "agentmem", "max_model_len": settings.context_length}]}
