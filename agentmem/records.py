@@ -334,18 +334,37 @@ class TeacherScore(Record):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+TERM_LOSS = "_loss"  # a loss term's value in a step's metrics is keyed ``{term name}_loss``
+
+
 class TrainStep(Record):
+    """One optimizer step. ``metrics`` holds every loss term that is on, built-in or a plugin's, as
+    ``{name}_loss`` (its unweighted value; ``term_losses`` reads them), then the step's other numbers."""
+
     id: str = Field(default_factory=new_id)
     run_id: str
     step: int
     loss: float
-    kd_loss: float = 0.0
-    rl_loss: float = 0.0
     tokens: int = 0
     lr: float = 0.0
     seconds: float = 0.0
     metrics: dict[str, float] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def term_losses(self) -> dict[str, float]:
+        """Each loss term's value this step, by term name, in the order the step reported them."""
+        return {k.removesuffix(TERM_LOSS): v for k, v in self.metrics.items() if k.endswith(TERM_LOSS)}
+
+    @property
+    def kd_loss(self) -> float:
+        """The distillation term's value (0 when it is off), read from ``metrics``."""
+        return self.metrics.get("kd" + TERM_LOSS, 0.0)
+
+    @property
+    def rl_loss(self) -> float:
+        """The policy-gradient term's value (0 when it is off), read from ``metrics``."""
+        return self.metrics.get("rl" + TERM_LOSS, 0.0)
 
 
 class EvalResult(Record):

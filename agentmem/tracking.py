@@ -66,9 +66,8 @@ def check_installed(kinds: Sequence[TrackerKind]) -> None:
 
 def step_scalars(step: TrainStep) -> dict[str, float]:
     """The numbers of a train step, by name: the record's fields, tokens/s, and ``metrics/<key>`` for each
-    entry of its metrics."""
-    scalars = {"loss": step.loss, "kd_loss": step.kd_loss, "rl_loss": step.rl_loss, "tokens": float(step.tokens),
-               "lr": step.lr, "seconds": step.seconds}
+    entry of its metrics (every loss term's value among them, ``metrics/<term>_loss``)."""
+    scalars = {"loss": step.loss, "tokens": float(step.tokens), "lr": step.lr, "seconds": step.seconds}
     if step.seconds > 0:
         scalars["tokens_per_s"] = step.tokens / step.seconds
     scalars.update({f"metrics/{k}": float(v) for k, v in sorted(step.metrics.items())})

@@ -8,9 +8,8 @@ from agentmem.records import RunKind
 from cli.job_specs import SFT
 from cli.training_job import training_command
 
-# sft trains cross-entropy (and the anchor when on): the bar shows those, no kd and no rl
 sft = training_command(
-    SFT, RunKind.sft, "agentmem.jobs.sft.run_sft", terms=(), models=lambda config: (config.student,),
+    SFT, RunKind.sft, "agentmem.jobs.sft.run_sft", models=lambda config: (config.student,),
     doc="Supervised fine-tuning from the store: cross-entropy on the stored outputs given each call's own prompt "
         "(the prompt carries no loss), on the same packed path as distill; full or LoRA.")
 

@@ -21,7 +21,7 @@ ResumeOption = Annotated[str | None, typer.Option(
          "--steps N extends it.")]
 
 
-def training_command(spec: JobSpec, kind: RunKind, job: str, *, terms: tuple[str, ...],
+def training_command(spec: JobSpec, kind: RunKind, job: str, *,
                      models: Callable[[Any], tuple[str | None, ...]], doc: str,
                      after: Callable[[Any], None] = lambda result: None) -> Callable:
     """The typer command of ``kind``: ``job`` (``module.function``) is imported when the command runs (after
@@ -34,7 +34,7 @@ def training_command(spec: JobSpec, kind: RunKind, job: str, *, terms: tuple[str
         module, name = job.rsplit(".", 1)
         run_job = getattr(importlib.import_module(module), name)
         result = train_job(ctx, kind, run_job, resume=resume, report_to=report_to, device=device,
-                           threads=threads, fsdp=fsdp, db=db, terms=terms, models=models)
+                           threads=threads, fsdp=fsdp, db=db, models=models)
         if result is not None:
             typer.echo(result_line(kind, result))
             after(result)
@@ -45,7 +45,7 @@ def training_command(spec: JobSpec, kind: RunKind, job: str, *, terms: tuple[str
 
 def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *, resume: str | None,
               report_to: list[str], device, threads: int | None, fsdp: bool, db: str | None,
-              terms: tuple[str, ...], models: Callable[[Any], tuple[str | None, ...]]) -> Any:
+              models: Callable[[Any], tuple[str | None, ...]]) -> Any:
     """Run ``run_job`` (``run_distill`` or ``run_sft``); its result on rank 0, None on the other ranks.
     ``--steps`` on ``--resume`` extends the run (the stored value unless given)."""
     from agentmem.tracking import check_installed, parse_report_to
@@ -64,11 +64,10 @@ def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *,
     rt = runtime(device, threads, fsdp)
     setup_logging()
     with rt:
-        return _run(rt, db, run_job, config, resume, steps, trackers, kind, terms)
+        return _run(rt, db, run_job, config, resume, steps, trackers, kind)
 
 
-def _run(rt, db: str | None, run_job, config, resume: str | None, steps: int | None, trackers, kind: RunKind,
-         terms: tuple[str, ...]):
+def _run(rt, db: str | None, run_job, config, resume: str | None, steps: int | None, trackers, kind: RunKind):
     from cli.common import training_store
     from cli.job_session import job_session
     from cli.training_progress import train_progress
@@ -77,7 +76,7 @@ def _run(rt, db: str | None, run_job, config, resume: str | None, steps: int | N
     if not rt.is_main:
         run_job(store, config, rt, resume=resume, steps=steps)
         return None
-    with job_session(db), train_progress(label=kind.value, terms=terms) as progress:
+    with job_session(db), train_progress(label=kind.value) as progress:
         return run_job(store, config, rt, resume=resume, steps=steps, on_start=progress.on_start,
                        on_step=progress.on_step, report_to=trackers)
 

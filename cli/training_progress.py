@@ -1,5 +1,6 @@
-"""Progress of training steps: the loss and each of its terms that is on, tokens/s, and calls left out or cut; a
-bar on a terminal, one plain line every few steps on a pipe or in a log."""
+"""Progress of training steps: the loss and each of its terms that is on (every term the step reports, built-in
+or a plugin's), tokens/s, and calls left out or cut; a bar on a terminal, one plain line every few steps on a pipe
+or in a log."""
 
 from __future__ import annotations
 
@@ -16,21 +17,16 @@ from agentmem.training.dynamics import note
 from cli.console import console
 
 
-def loss_parts(step, terms: tuple[str, ...]) -> str:
-    """The terms of a step's loss that are on: ``terms`` among kd and rl (a distill run's; sft has neither),
-    then every other term the step reports (``ce_loss``, ``anchor_loss``, ...)."""
-    parts = [f"kd {step.kd_loss:.4f}"] if "kd" in terms else []
-    parts += [f"rl {step.rl_loss:+.4f}"] if "rl" in terms else []
-    parts += [f"{key.removesuffix('_loss')} {value:.4f}" for key, value in step.metrics.items()
-              if key.endswith("_loss")]
-    return ", ".join(parts)
+def loss_parts(step) -> str:
+    """The terms of a step's loss that are on, as the step reports them (``TrainStep.term_losses``: kd, rl,
+    ce, anchor, a plugin's term...), each ``name value``."""
+    return ", ".join(f"{name} {value:.4f}" for name, value in step.term_losses.items())
 
 
 @dataclass
 class TrainProgress:
     progress: Progress
     label: str
-    terms: tuple[str, ...] = ("kd", "rl")
     task: int | None = None
     counts: dict[str, float] = field(default_factory=dict)
 
@@ -45,7 +41,7 @@ class TrainProgress:
         for key in ("skipped_calls", "teacher_truncated_calls"):
             self.counts[key] = self.counts.get(key, 0.0) + float(step.metrics.get(key, 0.0))
         notes = " ".join([f"{k}={int(v)}" for k, v in self.counts.items() if v] + [note(step)])
-        parts = loss_parts(step, self.terms)
+        parts = loss_parts(step)
         self.progress.update(self.task, completed=step.step, loss=step.loss, parts=f" ({parts})" if parts else "",
                              tps=step.tokens / max(step.seconds, 1e-9), notes=notes)
 
@@ -56,7 +52,6 @@ class LineProgress:
     ``every`` steps and at the last step, flushed at once, so a log shows the run going."""
 
     label: str
-    terms: tuple[str, ...] = ("kd", "rl")
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     total: int | None = None
     every: int = 1
@@ -73,7 +68,7 @@ class LineProgress:
             self.counts[key] = self.counts.get(key, 0.0) + float(step.metrics.get(key, 0.0))
         if step.step % self.every and step.step != self.total:
             return
-        parts = loss_parts(step, self.terms)
+        parts = loss_parts(step)
         notes = " ".join([f"{k}={int(v)}" for k, v in self.counts.items() if v] + [note(step)]).strip()
         elapsed = int(time.perf_counter() - self.started)
         line = (f"{self.label} step {step.step}/{self.total or step.step} loss {step.loss:.4f}"
@@ -83,10 +78,10 @@ class LineProgress:
 
 
 @contextlib.contextmanager
-def train_progress(total: int | None = None, done: int = 0, label: str = "distill",
-                   terms: tuple[str, ...] = ("kd", "rl")) -> Iterator[TrainProgress | LineProgress]:
+def train_progress(total: int | None = None, done: int = 0,
+                   label: str = "distill") -> Iterator[TrainProgress | LineProgress]:
     if not sys.stderr.isatty():
-        lines = LineProgress(label, terms)
+        lines = LineProgress(label)
         if total is not None:
             lines.on_start(total, done)
         yield lines
@@ -97,7 +92,7 @@ def train_progress(total: int | None = None, done: int = 0, label: str = "distil
                    "{task.fields[notes]}"),
         TimeElapsedColumn(), console=console(stderr=True),
     )
-    state = TrainProgress(progress, label, terms)
+    state = TrainProgress(progress, label)
     if total is not None:
         state.on_start(total, done)
     with progress:

@@ -110,4 +110,9 @@ def test_an_installed_loss_term_trains_alone(tmp_path):
         assert step["entropy_bonus_mean"] == pytest.approx(-step["loss"], rel=1e-5)
         assert 0 < step["entropy_bonus_mean"] <= math.log(320) + 1e-4
     assert out["steps"][1]["entropy_bonus_mean"] > out["steps"][0]["entropy_bonus_mean"]  # lr 1e-3 raises it
+    # the term reports where the built-in ones do: the progress line and the viewer read it from the step's metrics
+    values = [step["entropy_bonus_loss"] for step in out["steps"]]
+    assert [line.split(" (")[1].split(")")[0] for line in out["progress"]] == [f"entropy_bonus {v:.4f}" for v in values]
+    assert out["viewer_terms"] == {"entropy_bonus": [[1, values[0]], [2, values[1]]]}
+    assert "entropy_bonus_loss: step 2" in out["viewer_charts"]
     assert out["bad_term"] == ("unknown loss term(s) ['entropy_bonsu'] in loss_terms; installed: entropy_bonus")

@@ -260,7 +260,8 @@ def test_mixed_loss_is_the_weighted_sum_of_the_per_run_losses(runs, weighting):
     (on_result, on_grad), (off_result, off_grad) = step(on, False), step(off, False)
     mixed, mixed_grad = step(on + off, True)
     assert mixed.loss == pytest.approx(0.7 * on_result.loss + 0.3 * off_result.loss, abs=1e-6)
-    assert mixed.kd_loss == pytest.approx(0.7 * on_result.kd_loss + 0.3 * off_result.kd_loss, abs=1e-6)
+    assert mixed.metrics["kd_loss"] == pytest.approx(0.7 * on_result.metrics["kd_loss"]
+                                                 + 0.3 * off_result.metrics["kd_loss"], abs=1e-6)
     for n in mixed_grad:
         torch.testing.assert_close(mixed_grad[n], 0.7 * on_grad[n] + 0.3 * off_grad[n], atol=1e-6, rtol=1e-4)
 

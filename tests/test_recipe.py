@@ -183,7 +183,7 @@ def test_dynamics_pure_functions():
     stats = output_stats([("u", [9]), ("u", [4, 5, 9]), ("a", [9])], eos_id=9)
     assert stats == {"out_len/a": 1.0, "empty/a": 1.0, "out_len/u": 2.0, "empty/u": 0.5}
     assert finish_sums({"eos_first_sum/u": 0.6, "eos_first_n/u": 2.0, "x": 1.0}) == {"x": 1.0, "eos_first/u": 0.3}
-    dead = [TrainStep(run_id="r", step=k, loss=0.0, kd_loss=0.0, rl_loss=0.0, tokens=1, lr=1.0, seconds=1.0,
+    dead = [TrainStep(run_id="r", step=k, loss=0.0, tokens=1, lr=1.0, seconds=1.0,
                       metrics={"rl_groups": 3.0, "rl_groups_live": 0.0, "empty/answer": 0.5}) for k in (1, 2)]
     warnings = round_warnings(dead, rl_on=True)
     assert len(warnings) == 2 and "0 of 6 groups" in warnings[0] and "answer calls at step 2: 0.50" in warnings[1]

@@ -122,8 +122,8 @@ def test_all_records_round_trip(store):
     score = TeacherScore(run_id=run.id, invocation_id=inv.id, teacher="t", context=TeacherContext.privileged,
                          token_logprobs=[-0.5, -1.0, -2.0], reverse_kl=[0.1, 0.2, 0.3], entropy=[1.0, 2.0, 3.0],
                          temperature=0.7)
-    step = TrainStep(run_id=run.id, step=3, loss=1.5, kd_loss=1.0, rl_loss=0.5, tokens=100, lr=1e-5,
-                     metrics={"clip_frac": 0.25})
+    step = TrainStep(run_id=run.id, step=3, loss=1.5, tokens=100, lr=1e-5,
+                     metrics={"kd_loss": 1.0, "rl_loss": 0.5, "clip_frac": 0.25})
     result = EvalResult(run_id=run.id, checkpoint_id=child.id, model="/out/step10", env="synthetic",
                         n_episodes=8, f1=0.5, em=0.25, sub_em=0.375, f1_ci=(0.2, 0.8), em_ci=(0.0, 0.5),
                         sub_em_ci=(0.1, 0.6), metrics={"context_tokens": 1024})
@@ -159,6 +159,10 @@ def test_all_records_round_trip(store):
         assert repo.scored_invocation_ids(s, "t", TeacherContext.privileged) == {inv.id}
         assert repo.scored_invocation_ids(s, "t", TeacherContext.aligned) == set()
         assert repo.list_train_steps(s, run.id) == [step]
+        # the kd and rl columns copy those terms from the metrics; a row whose metrics lack them reads them back
+        assert s.execute(sa.text("select kd_loss, rl_loss from train_steps")).one() == (1.0, 0.5)
+        s.execute(sa.text("update train_steps set metrics = '{\"clip_frac\": 0.25}', rl_loss = 0"))
+        assert repo.list_train_steps(s, run.id)[0].metrics == {"kd_loss": 1.0, "clip_frac": 0.25}
         assert repo.list_eval_results(s, [run.id]) == [result]
         with pytest.raises(NotFound, match="no run with id 'nopenope'"):
             repo.get_run(s, "nopenope")

@@ -352,8 +352,8 @@ def test_training_charts_show_the_dynamics_when_steps_log_them():
     from agentmem.view.training import step_charts
 
     def step(k: int, **metrics) -> tuple[int, TrainStep]:
-        return k, TrainStep(run_id="r", step=k, loss=1.0, kd_loss=0.5, rl_loss=0.1, tokens=10, lr=1e-5, seconds=1.0,
-                            metrics=metrics)
+        return k, TrainStep(run_id="r", step=k, loss=1.0, tokens=10, lr=1e-5, seconds=1.0,
+                            metrics={"kd_loss": 0.5, "rl_loss": 0.1, **metrics})
 
     live = [step(k, rl_groups=4.0, rl_live_fraction=0.25 * k, **{"out_len/answer": 3.0 + k, "eos_first/answer": 0.1,
                                                                "empty/answer": 0.0, "kl_teacher": 0.2})
@@ -471,17 +471,20 @@ def test_evals_of_different_levels_are_different_lines_with_a_legend_and_a_knobs
 
 
 def test_sft_training_page_has_no_panels_of_terms_that_are_off():
-    """An sft run logs a zero kd and RL term and no clip: no KL or clip-fraction panel, no kd/rl loss line; a
-    distill run with the RL term keeps both panels."""
+    """An sft run reports no kd or RL term and no clip: no KL or clip-fraction panel, no kd/rl loss line; a
+    distill run with the RL term keeps both panels. Every term's points come from the steps' metrics."""
     from agentmem.records import TrainStep
-    from agentmem.view.training import step_charts
+    from agentmem.view.training import step_charts, term_series
 
-    def step(k: int, kd: float, rl: float, **metrics) -> tuple[int, TrainStep]:
-        return k, TrainStep(run_id="r", step=k, loss=1.0, kd_loss=kd, rl_loss=rl, tokens=10, lr=1e-5, seconds=1.0,
+    def step(k: int, **metrics) -> tuple[int, TrainStep]:
+        return k, TrainStep(run_id="r", step=k, loss=1.0, tokens=10, lr=1e-5, seconds=1.0,
                             metrics={"ce_loss": 1.0, "clip_fraction": 0.0, **metrics})
 
-    sft = "".join(step_charts([step(1, 0.0, 0.0), step(2, 0.0, 0.0)]))
+    sft = "".join(step_charts([step(1), step(2)]))
     assert ">loss parts" in sft and ">throughput" in sft and "ce_loss: step 2" in sft
     assert ">KL<" not in sft and ">clip fraction<" not in sft and "kd_loss" not in sft and "rl_loss" not in sft
-    distill = "".join(step_charts([step(1, 0.5, 0.1, rl_groups=4.0), step(2, 0.4, -0.1, rl_groups=4.0)]))
+    distill = "".join(step_charts([step(1, kd_loss=0.5, rl_loss=0.1, rl_groups=4.0),
+                                   step(2, kd_loss=0.4, rl_loss=-0.1, rl_groups=4.0)]))
     assert ">KL<" in distill and ">clip fraction<" in distill and "kd_loss: step 2" in distill
+    assert term_series([step(1, kd_loss=0.5), step(3, kd_loss=0.25, bonus_loss=-0.125)]) == {
+        "bonus": [(3, -0.125)], "ce": [(1, 1.0), (3, 1.0)], "kd": [(1, 0.5), (3, 0.25)]}

@@ -88,10 +88,10 @@ def seed_view_store(store, tokenizer_folder: str, encode) -> Seeded:
                     reverse_kl=rng.exponential(0.3, n).astype(np.float32),
                     entropy=rng.exponential(1.0, n).astype(np.float32))
     for step in (1, 2, 3):
-        seeded.steps.append(TrainStep(run_id=distill.id, step=step, loss=2.0 / step, kd_loss=1.5 / step,
-                                      rl_loss=-0.1 * step, tokens=1000 * step, lr=1e-5, seconds=2.0,
-                                      metrics={"clip_fraction": 0.1 * step, "approx_kl": 0.01 * step,
-                                               "ce_loss": 0.5}))
+        seeded.steps.append(TrainStep(run_id=distill.id, step=step, loss=2.0 / step, tokens=1000 * step, lr=1e-5,
+                                      seconds=2.0, metrics={"kd_loss": 1.5 / step, "rl_loss": -0.1 * step,
+                                                            "clip_fraction": 0.1 * step, "approx_kl": 0.01 * step,
+                                                            "ce_loss": 0.5}))
     evals = [EvalResult(run_id=eval_run.id, checkpoint_id=c.id, model=c.path, env="synthetic", step=c.step,
                         n_episodes=16, f1=f1, em=f1, sub_em=f1, f1_ci=(f1 - 0.1, f1 + 0.1), metrics={"base_model": "tiny"})
              for c, f1 in ((ckpt, 0.3), (trained, 0.5))]

@@ -231,8 +231,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return TrainStep(
-            run_id=self.run_id, step=step + 1, loss=result.loss, kd_loss=result.kd_loss, rl_loss=result.rl_loss,
-            tokens=result.tokens, lr=lr, seconds=time.perf_counter() - t0,
+            run_id=self.run_id, step=step + 1, loss=result.loss, tokens=result.tokens, lr=lr,
+            seconds=time.perf_counter() - t0,
             metrics={**finish_sums(result.metrics), "grad_norm": float(grad_norm), "actions": float(result.actions),
                      "fill": stats.fill, "rows": float(stats.rows), **counts, **self._dynamics(drawn, step_episodes)},
         )
@@ -280,13 +280,13 @@ class Trainer:
         gradients were summed by the student's DDP wrapper during the backward)."""
         if self.runtime.world_size == 1:
             return result, counts
-        scalars = {"loss": result.loss, "kd_loss": result.kd_loss, "rl_loss": result.rl_loss,
-                   "tokens": float(result.tokens), "actions": float(result.actions), **result.metrics, **counts}
+        scalars = {"loss": result.loss, "tokens": float(result.tokens), "actions": float(result.actions),
+                   **result.metrics, **counts}
         flat = torch.tensor(list(scalars.values()), dtype=torch.float64, device=self.runtime.device)
         summed = dict(zip(scalars, self.runtime.all_reduce_sum(flat).tolist(), strict=True))
         metrics = {k: summed[k] for k in result.metrics}
-        reduced = StepResult(summed["loss"], summed["kd_loss"], summed["rl_loss"], int(summed["tokens"]),
-                             int(summed["actions"]), metrics, result.global_actions)
+        reduced = StepResult(summed["loss"], int(summed["tokens"]), int(summed["actions"]), metrics,
+                             result.global_actions)
         return reduced, {k: summed[k] for k in counts}
 
     def save(self, steps_done: int, parent: Checkpoint) -> Checkpoint:

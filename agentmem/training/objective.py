@@ -33,6 +33,7 @@ import torch
 
 from agentmem.config import Weighting
 from agentmem.errors import TrainingError
+from agentmem.records import TERM_LOSS
 from agentmem.replay import Row
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.collate import PackedBatch
@@ -67,14 +68,12 @@ class StepInputs:
 
 @dataclass(frozen=True)
 class StepResult:
-    """This process's share of the step. ``loss`` is ``sum_k weight_k * term_k``; ``kd_loss`` and
-    ``rl_loss`` are the unweighted distillation and policy-gradient terms (0 when absent); ``metrics``
-    holds the policy-gradient diagnostics (when that term is present) and ``{name}_loss`` of the other
-    terms; ``global_actions`` is the step's action tokens over all processes."""
+    """This process's share of the step. ``loss`` is ``sum_k weight_k * term_k``; ``metrics`` holds every
+    term's unweighted value as ``{name}_loss`` (``records.TERM_LOSS``; built-in and plugin terms alike, each
+    term of the objective, first, in its order), then the terms' own metrics (``TermValue.metrics``) and the
+    dynamics sums; ``global_actions`` is the step's action tokens over all processes."""
 
     loss: float
-    kd_loss: float
-    rl_loss: float
     tokens: int
     actions: int
     metrics: dict[str, float]
@@ -203,9 +202,8 @@ def accumulate_step(student: PackedModel, rows: Sequence[Row], inputs: StepInput
     total = 0.0
     for weight, term in objective.terms:
         total += weight * totals[term.name]
-    metrics.update({f"{name}_loss": v for name, v in totals.items() if name not in ("kd", "rl")})
-    return StepResult(total, totals.get("kd", 0.0), totals.get("rl", 0.0), tokens, actions, metrics,
-                      totals_.actions)
+    losses = {f"{name}{TERM_LOSS}": v for name, v in totals.items()}
+    return StepResult(total, tokens, actions, {**losses, **metrics}, totals_.actions)
 
 
 @dataclass(frozen=True)
@@ -285,6 +283,9 @@ def _micro_step(student: PackedModel, batch: PackedBatch, w: torch.Tensor, input
         loss = loss + weight * value.loss
         totals[term.name] += float(value.loss.detach())
         for key, v in value.metrics.items():
+            if key.endswith(TERM_LOSS):
+                raise TrainingError(f"loss term {term.name!r} reports metric {key!r}: a name ending in "
+                                    f"{TERM_LOSS!r} is a term's value (name it otherwise)")
             metrics[key] = metrics.get(key, 0.0) + v
     (loss * student.grad_scale if student.grad_scale != 1.0 else loss).backward()
 

@@ -78,7 +78,8 @@ class TermValue:
 
 
 class LossTerm(Protocol):
-    """One part of the objective. ``name`` keys its value in step results (``{name}_loss``)."""
+    """One part of the objective. ``name`` keys its value in the step's metrics (``{name}_loss``, where the
+    progress line and the viewer read every term); its own metrics (``TermValue.metrics``) go beside it."""
 
     # read-only members, so that frozen dataclasses satisfy the protocol
     @property

@@ -1,6 +1,7 @@
 """The training page (``/runs/{id}/training``) and the eval plots page (``/evals``).
 
-Training: loss parts, KL, clip fraction and tokens/s against the step, from ``train_steps`` (a panel or a line of
+Training: the loss and each loss term (``term_series``: every term a step reports in its metrics, built-in or a
+plugin's), KL, clip fraction and tokens/s against the step, from ``train_steps`` (a panel or a line of
 a term that is off, such as an sft run's KL and clip fraction, is left out); eval F1 (with
 its 95% interval) against the step, from the ``eval_results`` of the run's checkpoints (an eval run: its
 own results). A train run shows its rounds' distill runs one after another (steps numbered on).
@@ -40,18 +41,24 @@ def numbered_steps(per_run: list[list[TrainStep]]) -> list[tuple[int, TrainStep]
     return out
 
 
+def term_series(steps: list[tuple[int, TrainStep]]) -> dict[str, list[tuple[int, float]]]:
+    """Each loss term's (step, value) points, by term name (built-in and plugin alike, from each step's
+    ``term_losses``), names sorted; a term that is off in a step has no point there."""
+    names = sorted({name for _, s in steps for name in s.term_losses})
+    return {name: [(x, s.term_losses[name]) for x, s in steps if name in s.term_losses] for name in names}
+
+
 def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
     def line(label: str, value) -> svg.Series:
         return svg.Series(label, [(float(x), float(v)) for x, s in steps if (v := value(s)) is not None])
 
-    def applies(series: svg.Series) -> bool:  # a term that is off (sft's kd and RL terms) logs zeros throughout
+    def applies(series: svg.Series) -> bool:  # a panel's line with no non-zero point is left out
         return any(y != 0 for _, y in series.points)
 
-    extra_losses = sorted({k for _, s in steps for k in s.metrics if k.endswith("_loss")})
     losses = [line("loss", lambda s: s.loss)]
-    losses += [x for x in (line("kd_loss", lambda s: s.kd_loss), line("rl_loss", lambda s: s.rl_loss)) if applies(x)]
-    losses += [line(k, lambda s, k=k: s.metrics.get(k)) for k in extra_losses]
-    kl = [line("divergence (kd term)", lambda s: s.kd_loss),
+    losses += [svg.Series(f"{name}_loss", [(float(x), float(v)) for x, v in points])
+               for name, points in term_series(steps).items()]
+    kl = [line("divergence (kd term)", lambda s: s.term_losses.get("kd")),
           line("approx KL (policy vs sampler)", lambda s: s.metrics.get("approx_kl"))]
     kinds = sorted({k.split("/", 1)[1] for _, s in steps for k in s.metrics if k.startswith("out_len/")})
     eos = [line(f"first-token EOS {k}", lambda s, k=k: s.metrics.get(f"eos_first/{k}")) for k in kinds]
@@ -72,7 +79,7 @@ def step_charts(steps: list[tuple[int, TrainStep]]) -> list[str]:
                                                 bool(kinds)), strict=True) if has]
     kl = [x for x in kl if applies(x)]
     # the clip applies to the RL term's ratio: a run without that term (sft, distill --rl none) has no clip panel
-    rl = any(s.rl_loss or s.metrics.get("rl_groups") or s.metrics.get("clip_fraction") for _, s in steps)
+    rl = any("rl" in s.term_losses or s.metrics.get("rl_groups") or s.metrics.get("clip_fraction") for _, s in steps)
     return [
         *dynamics,
         svg.line_chart(losses, title="loss parts", x_label="step", y_label="loss", integer_x=True),
@@ -99,7 +106,8 @@ def training_context(session: Session, run_id: str) -> dict:
     evals = repo.list_eval_results(session, checkpoint_ids=ckpts) if ckpts else []
     if run.kind is RunKind.eval:
         evals += repo.list_eval_results(session, run_ids=[run.id])
-    return {"run": run, "runs": runs, "steps": steps, "charts": step_charts(steps) if steps else [],
+    return {"run": run, "runs": runs, "steps": steps, "terms": term_series(steps),
+            "charts": step_charts(steps) if steps else [],
             "evals": evals, "eval_chart": eval_chart(evals) if evals else None}
 
 

@@ -4,6 +4,7 @@ process whose ``PYTHONPATH`` holds the demo package, installed as a ``.dist-info
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.jobs.sft import run_sft
 from agentmem.testing.tiny_models import save_tiny
+from agentmem.view.training import training_context
+from cli.training_progress import LineProgress
 from store import repository as repo
 from store.engine import make_engine, open_store
 from store.migrations import upgrade
@@ -105,9 +108,14 @@ def loss_seam(store, model, out):
     config = DistillConfig(run_ids=[oracle], student=model, teacher=None, kd_weight=0, rl="none",
                            loss_terms={"entropy_bonus": 1.0}, steps=2, invocations_per_step=4, lr=1e-3,
                            out=str(out / "d"))
-    result = run_distill(store, config)
+    progress = LineProgress("distill", stream=io.StringIO())  # the progress line, as on a pipe
+    result = run_distill(store, config, on_start=progress.on_start, on_step=progress.on_step)
+    with store.session() as s:
+        page = training_context(s, result.run_id)  # the viewer's training page
     bad = config.model_copy(update={"loss_terms": {"entropy_bonsu": 1.0}})
-    return {"steps": steps(store, result.run_id), "bad_term": error(lambda: run_distill(store, bad))}
+    return {"steps": steps(store, result.run_id), "progress": progress.stream.getvalue().splitlines(),
+            "viewer_terms": page["terms"], "viewer_charts": "".join(page["charts"]),
+            "bad_term": error(lambda: run_distill(store, bad))}
 
 
 if __name__ == "__main__":
