@@ -30,18 +30,19 @@ APPLIED_CHAT: dict[str, tuple[object, object]] = {
     "logprobs": (True, None), "top_logprobs": (2, None), "max_tokens": (3, None),
     "max_completion_tokens": (3, ("max_tokens", 3)), "n": (2, None), "seed": (7, None), "stop": ("\n", ["\n"]),
     "stream": (True, None), "stream_options": ({"include_usage": True}, None), "temperature": (0.5, None),
-    "top_p": (0.9, None), "tool_choice": ("auto", None), "parallel_tool_calls": (True, None), "user": ("u1", None),
+    "top_p": (0.9, None), "tool_choice": ("required", None), "parallel_tool_calls": (True, None), "user": ("u1", None),
     "metadata": ({"note": "x"}, None), "store": (True, None), "service_tier": ("auto", None),
-    "modalities": (["text"], None), "response_format": ({"type": "text"}, None), "top_k": (5, None),
+    "modalities": (["text"], None), "response_format": ({"type": "json_object"}, None), "top_k": (5, None),
     "min_p": (0.1, None), "repetition_penalty": (1.2, None), "safety_identifier": ("s1", None),
     "prompt_cache_key": ("k", None), "prompt_cache_retention": ("in_memory", None), "tools": (WEATHER, ()),
 }
 REFUSED_CHAT: dict[str, object] = {
-    "response_format": {"type": "json_object"}, "audio": {"voice": "alloy", "format": "wav"},
+    "response_format": {"type": "yaml"}, "audio": {"voice": "alloy", "format": "wav"},
     "prediction": {"type": "content", "content": "Oslo"}, "reasoning_effort": "low", "web_search_options": {},
     "functions": [{"name": "f", "parameters": {}}], "function_call": "auto", "verbosity": "low",
     "moderation": {"model": "m"}, "prompt_cache_options": {"ttl": 5}, "parallel_tool_calls": False,
-    "store": False, "modalities": ["text", "audio"], "tool_choice": "required", "no_such_option": 1,
+    "store": False, "modalities": ["text", "audio"], "no_such_option": 1,
+    "tool_choice": {"type": "function", "function": {"name": "not_a_tool"}},
 }
 APPLIED_COMPLETIONS: dict[str, object] = {"best_of": 1, "echo": False, "logprobs": 2, "user": "u", "suffix": ""}
 REFUSED_COMPLETIONS: dict[str, object] = {"best_of": 2, "echo": True, "suffix": " end"}
@@ -93,7 +94,7 @@ def test_each_option_is_applied_and_recorded_or_refused_by_name(server, sqlite_s
             assert sampling[key] == want, (name, sampling)
         for name, value in REFUSED_CHAT.items():
             body = {**base, name: value}
-            if name == "tool_choice":
+            if name in ("tool_choice", "parallel_tool_calls"):  # parallel_tool_calls: false with tool_choice auto
                 body["tools"] = WEATHER
             answer = httpx.post(f"{root}/v1/chat/completions", json=body, timeout=60)
             assert answer.status_code == 400, (name, answer.text)

@@ -139,15 +139,15 @@ APPLIED: dict[str, tuple[object, object]] = {
     "include": (["message.output_text.logprobs"], None), "stream_options": ({"include_obfuscation": False}, None),
     "metadata": ({"note": "x"}, None), "user": ("u1", None), "safety_identifier": ("s1", None),
     "service_tier": ("auto", None), "prompt_cache_key": ("k", None), "prompt_cache_retention": ("in_memory", None),
-    "store": (True, None), "parallel_tool_calls": (True, None), "truncation": ("disabled", None),
-    "text": ({"format": {"type": "text"}}, None), "reasoning": ({"effort": None}, None), "background": (False, None),
+    "store": (True, None), "parallel_tool_calls": (False, None), "truncation": ("disabled", None),
+    "text": ({"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}, None), "reasoning": ({"effort": None}, None), "background": (False, None),
     "tool_choice": ("auto", None), "tools": (TOOLS, ()),
 }
 REFUSED: dict[str, object] = {
-    "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}, "reasoning": {"effort": "low"},
+    "text": {"format": {"type": "yaml"}}, "reasoning": {"effort": "low"},
     "background": True, "max_tool_calls": 2, "conversation": "conv_1", "prompt": {"id": "p"},
     "context_management": [{"type": "compaction"}], "include": ["file_search_call.results"], "store": False,
-    "parallel_tool_calls": False, "truncation": "auto", "tool_choice": "required", "n": 2,
+    "truncation": "auto", "tool_choice": "required", "n": 2,
     "access_programs": {"cyber": "standard"}, "background_options": {}, "image": {"context_compression": "enabled"},
     "moderation": {"model": "m"}, "prompt_cache_options": {"ttl": "30m"}, "no_such_option": 1,
 }

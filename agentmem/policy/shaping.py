@@ -3,6 +3,8 @@ backend's decoding loop).
 
 Each step, for each live row, in vLLM's order:
 
+0. ``grammar`` (constrained decoding): the tokens the row's grammar does not allow next get ``-inf``
+   (llguidance computes the allowed set from the row's output so far; ``Grammars``);
 1. ``logit_bias``: each (token id, bias) pair is added to that token's logit (OpenAI's ``logit_bias``);
 2. ``repetition_penalty``: transformers' ``RepetitionPenaltyLogitsProcessor`` over the row's prompt and
    output ids (a positive logit is divided by the penalty, a negative one multiplied);
@@ -18,6 +20,13 @@ backend stores. transformers has no presence or frequency processor, so step 3 i
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.numpy
+import numpy as np
 import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
@@ -28,12 +37,36 @@ from transformers.generation.logits_process import (
 from agentmem.policy.types import SamplingParams
 
 
-class Shaper:
-    """The shaping state of one batch: per live row, the ids seen so far (prompt and output, for the
-    repetition penalty) and each token's count in the output (for presence and frequency penalties)."""
+class Grammars:
+    """llguidance's view of one tokenizer (built once per backend: about half a second for a 49k vocabulary):
+    compiles a ``SamplingParams.grammar`` into one matcher per row. ``vocab``: the width of the model's logits
+    (ids past the tokenizer's are never allowed); ``eos_ids``: the ids that end an output, the only ones
+    allowed once the grammar is complete."""
 
-    def __init__(self, params: SamplingParams, prompts: list[list[int]], device: torch.device):
+    def __init__(self, tokenizer: Any, vocab: int, eos_ids: Collection[int]):
+        self.vocab = vocab
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=sorted(eos_ids))
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))
+        if matcher.is_error():
+            raise ValueError(f"the grammar does not compile: {matcher.get_error()}")
+        return matcher
+
+
+class Shaper:
+    """The shaping state of one batch: per live row, its grammar's matcher (constrained decoding), the ids seen
+    so far (prompt and output, for the repetition penalty) and each token's count in the output (for presence and
+    frequency penalties)."""
+
+    def __init__(self, params: SamplingParams, prompts: list[list[int]], device: torch.device,
+                 grammars: Grammars | None = None):
         self.params = params
+        self.matchers: list[llguidance.LLMatcher] | None = None
+        if params.grammar is not None:
+            if grammars is None:
+                raise ValueError("a grammar needs the backend's Grammars")
+            self.matchers = [grammars.matcher(params.grammar) for _ in prompts]
         self.bias_ids = torch.tensor([tid for tid, _ in params.logit_bias], dtype=torch.long, device=device)
         self.bias = torch.tensor([value for _, value in params.logit_bias], dtype=torch.float32, device=device)
         self.repetition = (RepetitionPenaltyLogitsProcessor(params.repetition_penalty)
@@ -49,8 +82,10 @@ class Shaper:
             [MinPLogitsWarper(params.min_p)] if params.min_p else [])
 
     def shape(self, logits: torch.Tensor) -> torch.Tensor:
-        """Steps 1-3 on float32 ``logits`` [live rows, vocab] (a new tensor)."""
+        """Steps 0-3 on float32 ``logits`` [live rows, vocab] (a new tensor)."""
         logits = logits.clone()
+        if self.matchers is not None:
+            logits.masked_fill_(~self.allowed(logits.shape[-1]).to(logits.device), float("-inf"))
         if len(self.bias_ids):
             if int(self.bias_ids.max()) >= logits.shape[-1] or int(self.bias_ids.min()) < 0:
                 raise ValueError(f"logit_bias names a token id outside the model's vocabulary [0, {logits.shape[-1]})")
@@ -70,8 +105,20 @@ class Shaper:
             scores = warper(None, scores)  # type: ignore[arg-type]  # neither warper reads the ids
         return scores
 
+    def allowed(self, vocab: int) -> torch.Tensor:
+        """Which tokens each live row's grammar allows next: bool [live rows, vocab]."""
+        assert self.matchers is not None
+        bits = llguidance.numpy.allocate_token_bitmask(len(self.matchers), vocab)
+        for row, matcher in enumerate(self.matchers):
+            llguidance.numpy.fill_next_token_bitmask(matcher, bits, row)
+        return torch.from_numpy(np.unpackbits(bits.view(np.uint8), axis=-1, bitorder="little")[:, :vocab].view(np.bool_))
+
     def add(self, tokens: torch.Tensor) -> None:
         """Each live row sampled ``tokens[row]``."""
+        if self.matchers is not None:
+            for matcher, token in zip(self.matchers, tokens.tolist(), strict=True):
+                if not matcher.consume_token(token):
+                    raise RuntimeError(f"the grammar refused sampled token {token}: {matcher.get_error()}")
         if self.seen is not None:
             self.seen = torch.cat([self.seen, tokens[:, None]], dim=-1)
         if self.counts is not None:
@@ -79,6 +126,8 @@ class Shaper:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only ``rows`` (indices into the live rows) go on."""
+        if self.matchers is not None:
+            self.matchers = [self.matchers[i] for i in rows.tolist()]
         if self.seen is not None:
             self.seen = self.seen[rows]
         if self.counts is not None:

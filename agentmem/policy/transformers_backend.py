@@ -50,7 +50,7 @@ into prefill and decode.
 
 Log-probs: for each sampled token the backend stores ``log_softmax(logits / T)`` at that token,
 over the FULL vocabulary, computed in float32 from the model's logits (with shaping options, of the shaped
-logits: ``policy.shaping``). Top-p only restricts which
+logits: ``policy.shaping``; with a ``grammar``, of the logits with the tokens it forbids removed). Top-p only restricts which
 tokens may be sampled (the smallest set of most likely tokens whose tempered probability reaches
 ``top_p``; the most likely token is always in it); it does not renormalise the stored log-prob.
 Greedy decoding (T == 0) takes the argmax and stores the log-prob under T = 1.
@@ -78,7 +78,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.policy.errors import ModelError
 from agentmem.policy.models import DType, load_model
-from agentmem.policy.shaping import Shaper
+from agentmem.policy.shaping import Grammars, Shaper
 from agentmem.policy.static_decode import StaticDecoder, unsupported_reason, version_key
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
@@ -160,6 +160,7 @@ StepHook = Callable[[list[Step]], Collection[int] | None]
 class TransformersBackend:
     name = "transformers"
     shaping = True  # applies SamplingParams' shaping options (policy.shaping)
+    constrains = True  # applies SamplingParams.grammar (constrained decoding)
     lists_top_logprobs = True  # generate(..., top_logprobs=k)
 
     def __init__(
@@ -203,6 +204,7 @@ class TransformersBackend:
         self.decoder = StaticDecoder(model) if reason is None else None
         self.decode_path = "static" if reason is None else f"generic ({reason})"
         self.head: PromptHead | None = None  # the prompt-head cache (keep_head)
+        self.grammars: Grammars | None = None  # constrained decoding's view of the tokenizer (built when first needed)
         self.stats = PrefillStats()  # all calls so far
         self.last_stats = PrefillStats()  # the latest call
         self.last_timing = CallTiming()
@@ -257,7 +259,8 @@ class TransformersBackend:
         lps: list[list[float]] = [[] for _ in prompts]
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]
         results: list[Generation | None] = [None] * len(prompts)
-        shaper = Shaper(params, prompts, device) if params.shaping else None
+        grammars = self._grammars(logits.shape[-1]) if params.grammar is not None else None
+        shaper = Shaper(params, prompts, device, grammars) if params.shaping or grammars is not None else None
         for step in range(params.max_new_tokens):
             tokens, dist = sample_from(logits, params, generator, shaper)
             logprobs = dist.gather(-1, tokens[:, None]).squeeze(-1)
@@ -315,6 +318,12 @@ class TransformersBackend:
             first_token - start, time.perf_counter() - first_token, time.process_time() - first_cpu, decoded
         )
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
+
+    def _grammars(self, vocab: int) -> Grammars:
+        """llguidance's view of the tokenizer, built at the first constrained call (``SamplingParams.grammar``)."""
+        if self.grammars is None or self.grammars.vocab != vocab:
+            self.grammars = Grammars(self.tokenizer, vocab, self.stop_ids)
+        return self.grammars
 
     def _weights_key(self) -> tuple:
         device = self.model.device.type

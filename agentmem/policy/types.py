@@ -13,9 +13,10 @@ log-prob is taken at T = 1. A sampled end-of-sequence token is included in ``out
 ``logprobs`` (the policy chose to stop, and that choice is trained on).
 
 The shaping options (``logit_bias``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
-``top_k``, ``min_p``; all off by default, and agentmem's own rollouts never set them) change the distribution
-sampled from, and then the log-prob is that distribution's: ``log_softmax`` of the logits after the bias and
-penalties, divided by T, with the tokens top-k and min-p cut removed (``policy.shaping``). Top-p keeps its
+``top_k``, ``min_p``; all off by default, and agentmem's own rollouts never set them) and a ``grammar`` (constrained
+decoding) change the distribution sampled from, and then the log-prob is that distribution's: ``log_softmax`` of the
+logits with the tokens the grammar forbids removed, after the bias and penalties, divided by T, with the tokens top-k
+and min-p cut removed (``policy.shaping``). Top-p keeps its
 rule above: it restricts the draw without renormalising.
 """
 
@@ -38,7 +39,8 @@ class SamplingParams:
     ``top_k`` 0 (all tokens), ``min_p`` 0, ``repetition_penalty`` 1 (divides positive logits and multiplies
     negative ones of tokens in the prompt or output), ``presence_penalty`` and ``frequency_penalty`` 0
     (subtracted once per token present in the output, and per occurrence), ``logit_bias`` () (token id, bias)
-    pairs added to the logits."""
+    pairs added to the logits. ``grammar``: a constraint (an llguidance grammar, Lark syntax) that every output must
+    follow: tokens it does not allow next are masked before any other option (``policy.shaping``)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -50,6 +52,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -4,7 +4,7 @@ Every request is added to the engine as it arrives (``AsyncLLM.generate``) and s
 samples, step by step (``RequestOutputKind.DELTA``: each output holds only the new ids and their log-probs);
 the engine schedules all live requests together. Stored ids and log-probs are vLLM's own, with the
 semantics of the offline backend (``vllm_backend``): ``logprobs_mode="processed_logprobs"`` (log-probs
-after the shaping options, which go to vLLM's ``SamplingParams`` under their own names, and temperature),
+after a grammar's mask and the shaping options, which go to vLLM's ``SamplingParams`` under their own names, and temperature),
 ``top_p == 1`` only, the sampled id's log-prob always, plus the ``top_k`` most likely
 alternatives when asked (vLLM's ``logprobs=k``, the same distribution), and completion ``index`` of a
 request sampled with seed ``seed + index``. Closing a stream early (the client left, a stop string
@@ -21,7 +21,7 @@ from typing import Any
 
 from agentmem.policy.errors import BackendError
 from agentmem.policy.types import Progress, SamplingParams
-from agentmem.policy.vllm_backend import VLLM_MISSING
+from agentmem.policy.vllm_backend import VLLM_MISSING, guidance_backend, structured
 from agentmem.records import FinishReason
 
 TOP_P_REFUSED = ("vLLM returns nucleus-renormalised log-probs for top_p < 1, not the full-vocabulary ones "
@@ -32,6 +32,7 @@ class AsyncVLLMEngine:
     name = "vllm"
     nucleus = False  # top_p < 1: vLLM's log-probs are renormalised over the nucleus
     shaping = True  # logit_bias, penalties, top_k and min_p go to vLLM's SamplingParams
+    constrains = True  # a grammar goes to vLLM's structured outputs (llguidance)
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
         """``engine_kwargs`` go to ``vllm.AsyncEngineArgs`` as they are (``max_model_len``, ...)."""
@@ -42,7 +43,7 @@ class AsyncVLLMEngine:
             raise BackendError(VLLM_MISSING) from None
         self._vllm, self._delta = vllm, RequestOutputKind.DELTA
         args = vllm.AsyncEngineArgs(model=str(model_path), dtype=dtype, logprobs_mode="processed_logprobs", seed=0,
-                                    **{"enable_prefix_caching": True, **engine_kwargs})
+                                    **{"enable_prefix_caching": True, **guidance_backend(), **engine_kwargs})
         self.llm = vllm.AsyncLLMEngine.from_engine_args(args)
         from transformers import AutoTokenizer
 
@@ -56,7 +57,7 @@ class AsyncVLLMEngine:
         sampling = self._vllm.SamplingParams(
             temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
             logprobs=top_k, seed=None if params.seed is None else params.seed + index, detokenize=False,
-            output_kind=self._delta, **params.shaping)
+            output_kind=self._delta, **params.shaping, **structured(self._vllm, params))
         outputs = self.llm.generate(self._vllm.TokensPrompt(prompt_token_ids=list(prompt)), sampling, request_id)
         try:
             async for out in outputs:

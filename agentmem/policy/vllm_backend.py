@@ -17,6 +17,11 @@ prompt, so their KV blocks are computed once and reused. The log-probs returned 
 are the same quantity either way (to kernel round-off); only prompt log-probs, which we never
 request, would be affected.
 
+Constrained decoding: a ``SamplingParams.grammar`` (llguidance's Lark syntax) goes to vLLM as a grammar request
+(``StructuredOutputsParams(grammar=...)``, ``GuidedDecodingParams`` before vLLM 0.11), on an engine built with
+the ``guidance`` structured-output backend (llguidance, as the transformers backend): vLLM masks the logits
+before sampling, so the processed log-probs are those of the masked distribution (``structured``).
+
 Stopping: vLLM stops at the model's eos ids (generation config and tokenizer) and keeps the eos token
 in ``token_ids``, as the transformers backend does. Seeds: prompt ``i`` of a call is sampled with
 seed ``seed + i``, so identical prompts in one call still get independent samples.
@@ -50,7 +55,7 @@ class VLLMBackend:
             dtype=dtype,
             logprobs_mode="processed_logprobs",
             seed=0,
-            **{"enable_prefix_caching": True, **engine_kwargs},
+            **{"enable_prefix_caching": True, **guidance_backend(), **engine_kwargs},
         )
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -63,6 +68,7 @@ class VLLMBackend:
             seed=None if params.seed is None else params.seed + index,
             detokenize=False,
             **params.shaping,  # logit_bias, penalties, top_k, min_p: vLLM's own names
+            **structured(self._vllm, params),
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -79,6 +85,26 @@ class VLLMBackend:
         outputs = self.llm.generate(inputs, sampling, use_tqdm=False)
         latency = time.perf_counter() - start
         return [_to_generation(out.outputs[0], latency) for out in outputs]
+
+
+def structured(vllm: Any, params: SamplingParams) -> dict[str, Any]:
+    """The ``vllm.SamplingParams`` keyword of ``params.grammar`` ({} without one): ``structured_outputs`` (vLLM
+    0.11 on) or ``guided_decoding`` (before), a grammar request holding the Lark text."""
+    if params.grammar is None:
+        return {}
+    module = vllm.sampling_params
+    if hasattr(module, "StructuredOutputsParams"):
+        return {"structured_outputs": module.StructuredOutputsParams(grammar=params.grammar)}
+    return {"guided_decoding": module.GuidedDecodingParams(grammar=params.grammar)}
+
+
+def guidance_backend() -> dict[str, Any]:
+    """The engine keyword that makes llguidance vLLM's structured-output backend (grammars are llguidance's Lark)."""
+    try:
+        from vllm.config import StructuredOutputsConfig
+    except ImportError:  # vLLM before 0.11
+        return {"guided_decoding_backend": "guidance"}
+    return {"structured_outputs_config": StructuredOutputsConfig(backend="guidance")}
 
 
 def _to_generation(completion: Any, latency: float) -> Generation:

@@ -23,6 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from agentmem.serve.constraints import Constraint
 from agentmem.serve.gateway import NO, RECORD_HEADER
 from agentmem.serve.protocol import ApiError, bad_request, refuse_unsupported
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
@@ -46,6 +47,7 @@ class ServeSettings:
     top_logprobs: bool = True  # whether the sampler can list alternatives
     nucleus: bool = True  # whether top_p < 1 keeps the stored log-probs full-vocabulary (not on vLLM)
     shaping: bool = True  # whether the backend applies logit_bias, penalties, top_k and min_p
+    constrains: bool = True  # whether the backend applies a grammar (response_format json, forced tool calls)
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,11 @@ class Calls:
         self.sampler, self.recorder, self.tokenizer, self.settings = sampler, recorder, tokenizer, settings
 
     async def prepare(self, request: Request, req, episode: str | None, prompts: list[list[int]], sent: Sent,
-                      kind: str, *, follows: tuple[str | None, str] | None = None) -> Prepared:
+                      kind: str, *, follows: tuple[str | None, str] | None = None,
+                      constraint: Constraint | None = None) -> Prepared:
         """``follows``: (episode, invocation id) of the call this one continues (``previous_response_id``):
-        its episode and parent unless the client names others."""
+        its episode and parent unless the client names others. ``constraint``: the grammar every output follows
+        (``constraints.py``)."""
         settings = self.settings
         if req.model != settings.model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist: this server serves "
@@ -95,6 +99,11 @@ class Calls:
                               f"you requested {longest} prompt tokens plus {limit} output tokens.", req.output_param,
                               code="context_length_exceeded")
         params = req.params(limit if limit is not None else min(settings.default_max_tokens, room))
+        if constraint is not None:
+            if not settings.constrains:
+                raise bad_request(f"{constraint.param}: this backend cannot constrain decoding", constraint.param,
+                                  code="unsupported_parameter")
+            params = replace(params, grammar=constraint.grammar)
         if params.shaping and not settings.shaping:
             name = next(iter(params.shaping))
             raise bad_request(f"{name} is not supported on this backend", name, code="unsupported_parameter")

@@ -52,10 +52,6 @@ def _neutral(*values: Any) -> Callable[[Any], bool]:
 # Fields the server does not apply: refused (400 naming the field) unless null or neutral. Value: (neutral
 # test, why it is refused).
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "response_format": (_neutral({"type": "text"}), "structured output (json_object, json_schema) is not "
-                        "supported yet: send {\"type\": \"text\"} or leave it out"),
-    "parallel_tool_calls": (_neutral(True), "parallel_tool_calls: false is not supported: a reply may hold "
-                            "several tool calls"),
     "store": (_neutral(True), "store: false is not supported: agentmem serve stores every call"),
     "modalities": (_neutral(["text"]), "only text output is supported"),
     "audio": (_neutral(), "audio output is not supported"),
@@ -209,7 +205,8 @@ class _Conversation(_Sampling):
     before parsing) or only recorded."""
 
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | None = None  # "required" or a named function would need constrained decoding
+    # "required" or a named function: the call is forced by constrained decoding (constraints.py)
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     parallel_tool_calls: bool | None = None
     service_tier: str | None = None
@@ -222,8 +219,8 @@ class ChatRequest(_Conversation):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
+    response_format: dict[str, Any] | None = None  # json_object, json_schema: constrained decoding (constraints.py)
     # accepted as neutral (REFUSED checks their values before parsing), or recorded only
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
 
     @property
@@ -304,9 +301,8 @@ def _no_setting(value: Any) -> bool:
 
 # The Responses fields the server does not apply: refused unless null or neutral (as REFUSED).
 RESPONSES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "text": (lambda v: isinstance(v, dict) and v.get("format", {"type": "text"}) == {"type": "text"}
-             and v.get("verbosity") in (None, "medium"),
-             "structured output (text.format json_object, json_schema) is not supported yet"),
+    "text": (lambda v: isinstance(v, dict) and v.get("verbosity") in (None, "medium"),
+             "text.verbosity is not supported"),
     "reasoning": (_no_setting, "reasoning is not supported: the served model has no reasoning setting"),
     "background": (_neutral(False), "background responses are not supported"),
     "max_tool_calls": (_neutral(), "max_tool_calls is not supported"),

@@ -124,9 +124,9 @@ def response(req: ResponsesRequest, call_id: str, created: float, output: list[d
     out: dict[str, Any] = {
         "id": call_id, "object": "response", "created_at": created, "status": status, "error": None,
         "incomplete_details": incomplete, "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "model": req.model, "output": output, "parallel_tool_calls": True,
+        "model": req.model, "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id, "reasoning": None, "store": True,
-        "temperature": req.temperature, "top_p": req.top_p, "text": {"format": {"type": "text"}},
+        "temperature": req.temperature, "top_p": req.top_p, "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
         "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "truncation": "disabled",
         "top_logprobs": req.top_logprobs, "metadata": req.metadata or {}, "user": req.user, "usage": None,
     }

@@ -2,7 +2,8 @@
 (``apply_chat_template(..., add_generation_prompt=True)``, tokenised without added special tokens, as the
 agent loop renders its prompts); with ``tools``, tool calls in the reply come back as ``tool_calls``
 (``tool_calls.py``). A template that would leave out the tools or an assistant's earlier calls gets the request
-refused (``chat_template.check_tools_render``)."""
+refused (``chat_template.check_tools_render``). ``response_format`` json_object/json_schema and a ``tool_choice``
+that forces a call are enforced by a grammar (``constraints.py``), stored in ``serve_calls.sampling["constraint"]``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi import APIRouter, Request
 
 from agentmem.serve.calls import parse, read_json
 from agentmem.serve.chat_template import check_tools_render
+from agentmem.serve.constraints import of_request
 from agentmem.serve.protocol import ChatRequest, bad_request
 from agentmem.serve.recorder import Sent
 from agentmem.serve.routes import calls, episode
@@ -35,7 +37,10 @@ async def chat_completions(request: Request) -> Any:
     check_tools_render(tokenizer, messages, req.tools, text)  # tools the template leaves out: a 400, not a drop
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-    sent = Sent([text], [question], messages, req.tools, req.options())
-    prep = await shared.prepare(request, req, episode(request), [ids], sent, "chat")
     parser = ToolCallParser.for_request(tokenizer, req.tools, req.tool_choice, text)
+    # response_format json, a forced tool call: a grammar
+    constraint = of_request(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, parser)
+    options = req.options() if constraint is None else {**req.options(), "constraint": constraint.stored}
+    sent = Sent([text], [question], messages, req.tools, options)
+    prep = await shared.prepare(request, req, episode(request), [ids], sent, "chat", constraint=constraint)
     return await shared.respond(request, req, prep, chat=True, logprobs=req.logprobs, tool_calls=parser)

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentmem.serve.calls import Calls, Prepared, parse, read_json
 from agentmem.serve.chat_template import check_tools_render
+from agentmem.serve.constraints import of_request, text_format
 from agentmem.serve.protocol import ApiError, ResponsesRequest, bad_request, refuse_unsupported_responses
 from agentmem.serve.recorder import Sent
 from agentmem.serve.response_items import (
@@ -70,9 +71,12 @@ async def create_response(request: Request) -> Any:
     check_tools_render(tok, messages, tools, text)
     ids = list(tok(text, add_special_tokens=False)["input_ids"])
     question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-    prep = await shared.prepare(request, req, episode(request), [ids], Sent([text], [question], messages, tools,
-                                                                            req.options()), "chat", follows=follows)
     parser = ToolCallParser.for_request(tok, tools, req.tool_choice, text)
+    constraint = of_request(tools, req.tool_choice, req.parallel_tool_calls, text_format(req.text), parser, "text")
+    options = req.options() if constraint is None else {**req.options(), "constraint": constraint.stored}
+    prep = await shared.prepare(request, req, episode(request), [ids], Sent([text], [question], messages, tools,
+                                                                            options), "chat", follows=follows,
+                                constraint=constraint)
     shape = Formatter(tok, shared.settings.model_name, None, True, req.logprobs)
     headers = {"X-Agentmem-Invocation": prep.planned.invocation_ids[0],
                "X-Agentmem-Episode": prep.planned.episode_ids[0]}
