@@ -93,10 +93,14 @@ def register_trained(store: Store, *, run_id: str, parent: Checkpoint, step: int
 
 
 def auto_dtype(store: Store | None, ref: str | None) -> DTypeChoice:
-    """``--dtype auto``: the faster generating dtype for the model ``ref`` on this CPU (loaded in fp32 to measure)."""
-    from agentmem.policy.dtype_choice import choose_dtype
+    """``--dtype auto``: the faster generating dtype for the model ``ref`` on this CPU (loaded in fp32 to measure,
+    only where the CPU has native bf16)."""
+    from agentmem.policy.dtype_choice import choose_dtype, unmeasured_choice
 
-    model, _ = load_model(resolve(store, ref).path, dtype="float32")
+    path = resolve(store, ref).path
+    if (choice := unmeasured_choice()) is not None:
+        return choice
+    model, _ = load_model(path, dtype="float32")
     return choose_dtype(model)
 
 

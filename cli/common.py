@@ -21,10 +21,10 @@ def setup_logging(verbose: bool = False) -> None:
 
 def weights_dtype(dtype, model: str, db: str | None, threads: int | None):
     """The ``DType`` a generating job runs in: ``dtype`` itself, or for ``auto`` the faster one measured with
-    ``model`` on this CPU (printed, so the run config stores a concrete choice)."""
-    import typer
-
+    ``model`` on this CPU before the run is written, so the run config stores a concrete choice; the choice is
+    printed right after the run id (``job_session.after_run_id``)."""
     from agentmem.config import DType
+    from cli.job_session import after_run_id
 
     if str(dtype) != "auto":
         return DType(str(dtype))
@@ -37,7 +37,7 @@ def weights_dtype(dtype, model: str, db: str | None, threads: int | None):
         torch.set_num_threads(threads)
     setup_logging()  # no weights bar from the measurement's load: the run's own lines come first
     choice = auto_dtype(open_store(db, create=True), model)
-    typer.echo(f"--dtype auto: {choice.dtype} ({choice.reason})")
+    after_run_id(f"--dtype auto: {choice.dtype} ({choice.reason})")
     return DType(choice.dtype)
 
 

@@ -3,7 +3,8 @@
 ``job_session(command, db=...)`` wraps a job's call in a CLI command:
 
 - each top-level run the job opens prints ``run_id=RUN`` the moment its row is written, before any model
-  loads (``agentmem.jobs.runs.announcing``), so a job killed while loading can still be resumed;
+  loads (``agentmem.jobs.runs.announcing``), so a job killed while loading can still be resumed; what the
+  command decided before the row was written (``--dtype auto``'s choice: ``after_run_id``) follows it;
 - SIGTERM raises the same ``KeyboardInterrupt`` as Ctrl-C inside the job, so the job marks its run
   ``interrupted`` (``agentmem.jobs.runs.tracked_run``) in both cases;
 - the interrupt then prints one line, ``interrupted: N calls stored; resume with: agentmem rollout --resume
@@ -21,6 +22,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 import typer
 
@@ -29,6 +31,23 @@ from agentmem.records import Run, RunKind
 # What the count of stored work names, per run kind (the resumable unit of each job).
 _UNITS = {RunKind.score: "calls scored", RunKind.distill: "steps stored", RunKind.sft: "steps stored",
           RunKind.train: "steps stored"}
+
+
+# Lines printed right after the next ``run_id=`` line (``after_run_id``).
+_AFTER_RUN_ID: ContextVar[tuple[str, ...]] = ContextVar("agentmem_after_run_id", default=())
+
+
+def after_run_id(line: str) -> None:
+    """Print ``line`` right after the next run id (``print_run_id``), so ``run_id=RUN`` stays the first line."""
+    _AFTER_RUN_ID.set(_AFTER_RUN_ID.get() + (line,))
+
+
+def print_run_id(run_id: str) -> None:
+    """``run_id=RUN``, then the lines waiting for it (``after_run_id``)."""
+    typer.echo(f"run_id={run_id}")
+    for line in _AFTER_RUN_ID.get():
+        typer.echo(line)
+    _AFTER_RUN_ID.set(())
 
 
 _RESUMABLE = (RunKind.rollout, RunKind.replay, RunKind.distill, RunKind.sft, RunKind.train, RunKind.score)
@@ -93,7 +112,7 @@ def job_session(db: str | None) -> Iterator[None]:
 
     def announce(run: Run) -> None:
         runs.append(run)
-        typer.echo(f"run_id={run.id}")
+        print_run_id(run.id)
 
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
@@ -107,5 +126,6 @@ def job_session(db: str | None) -> Iterator[None]:
         typer.echo(interrupted_line(run, _stored(run, db) if run else None, db))
         raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
     finally:
+        _AFTER_RUN_ID.set(())  # a job that ended before its run was written leaves nothing for the next
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -120,6 +120,7 @@ def _with_workers(n: int, config, resume: str | None, *, db: str | None, device:
     from agentmem.errors import RunError
     from agentmem.jobs.rollout import LeaseTerms, RolloutResult, create_rollout
     from cli.common import runtime, setup_logging
+    from cli.job_session import print_run_id
     from cli.worker import start_workers
     from store import repository as repo
     from store.engine import open_store
@@ -128,7 +129,7 @@ def _with_workers(n: int, config, resume: str | None, *, db: str | None, device:
     setup_logging()
     store = open_store(db, create=True)
     run_id = create_rollout(store, config, resume=resume)
-    typer.echo(f"run_id={run_id}")
+    print_run_id(run_id)
     terms = LeaseTerms()
     codes = start_workers(n, run_id, db=db, device=device.value, threads=threads, lease_seconds=terms.seconds,
                           max_attempts=terms.max_attempts)

@@ -201,6 +201,35 @@ def test_run_id_is_the_first_line_before_the_tokenizer_loads(tmp_path, capsys, m
     assert len(seen) == 1 and seen[0].startswith("run_id=") and seen[0].count("\n") == 1
 
 
+def test_dtype_auto_prints_its_choice_right_after_the_run_id(tmp_path, capsys, monkeypatch):
+    """`--dtype auto` measures before the run is written (its config stores the concrete choice) and prints the
+    choice on the line after `run_id=`, before the run's tokenizer or weights load."""
+    import agentmem.models as policy_models
+    from agentmem.policy.dtype_choice import DTypeChoice
+    from store import repository as repo
+
+    model = save_tiny(tmp_path / "model")
+    db = str(tmp_path / "store.db")
+    monkeypatch.setattr(policy_models, "auto_dtype", lambda store, ref: DTypeChoice("bfloat16", "measured"))
+    loaded = policy_models.load_tokenizer
+    seen: list[str] = []
+
+    def load_tokenizer(path):
+        seen.append(capsys.readouterr().out)
+        return loaded(path)
+
+    monkeypatch.setattr(policy_models, "load_tokenizer", load_tokenizer)
+    code, _ = run_cli(capsys, monkeypatch, "rollout", "--policy", "oracle", "--model", model, "--episodes", "1",
+                      "--dtype", "auto", "--knob", "context_tokens=120", "--chunk-tokens", "64", "--memory-tokens",
+                      "24", "--db", db)
+    assert code == 0 and len(seen) == 1
+    first, second = seen[0].splitlines()
+    run_id = first.removeprefix("run_id=")
+    assert second == "--dtype auto: bfloat16 (measured)"
+    with open_store(db).session() as s:
+        assert repo.get_run(s, run_id).config["dtype"] == "bfloat16"
+
+
 def test_a_new_run_refused_while_its_tasks_are_built_leaves_no_row(tmp_path, capsys, monkeypatch):
     """An input found bad only once the tokenizer builds the tasks (here a data file that is no HotpotQA file)
     ends in one error line, and the run row written before it is deleted again."""

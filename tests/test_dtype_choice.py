@@ -37,6 +37,23 @@ def test_without_native_bf16_fp32_is_chosen_without_measuring(monkeypatch):
     assert choice == DTypeChoice("float32", "no native bf16 (avx512_bf16/amx_bf16) on this CPU")
 
 
+def test_auto_loads_no_model_where_there_is_nothing_to_measure(monkeypatch, tmp_path):
+    from agentmem import models
+    from agentmem.testing.tiny_models import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny")
+
+    def no_load(*a, **k):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    monkeypatch.setattr(dtype_choice, "cpu_flags", lambda: {"avx2"})
+    assert models.auto_dtype(None, folder) == DTypeChoice("float32", "no native bf16 (avx512_bf16/amx_bf16) on this CPU")
+    monkeypatch.setattr(dtype_choice, "cpu_flags", lambda: {"amx_bf16"})
+    with pytest.raises(AssertionError, match="loaded"):
+        models.auto_dtype(None, folder)
+
+
 @pytest.mark.parametrize("fp32,bf16,want", [(1.0, 0.5, "bfloat16"), (1.0, 0.96, "float32"), (0.5, 1.0, "float32")])
 def test_the_faster_dtype_wins_and_fp32_keeps_a_tie(monkeypatch, fp32, bf16, want):
     monkeypatch.setattr(dtype_choice, "_generation_seconds",
@@ -55,9 +72,10 @@ def test_the_measurement_runs_both_dtypes_on_a_copy():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_cli_auto_stores_the_measured_choice(monkeypatch, tmp_path):
+def test_cli_auto_stores_the_measured_choice(monkeypatch, tmp_path, capsys):
     from agentmem import models
     from cli.common import weights_dtype
+    from cli.job_session import print_run_id
 
     asked = []
     monkeypatch.setattr(models, "auto_dtype",
@@ -65,6 +83,10 @@ def test_cli_auto_stores_the_measured_choice(monkeypatch, tmp_path):
     db = f"sqlite:///{tmp_path / 'x.db'}"
     assert weights_dtype("float32", "default", db, None) is DType.float32 and asked == []
     assert weights_dtype("auto", "default", db, 1) is DType.bfloat16 and asked == ["default"]
+    assert capsys.readouterr().out == ""  # the choice waits for the run id
+    print_run_id("r1")
+    print_run_id("r2")
+    assert capsys.readouterr().out == "run_id=r1\n--dtype auto: bfloat16 (measured)\nrun_id=r2\n"
 
 
 def test_threads_follow_the_cpu_affinity(monkeypatch):

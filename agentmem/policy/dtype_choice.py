@@ -45,13 +45,19 @@ def native_bf16(flags: set[str]) -> bool:
     return any(f in flags for f in BF16_FLAGS)
 
 
+def unmeasured_choice(flags: set[str] | None = None) -> DTypeChoice | None:
+    """float32 where the CPU has no native bf16 (nothing to measure, so no model needs to load), else None."""
+    flags = cpu_flags() if flags is None else flags
+    return None if native_bf16(flags) else DTypeChoice("float32", "no native bf16 (avx512_bf16/amx_bf16) on this CPU")
+
+
 def choose_dtype(model: PreTrainedModel, flags: set[str] | None = None, repeats: int = 2) -> DTypeChoice:
     """float32 or bfloat16 for generating with ``model`` (any dtype; measured on a copy) on the CPU."""
     flags = cpu_flags() if flags is None else flags
     if model.device.type != "cpu":
         return DTypeChoice("float32", f"device {model.device.type}: not measured")
-    if not native_bf16(flags):
-        return DTypeChoice("float32", "no native bf16 (avx512_bf16/amx_bf16) on this CPU")
+    if (choice := unmeasured_choice(flags)) is not None:
+        return choice
     seconds = {d: _generation_seconds(model, d, repeats) for d in ("float32", "bfloat16")}
     faster = "bfloat16" if seconds["bfloat16"] < 0.95 * seconds["float32"] else "float32"
     what = ", ".join(f"{d} {s * 1000:.0f} ms" for d, s in seconds.items())
