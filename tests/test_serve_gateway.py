@@ -213,6 +213,8 @@ def test_text_provider_calls_are_not_replayable_sft_takes_them_distill_refuses(t
             client = openai.OpenAI(base_url=f"{root}/episodes/t/v1", api_key="unused", max_retries=0)
             replies = [client.chat.completions.create(model="hosted", messages=_ask(name), max_tokens=6, seed=1)
                        for name in ("Al", "Bea")]
+            replies.append(openai.OpenAI(base_url=f"{root}/episodes/t/v1", api_key="unused", max_retries=0)
+                           .completions.create(model="hosted", prompt="Bob lives in", max_tokens=4, temperature=0))
             with pytest.raises(openai.BadRequestError, match="top_k"):
                 client.chat.completions.create(model="hosted", messages=_ask("Al"), max_tokens=2,
                                                extra_body={"top_k": 5})
@@ -224,7 +226,7 @@ def test_text_provider_calls_are_not_replayable_sft_takes_them_distill_refuses(t
     assert sorted(stored) == sorted(r.id for r in replies)
     for r in replies:
         call = stored[r.id]
-        assert call.output_text == r.choices[0].message.content
+        assert call.output_text == (r.choices[0].text if r.object == "text_completion" else r.choices[0].message.content)
         assert call.output_ids.tolist() == tok(call.output_text, add_special_tokens=False)["input_ids"]
         assert call.output_logprobs is None
         with store.session() as s:
@@ -237,8 +239,8 @@ def test_text_provider_calls_are_not_replayable_sft_takes_them_distill_refuses(t
 
     refused = am("distill", "--run", gw.run_id, "--student", model_dir, "--teacher", model_dir, "--steps", "1")
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
-    assert f"run {gw.run_id} has 2 calls" in refused.stderr and "agentmem sft" in refused.stderr
-    tuned = am("sft", "--run", gw.run_id, "--student", model_dir, "--steps", "1", "--invocations-per-step", "2",
+    assert f"run {gw.run_id} has 3 calls" in refused.stderr and "agentmem sft" in refused.stderr
+    tuned = am("sft", "--run", gw.run_id, "--student", model_dir, "--steps", "1", "--invocations-per-step", "3",
                "--out", str(tmp_path / "sft"))
     assert tuned.returncode == 0, tuned.stderr
 

@@ -341,7 +341,7 @@ class UpstreamSampler:
             body["stop"] = list(job.stops)
         chat = job.messages is not None
         if chat:
-            body["messages"] = job.messages
+            body["messages"] = [_as_sent(m) for m in job.messages or []]
         else:
             body["prompt"] = [self.tokenizer.decode(row, skip_special_tokens=True) for row in job.prompts]
         start = time.perf_counter()
@@ -358,6 +358,16 @@ class UpstreamSampler:
             finish = FinishReason.length if c.get("finish_reason") == "length" else FinishReason.stop
             out.append(Choice(list(row), ids, None, finish, text, latency, replayable=False))
         return out
+
+
+def _as_sent(message: dict) -> dict:
+    """A message as an OpenAI API takes it: tool-call arguments as a JSON string (the template read objects)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(a)}}
+                                      if not isinstance(a := c.get("function", {}).get("arguments"), str) else c
+                                      for c in calls]}
 
 
 _NO_IDS = ("the upstream returned no token ids or log-probs: it must be a vLLM (>= 0.10) OpenAI server or an "
