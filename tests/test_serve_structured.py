@@ -232,6 +232,7 @@ def test_langchain_bind_tools_required(served, store):
     assert len(calls) == 1 and sent[0].sampling["tool_choice"] == "required"
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # create_react_agent: langchain.agents.create_agent in 2.0
 def test_langgraph_react_agent(served, store):
     """The ReAct agent's model is made to call its tool (tool_choice required), the tool answers directly: the
     model's call, forced, lands in the test's episode and the tool ran on its parsed arguments."""
@@ -253,3 +254,20 @@ def test_langgraph_react_agent(served, store):
     assert seen and out["messages"][-1].content == f"12:00 {seen[0]}"
     calls, sent = _calls(store, server, "lg")
     assert len(calls) == 1 and sent[0].sampling["constraint"]["kind"] == "tool_call"
+
+
+def test_distill_leaves_constrained_calls_out(served, store):
+    """A constrained call's log-probs are of the masked distribution: the selection distill trains on leaves it out
+    (sft's keeps it), and a run of constrained calls only has nothing to distil."""
+    from agentmem.errors import TrainingError
+    from agentmem.training.selection import select
+
+    server, _, root = served
+    client = openai.OpenAI(base_url=f"{root}/episodes/d/v1", api_key="unused", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}
+    client.chat.completions.create(model="s", messages=ASK, response_format=fmt, max_tokens=4)
+    with pytest.raises(TrainingError, match="1 calls sampled under a grammar left out"):
+        select(store, [server.run_id], constrained=False)
+    plain = client.chat.completions.create(model="s", messages=ASK, max_tokens=4)
+    assert len(select(store, [server.run_id]).invocations) == 2
+    assert select(store, [server.run_id], constrained=False).ids == [plain.id]

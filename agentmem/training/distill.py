@@ -169,7 +169,9 @@ class Trainer:
                                              config.mixed_precision)
                           if models.reference is not None
                           and (self.objective.needs_reference or config.monitor_start_kl) else None)
-        self.selection = selection if selection is not None else select(store, config.run_ids, kinds=config.kinds)
+        # calls sampled under a grammar are left out: their log-probs are of the masked distribution
+        self.selection = (selection if selection is not None
+                          else select(store, config.run_ids, kinds=config.kinds, constrained=False))
         if student_context is not SamplingContext.aligned:  # a privileged or hint teacher's own SFT
             if models.teacher is not None or config.rl is not RLKind.none:
                 raise ConfigError(f"a {student_context.value} student context is an SFT's (a {student_context.value} "

@@ -62,10 +62,14 @@ def select(
     kinds: Seq[InvocationKind | str] | None = None,
     policy_versions: Seq[str] | None = None,
     min_f1: float | None = None,
+    constrained: bool = True,
 ) -> Selection:
     """Every stored invocation of ``run_ids`` matching the filters; raises TrainingError when empty or when a
     run does not exist. ``min_f1``: only calls of episodes whose F1 is at least this (an unscored episode,
-    F1 None, never passes)."""
+    F1 None, never passes). ``constrained=False`` leaves out the calls ``agentmem serve`` sampled under a grammar
+    (``serve_calls.sampling["constraint"]``: structured output, a forced tool call): their stored log-probs are
+    of the masked distribution, which neither a recompute of the student nor a teacher's log-probs reproduce
+    (distill leaves them out; sft trains on them)."""
     with store.session() as s:
         run_ids = [repo.get_run(s, rid).id for rid in run_ids]  # full ids (abbreviations allowed)
         episodes = {e.id: e for e in repo.list_episodes(s, run_ids)}
@@ -76,6 +80,8 @@ def select(
                        if i.episode_id in episodes]
         wanted = {i.id for i in invocations}
         chats = {k: c for k, c in serve_repo.chat_serve_calls(s, run_ids).items() if k in wanted}
+    held = {k for k, c in chats.items() if "constraint" in (c.sampling or {})} if not constrained else set()
+    invocations = [i for i in invocations if i.id not in held]
     run_index = {rid: n for n, rid in enumerate(run_ids)}
 
     def order(inv: Invocation) -> tuple:
@@ -86,7 +92,9 @@ def select(
     if not invocations:
         raise TrainingError(f"no stored invocations match run(s) {', '.join(run_ids)}"
                             + (f" and kinds {[str(k) for k in kinds]}" if kinds else "")
-                            + (f" in episodes with f1 >= {min_f1} (--min-f1)" if min_f1 is not None else ""))
+                            + (f" in episodes with f1 >= {min_f1} (--min-f1)" if min_f1 is not None else "")
+                            + (f" ({len(held)} calls sampled under a grammar left out: their log-probs are of the "
+                               "masked distribution)" if held else ""))
     return Selection(invocations, episodes, chats)
 
 
