@@ -19,7 +19,7 @@ temperature-scaled ones every agentmem backend stores (``policy.types``).
   upstream refuses the connection goes to the next one.
 - Health: ``connect`` probes each upstream's ``/models`` and, while none answers, probes again with backoff
   (0.5 s, doubling to 8 s) up to ``wait_s``; then a thread re-probes the upstreams that are down, each with
-  its own backoff. ``health()`` reports each one (``/health``).
+  its own backoff, and those up every 5 s. ``health()`` reports each one (``/health``).
 - Text upstreams (``text=True``: a hosted API that returns no token ids): a chat goes to the upstream's
   ``/chat/completions`` (a text prompt to ``/completions``) under the served model name; the reply's text
   is tokenized with the local tokenizer and stored without log-probs, marked not replayable
@@ -50,6 +50,7 @@ from agentmem.serve.protocol import ApiError
 from agentmem.serve.sampler import Choice, Job, Tokens, cut_at_stop, whole
 
 BACKOFF_S = (0.5, 8.0)  # first and longest wait between probes of an upstream that is down
+RECHECK_S = 5.0  # between probes of an upstream that is up
 TEXT_OPTIONS = ("presence_penalty", "frequency_penalty")  # the shaping options a text upstream takes as is
 
 
@@ -106,7 +107,8 @@ class UpstreamSampler:
 
     def connect(self, wait_s: float = 60.0) -> None:
         """Probe every upstream; while none is up, probe again with backoff for up to ``wait_s`` (then
-        ``ConfigError`` naming each one's error). Those still down are re-probed in the background."""
+        ``ConfigError`` naming each one's error). Then a thread probes each upstream again when due: one that
+        is down after its backoff, one that is up every ``RECHECK_S``."""
         deadline = time.monotonic() + wait_s
         for u in self.upstreams:
             self._probe(u)
@@ -119,7 +121,7 @@ class UpstreamSampler:
             for u in self.upstreams:
                 if time.monotonic() >= u.next_probe:
                     self._probe(u)
-        self._prober = threading.Thread(target=self._probe_down, name="agentmem-upstream-probe", daemon=True)
+        self._prober = threading.Thread(target=self._probe_due, name="agentmem-upstream-probe", daemon=True)
         self._prober.start()
 
     def health(self) -> list[dict[str, Any]]:
@@ -145,6 +147,7 @@ class UpstreamSampler:
         with self._lock:
             u.model, u.max_len = data[0]["id"], data[0].get("max_model_len")
             u.up, u.error, u.wait_s = True, None, BACKOFF_S[0]
+            u.next_probe = time.monotonic() + RECHECK_S
 
     def _down(self, u: Upstream, error: str) -> None:
         with self._lock:
@@ -152,10 +155,10 @@ class UpstreamSampler:
             u.next_probe = time.monotonic() + u.wait_s
             u.wait_s = min(u.wait_s * 2, BACKOFF_S[1])
 
-    def _probe_down(self) -> None:
+    def _probe_due(self) -> None:
         while not self._closed.wait(0.2):
             for u in self.upstreams:
-                if not u.up and time.monotonic() >= u.next_probe:
+                if time.monotonic() >= u.next_probe and not self._closed.is_set():
                     self._probe(u)
 
     def _pick(self, key: str | None, tried: set[str]) -> Upstream:
@@ -193,6 +196,8 @@ class UpstreamSampler:
 
     def close(self) -> None:
         self._closed.set()
+        if self._prober is not None:
+            self._prober.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()
 
