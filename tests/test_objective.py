@@ -6,6 +6,7 @@ loss and summed gradient as one process."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -232,6 +233,33 @@ def test_a_step_split_over_two_processes_equals_one_process(weighting):
                                                                                 abs=1e-5)
     for n, g in single_grads.items():
         torch.testing.assert_close(g0[n] + g1[n], g, atol=1e-6, rtol=1e-4, msg=n)
+
+
+@dataclass(frozen=True)
+class HalfTerm:
+    """A term worth 0.5 per unit of token weight (0.5 over a step), that reports its weight share as ``metric``."""
+
+    metric: str = "half_share"
+    name: str = "half"
+    needs_teacher: bool = False
+    needs_reference: bool = False
+
+    def __call__(self, batch: MicroBatch) -> TermValue:
+        share = batch.weights.sum()
+        return TermValue(0.5 * share + 0.0 * batch.logits.sum(), {self.metric: float(share)})
+
+
+def test_every_term_reports_its_value_in_the_metrics_first():
+    seqs = sequences()
+    ce = CrossEntropyTerm()
+    alone, _ = one_step(seqs, Objective(((1.0, ce),)))
+    both, _ = one_step(seqs, Objective(((1.0, ce), (2.0, HalfTerm()))))
+    assert list(both.metrics)[:2] == ["ce_loss", "half_loss"]
+    assert both.metrics["ce_loss"] == pytest.approx(alone.metrics["ce_loss"], abs=1e-6)
+    assert (both.metrics["half_loss"], both.metrics["half_share"]) == (pytest.approx(0.5), pytest.approx(1.0))
+    assert both.loss == pytest.approx(alone.loss + 2.0 * 0.5, abs=1e-6)
+    with pytest.raises(TrainingError, match="loss term 'half' reports metric 'half_bonus_loss'"):
+        one_step(seqs, Objective(((1.0, HalfTerm("half_bonus_loss")),)))
 
 
 def test_weights_do_not_depend_on_packing():
