@@ -139,11 +139,27 @@ def test_forced_tool_calls_parse_as_tool_calls(served, store):
     assert required.choices[0].finish_reason == "tool_calls"
     for c in required.choices[0].message.tool_calls:
         assert c.function.name in ("weather", "clock") and isinstance(json.loads(c.function.arguments), dict)
+    streamed = list(client.chat.completions.create(model="s", messages=ASK, tools=WEATHER, max_tokens=150, seed=1,
+                                                   tool_choice={"type": "function", "function": {"name": "clock"}},
+                                                   stream=True))
+    heads = [t for c in streamed if c.choices for t in c.choices[0].delta.tool_calls or [] if t.function.name]
+    assert [t.function.name for t in heads] == ["clock"]
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     _, sent = _calls(store, server, "tc")
     assert {k: v for k, v in sent[0].sampling["constraint"].items() if k != "grammar"} == {
         "kind": "tool_call", "tools": ["clock"], "calls": "one"}
     assert sent[1].sampling["constraint"]["tools"] == ["weather", "clock"]
     assert sent[1].sampling["constraint"]["calls"] == "one_or_more"
+
+
+def test_responses_text_format_json_schema(served, store):
+    server, _, root = served
+    client = openai.OpenAI(base_url=f"{root}/episodes/rs/v1", api_key="unused", max_retries=0)
+    reply = client.responses.create(model="s", input=ASK[0]["content"], max_output_tokens=80,
+                                    text={"format": {"type": "json_schema", "name": "verdict", "schema": VERDICT}})
+    assert reply.status == "completed" and list(json.loads(reply.output_text)) == ["sunny", "score", "city"]
+    _, sent = _calls(store, server, "rs")
+    assert sent[0].sampling["constraint"]["schema"] == VERDICT
 
 
 @pytest.mark.parametrize(("body", "param"), [
