@@ -28,9 +28,13 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Th
                                                           "required": ["city"]}}}]
 CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
-CONSTRAINED = {"n": 1, "temperature": 0.0, "response_format": {"type": "json_schema", "json_schema": {
-    "name": "answer", "schema": SCHEMA, "strict": True}}, "tool_choice": {"type": "function",
-                                                                          "function": {"name": "weather"}}}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+
+
+class Constraining(ScriptedBackend):
+    """A scripted model that declares constrained decoding: its replies already satisfy each grammar."""
+
+    constrains = True
 
 
 class Request(HTMLParser):
@@ -38,7 +42,7 @@ class Request(HTMLParser):
     whether it has a memory diff; text is collected by the element's class."""
 
     TEXT = {"role": "role", "content": "text", "tool-call": "calls", "tool-name": "tools", "opt-key": "options",
-            "opt-value": "options", "constraint": "constraint", "schema": "schema"}
+            "opt-value": "options", "constraint": "constraint", "schema": "schema", "grammar": "grammar"}
 
     def __init__(self):
         super().__init__()
@@ -49,7 +53,7 @@ class Request(HTMLParser):
         cls = set((dict(attrs).get("class") or "").split())
         if tag == "section" and "call" in cls:
             self.calls.append({"messages": [], "tools": [], "options": [], "constraint": None, "schema": None,
-                               "diff": False})
+                               "grammar": None, "diff": False})
         if not self.calls:
             return
         call = self.calls[-1]
@@ -93,8 +97,13 @@ def calls_of(html: str) -> list[dict]:
 
 def test_served_calls_show_their_request_with_the_stored_values(sqlite_store):
     tok = tiny_tokenizer()
-    backend = ScriptedBackend(tok, lambda p: "Sunny." if "<tool_response>" in tok.decode(p) else CALL)
-    server = build_server(sqlite_store, ServeConfig(model="s", chat_template="chatml_tools"), backend=backend)
+
+    def reply(prompt: list[int]) -> str:
+        text = tok.decode(prompt)
+        return "Sunny." if "<tool_response>" in text else CALL if "<tools>" in text else '{"answer": "sunny"}'
+
+    server = build_server(sqlite_store, ServeConfig(model="s", chat_template="chatml_tools"),
+                          backend=Constraining(tok, reply))
     asked = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"}]
     with running(server.app) as root:
         client = openai.OpenAI(base_url=f"{root}/episodes/loop/v1", api_key="unused", max_retries=0)
@@ -105,28 +114,26 @@ def test_served_calls_show_their_request_with_the_stored_values(sqlite_store):
             {"id": call.id, "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
                     {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
         client.chat.completions.create(model="s", messages=answered, tools=TOOLS, max_tokens=200)
+        client.chat.completions.create(model="s", messages=asked, response_format=FORMAT, max_tokens=200)
     server.close("finished")
     episode_id = episode_row_id(server.run_id, "loop")
-    with sqlite_store.session() as s, s.begin():  # a third call with a constraint, as a client sends one
-        steps = repo.episode_invocations(s, episode_id)
-        third = Invocation(episode_id=episode_id, step=2, kind="chat", prompt_ids=np.array([1, 2]),
-                           output_ids=np.array([3]), output_logprobs=np.array([0.0]), prompt_text="p",
-                           output_text='{"answer": "sunny"}', temperature=0.0)
-        repo.insert_invocations(s, [third])
-        serve_repo.insert_serve_calls(s, [ServeCall(invocation_id=third.id, messages=asked, tools=TOOLS,
-                                                    sampling=CONSTRAINED)])
+    with sqlite_store.session() as s, s.begin():  # and an agent-loop call beside them, with its memory
         rollout = Episode(run_id=server.run_id, env="synthetic", task_id="t", question="q")
         repo.insert_episodes(s, [rollout])
         repo.insert_invocations(s, [Invocation(episode_id=rollout.id, step=0, kind=InvocationKind.memory_update,
                                                prompt_ids=np.array([1]), output_ids=np.array([2]),
                                                output_logprobs=np.array([0.0]), prompt_text="p", output_text="o",
                                                memory_before="old", memory_after="new")])
-        stored = [serve_repo.get_serve_call(s, c.id) for c in steps]
+    with sqlite_store.session() as s:
+        stored = [serve_repo.get_serve_call(s, c.id) for c in repo.episode_invocations(s, episode_id)]
     assert stored[0].sampling == {"temperature": 0.5, "seed": 7, "max_tokens": 200, "n": 1}
     assert stored[1].sampling == {"max_tokens": 200, "n": 1}
+    grammar = stored[2].sampling["constraint"]["grammar"]
+    assert stored[2].sampling == {"response_format": FORMAT, "max_tokens": 200, "n": 1, "constraint": {
+        "kind": "json_schema", "schema": SCHEMA, "grammar": grammar}}
 
     def options(call: ServeCall) -> list[list[str]]:  # the sampling fields in their stored order, values as JSON
-        return [[k, json.dumps(v)] for k, v in call.sampling.items()]
+        return [[k, json.dumps(v)] for k, v in call.sampling.items() if k != "constraint"]
 
     store = open_read_only(sqlite_store.engine.url.render_as_string(hide_password=False))
     viewer = TestClient(create_app(store))
@@ -136,34 +143,35 @@ def test_served_calls_show_their_request_with_the_stored_values(sqlite_store):
     tool_text, weather_call = "weather", 'weather {"city": "Oslo"}'
     one = [{"role": "system", "text": "Be brief.", "calls": []}, {"role": "user", "text": "Weather in Oslo?", "calls": []}]
     assert calls_of(page.text) == [
-        {"messages": one, "tools": [tool_text], "options": options(stored[0]), "constraint": "none: sampled freely", "schema": None, "diff": False},
+        {"messages": one, "tools": [tool_text], "options": options(stored[0]), "constraint": "none: sampled freely",
+         "schema": None, "grammar": None, "diff": False},
         {"messages": [*one, {"role": "assistant", "text": "", "calls": [weather_call]},
                       {"role": f"tool · {call.id}", "text": "sunny", "calls": []}],
          "tools": [tool_text], "options": options(stored[1]), "constraint": "none: sampled freely",
-         "schema": None, "diff": False},
-        {"messages": one, "tools": [tool_text], "options": [["n", "1"], ["temperature", "0.0"]],
-         "constraint": "JSON schema answer (strict); a call of weather (tool_choice)", "schema": json.dumps(SCHEMA),
-         "diff": False}]
+         "schema": None, "grammar": None, "diff": False},
+        {"messages": one, "tools": [], "options": options(stored[2]), "constraint": "JSON schema",
+         "schema": json.dumps(SCHEMA), "grammar": grammar, "diff": False}]
     assert "The weather in a city" in page.text and "memory before" not in page.text
     assert calls_of(other.text) == [{"messages": [], "tools": [], "options": [], "constraint": None, "schema": None,
-                                     "diff": True}]
+                                     "grammar": None, "diff": True}]
 
 
-def test_constraints_of_both_apis_in_words():
-    """``response_format`` (chat) and ``text.format`` (Responses) of a JSON type, ``tool_choice`` required or
-    named (chat's nested name, Responses' flat one); ``text``, ``auto`` and ``none`` stay options."""
-    def said(sampling):
-        r = served.request(ServeCall(invocation_id="i", sampling=sampling))
-        return r.constraint, r.schema, [k for k, _ in r.options]
+def test_constraints_in_words():
+    """The record serve stores under ``sampling["constraint"]`` (``serve.constraints``), in words; the other
+    fields are the options."""
+    def said(record):
+        r = served.request(ServeCall(invocation_id="i", sampling={"n": 1, "constraint": record}))
+        return r.constraint, r.schema, r.grammar, r.options
 
-    assert said({"response_format": {"type": "json_object"}, "tool_choice": "required"}) == (
-        "JSON object; a tool call (tool_choice required)", None, [])
-    assert said({"text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}},
-                 "tool_choice": {"type": "function", "name": "f"}, "n": 1}) == (
-        "JSON schema a; a call of f (tool_choice)", json.dumps(SCHEMA), ["n"])
-    assert said({"response_format": {"type": "text"}, "text": {"format": {"type": "text"}}, "tool_choice": "auto"}) == (
-        None, None, ["response_format", "text", "tool_choice"])
+    g = "start: call"
+    assert said({"kind": "json_object", "grammar": g}) == ("JSON object", None, g, [("n", "1")])
+    assert said({"kind": "json_schema", "schema": SCHEMA, "grammar": g}) == ("JSON schema", json.dumps(SCHEMA), g,
+                                                                            [("n", "1")])
+    assert said({"kind": "tool_call", "tools": ["weather"], "calls": "one", "grammar": g})[0] == "a call of weather"
+    assert said({"kind": "tool_call", "tools": ["weather", "clock"], "calls": "one_or_more", "grammar": g})[0] == (
+        "one or more tool calls of weather, clock")
     r = served.request(ServeCall(invocation_id="i", messages=[
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}]}]))
     assert r.messages == [served.Message("user", "ab", [], None), served.Message("assistant", "", ["f not json"], None)]
+    assert (r.constraint, r.schema, r.grammar, r.options) == (None, None, None, [])

@@ -1,6 +1,7 @@
 """A served call's request as the episode page shows it (``serve_calls``: what the client sent to
-``agentmem serve``): its messages, tools, sampling options and decoding constraint. Pure: a ``ServeCall`` in,
-display values out, every value as the client sent it (JSON for anything that is not text)."""
+``agentmem serve``): its messages, tools, sampling options and the decoding constraint the server applied
+(``sampling["constraint"]``, ``serve.constraints``). Pure: a ``ServeCall`` in, display values out, every value as
+stored (JSON for anything that is not text)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentmem.records import ServeCall
-
-CONSTRAINT_FIELDS = ("response_format", "text", "tool_choice")  # chat's, Responses', both APIs'
 
 
 @dataclass(frozen=True)
@@ -32,9 +31,10 @@ class Tool:
 class Request:
     messages: list[Message]
     tools: list[Tool]
-    options: list[tuple[str, str]]  # (field, JSON value) of every sampling field but a constraint's
-    constraint: str | None  # what decoding was held to, in words; None: free sampling
-    schema: str | None  # the constraint's JSON schema, as JSON
+    options: list[tuple[str, str]]  # (field, JSON value) of every sampling field but the constraint
+    constraint: str | None  # what decoding was held to, in words; None: sampled freely
+    schema: str | None  # a json_schema constraint's schema, as JSON
+    grammar: str | None  # the grammar the sampler applied (llguidance's Lark text)
 
 
 def dumps(value: Any) -> str:
@@ -74,39 +74,19 @@ def tool(t: dict[str, Any]) -> Tool:
                 dumps(function.get("parameters", {})))
 
 
-def constraint(sampling: dict[str, Any]) -> tuple[str | None, str | None, set[str]]:
-    """(the constraint in words, its schema as JSON, the sampling fields it came from) from the OpenAI fields
-    that constrain decoding: ``response_format`` (chat) or ``text.format`` (Responses) of type ``json_object``
-    or ``json_schema``, and ``tool_choice`` ``required`` or a named function. ``text``, ``auto`` and ``none``
-    constrain nothing: they stay among the options."""
-    said: list[str] = []
-    schema: str | None = None
-    fields: set[str] = set()
-    for field, fmt in (("response_format", sampling.get("response_format")),
-                       ("text", (sampling.get("text") or {}).get("format") if isinstance(sampling.get("text"), dict)
-                        else None)):
-        if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
-            continue
-        fields.add(field)
-        if fmt["type"] == "json_object":
-            said.append("JSON object")
-            continue
-        spec = fmt.get("json_schema", fmt)  # chat nests it under json_schema; Responses puts it in the format
-        said.append(f"JSON schema {spec.get('name', '')}".rstrip() + (" (strict)" if spec.get("strict") else ""))
-        schema = dumps(spec.get("schema", {}))
-    choice = sampling.get("tool_choice")
-    if choice == "required":
-        fields.add("tool_choice")
-        said.append("a tool call (tool_choice required)")
-    elif isinstance(choice, dict):
-        fields.add("tool_choice")
-        name = choice.get("function", choice).get("name")
-        said.append(f"a call of {name} (tool_choice)")
-    return ("; ".join(said) or None), schema, fields
+def constraint(record: dict[str, Any] | None) -> str | None:
+    """The constraint ``serve_calls.sampling["constraint"]`` records, in words (None: sampled freely)."""
+    if not record:
+        return None
+    if record.get("kind") == "tool_call":
+        names = ", ".join(record.get("tools") or [])
+        return f"one or more tool calls of {names}" if record.get("calls") == "one_or_more" else f"a call of {names}"
+    return {"json_schema": "JSON schema", "json_object": "JSON object"}.get(record.get("kind", ""), dumps(record))
 
 
 def request(call: ServeCall) -> Request:
-    said, schema, fields = constraint(call.sampling)
-    options = [(k, dumps(v)) for k, v in call.sampling.items() if k not in fields]
-    return Request([message(m) for m in call.messages or []], [tool(t) for t in call.tools or []], options,
-                   said, schema)
+    record = call.sampling.get("constraint")
+    schema = record.get("schema") if record and record.get("kind") == "json_schema" else None
+    return Request([message(m) for m in call.messages or []], [tool(t) for t in call.tools or []],
+                   [(k, dumps(v)) for k, v in call.sampling.items() if k != "constraint"], constraint(record),
+                   None if schema is None else dumps(schema), record.get("grammar") if record else None)
