@@ -95,17 +95,24 @@ class JobSpec:
             owners.setdefault(path.rpartition(".")[2], []).append(path.rpartition(".")[0])
         order = ("", *self.sections)
 
+        def listed(section: str) -> str:
+            """The section itself when the spec lists it, else its nearest listed one (distill.optim: distill)."""
+            while section and section not in order:
+                section = section.rpartition(".")[0]
+            return section
+
         def rank(section: str) -> int:
-            return order.index(section) if section in order else len(order)
+            return order.index(listed(section))
 
         out = []
-        for path, info, default, section_title in leaves:
+        for path, info, default, _ in leaves:
             section, _, name = path.rpartition(".")
             plain = min(owners[name], key=rank) == section
             flags = self.names.get(path) or (
                 FLAG_NAMES.get(name, (f"--{name.replace('_', '-')}",)) if plain
                 else (f"--{section.replace('_', '-')}.{name.replace('_', '-')}",))
-            out.append(_option(path, flags, info, default, self.types.get(name), section_title))
+            # a section the spec does not list shows in its listed one's panel (distill's own sections: in distill's)
+            out.append(_option(path, flags, info, default, self.types.get(name), listed(section)))
         return out
 
     def fields(self) -> dict[str, Any]:
@@ -255,23 +262,59 @@ class ConfigFile:
             key = key.rpartition(".")[0]
         return f"{self.path}, line {self.lines[key]}" if key else self.path
 
+    def nested(self, model: type[BaseModel]) -> ConfigFile:
+        """The file with the flat keys a model still reads (its ``FLAT_FIELDS``: fields written at the model's
+        level that now live in one of its sections, as in files written before the sections) moved into their
+        sections, their lines with them; the same field given twice is an error naming both lines."""
+        lines = dict(self.lines)
+
+        def walk(data: dict, model: type[BaseModel], prefix: str) -> dict:
+            flat = _flat_fields(model)
+            out: dict = {}
+            moved = []
+            for key, value in data.items():
+                info = model.model_fields.get(key)
+                sub = _section(info.annotation) if info is not None else None
+                if key in flat and not (sub is not None and isinstance(value, dict)):
+                    moved.append((key, flat[key], value))
+                else:
+                    out[key] = walk(value, sub, f"{prefix}{key}.") if sub is not None and isinstance(value, dict) \
+                        else value
+            for key, path, value in moved:
+                if get_path(out, path) is not None:
+                    raise CommandLineError(f"--config {self.where(prefix + key)}: {prefix}{key} sets {prefix}{path}, "
+                                           f"which {self.where(prefix + path)} sets too: give one")
+                _put(out, path, value)
+                old = f"{prefix}{key}"
+                for line_key in [k for k in lines if k == old or k.startswith(old + ".")]:
+                    lines[prefix + path + line_key[len(old):]] = lines.pop(line_key)
+            return out
+
+        return ConfigFile(self.path, walk(self.data, model, ""), lines)
+
     def check_keys(self, model: type[BaseModel]) -> None:
         """A ``ConfigError`` for the first key that is no field of ``model`` (sections nested), naming the
-        file, the line and the closest field."""
+        file, the line and the closest field (a flat name read from before the sections suggests its place)."""
         import difflib
 
         def walk(data: dict, model: type[BaseModel], prefix: str) -> None:
             for key, value in data.items():
                 info = model.model_fields.get(key)
                 if info is None:
-                    close = difflib.get_close_matches(str(key), list(model.model_fields), n=1)
-                    hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+                    flat = _flat_fields(model)
+                    close = difflib.get_close_matches(str(key), [*model.model_fields, *flat], n=1)
+                    hint = f" (did you mean {prefix}{flat.get(close[0], close[0])}?)" if close else ""
                     raise CommandLineError(f"--config {self.where(prefix + str(key))}: unknown key {prefix}{key}{hint}")
                 sub = _section(info.annotation)
                 if sub is not None and isinstance(value, dict):
                     walk(value, sub, f"{prefix}{key}.")
 
         walk(self.data, model, "")
+
+
+def _flat_fields(model: type[BaseModel]) -> Mapping[str, str]:
+    """A model's flat names from before its sections (``DistillConfig.FLAT_FIELDS``: name -> section.field)."""
+    return getattr(model, "FLAT_FIELDS", {})
 
 
 def _yaml_lines(text: str) -> dict[str, int]:
@@ -378,7 +421,7 @@ class Invocation:
         """The ``--config`` file read and its keys checked against the job's config (None: no file)."""
         if not self.file:
             return None
-        file = read_config_file(self.file)
+        file = read_config_file(self.file).nested(self.spec.model)
         file.check_keys(self.spec.model)
         return file
 
@@ -440,8 +483,9 @@ def _flags_in(message: str, flags: Mapping[str, str]) -> str:
 
     names: dict[str, str] = {}
     for path, name in flags.items():
-        names.setdefault(path, name)
-        names.setdefault(path.rpartition(".")[2], name)
+        parts = path.split(".")
+        for start in range(len(parts)):  # every tail of the path: distill.loss.kd_weight, loss.kd_weight, kd_weight
+            names.setdefault(".".join(parts[start:]), name)
     for name in sorted(names, key=len, reverse=True):
         flag = names[name]
         message = re.sub(rf"(?<![\w.-]){re.escape(name)}=([^\s,;:)]+)", rf"{flag} \1", message)
