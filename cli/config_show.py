@@ -48,7 +48,8 @@ def stored_config(run) -> dict:
     if job == "replay":
         return ReplayConfig.model_validate(run.config).model_dump(mode="json")
     model = JOBS[job].model
-    known = {k: v for k, v in run.config.items() if k in model.model_fields or k in ("truncate",)}
+    flat = getattr(model, "FLAT_FIELDS", {})  # a distill run stored before the sections
+    known = {k: v for k, v in run.config.items() if k in model.model_fields or k in flat or k in ("truncate",)}
     reader = RolloutConfig.stored if job == "rollout" else model.model_validate
     return reader(known).model_dump(mode="json")
 

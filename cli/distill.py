@@ -20,7 +20,7 @@ def _warnings(result) -> None:
 
 distill = training_command(
     DISTILL, RunKind.distill, "agentmem.jobs.distill.run_distill",
-    models=lambda config: (config.student, config.teacher), after=_warnings,
+    models=lambda config: (config.student, config.teacher.model), after=_warnings,
     doc="On-policy distillation from the store: the teacher scores each sampled token under the state the "
         "student saw (or another context), plus a clipped group-relative policy gradient on the final F1.")
 

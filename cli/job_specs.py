@@ -63,6 +63,10 @@ _ENV = ("--level", "--env", "--data", "--knob", "--episodes", "--seed", "--memor
 _TEACHER = {"temperature": ("--kd-temperature", "--temperature"), "context": ("--teacher-context", "--context")}
 # A training job's weights dtype is not a generating one's (`rollout --dtype`, which also takes auto).
 _TRAIN_DTYPE = {"dtype": ("--train-dtype", "--dtype")}
+# distill's fields sit in sections (teacher.source, rl.kind, ...); each keeps the flag of its name before them
+_DISTILL_FLAGS = {path: (f"--{name.replace('_', '-')}",) for name, path in DistillConfig.FLAT_FIELDS.items()
+                  if path.rpartition(".")[2] != name}
+_DISTILL = {**_DISTILL_FLAGS, **{DistillConfig.FLAT_FIELDS[k]: v for k, v in _TEACHER.items()}, **_TRAIN_DTYPE}
 
 ROLLOUT = JobSpec(RolloutConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
                   ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""),
@@ -74,7 +78,7 @@ EVAL = JobSpec(EvalConfig, sections=("agent",), types={"env": EnvName, "dtype": 
                common=frozenset((*_ALWAYS, *_ENV, "--model", "--docs", "--sweep", "--plot", "--chunk-tokens",
                                  "--memory-tokens", "--dtype")))
 SCORE = JobSpec(ScoreConfig, names={"kinds": ("--kind", "--kinds"), **_TEACHER})
-DISTILL = JobSpec(DistillConfig, names={**_TEACHER, **_TRAIN_DTYPE},
+DISTILL = JobSpec(DistillConfig, names=_DISTILL,
                   common=frozenset((*_ALWAYS, "--run", "--student", "--teacher", "--teacher-context", "--loss",
                                     "--rl", "--kinds", "--steps", "--lr", "--invocations-per-step", "--out",
                                     "--report-to")))
@@ -83,19 +87,19 @@ SFT = JobSpec(SftConfig, names=_TRAIN_DTYPE, common=frozenset((*_ALWAYS, "--run"
                                            "--train-dtype", "--report-to")))
 TRAIN = JobSpec(
     TrainConfig, sections=("distill", "rollout", "rollout.agent", "warm_start"), types={"env": EnvName},
-    names={"distill.student": ("--student", "--init"), "distill.steps": ("--steps-per-round",),
+    names={**{f"distill.{k}": v for k, v in _DISTILL.items()},
+           "distill.student": ("--student", "--init"), "distill.optim.steps": ("--steps-per-round",),
            "warm_start.run_ids": ("--warm-start-sft",), "warm_start.steps": ("--warm-start-steps",),
-           "warm_start.lr": ("--warm-start-lr",),
-           **{f"distill.{k}": v for k, v in {**_TEACHER, **_TRAIN_DTYPE}.items()}},
+           "warm_start.lr": ("--warm-start-lr",)},
     common=frozenset((*_ALWAYS, *_ENV, "--rounds", "--student", "--teacher", "--group-size", "--steps-per-round",
                       "--lr", "--out", "--warm-start-sft", "--warm-start-steps")),
     # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position; the warm
     # start trains the student under its own prompt (never the privileged one)
     set_by_job=frozenset({"rollout.model", "rollout.seed", "distill.run_ids", "distill.seed",
-                          "distill.schedule_offset", "distill.schedule_steps", "warm_start.context"}),
+                          "distill.optim.schedule_offset", "distill.optim.schedule_steps", "warm_start.context"}),
     ties={"warm_start.out": "distill.out", "warm_start.seed": "seed",
           "warm_start.mixed_precision": "distill.mixed_precision",
-          "warm_start.invocations_per_step": "distill.invocations_per_step"},
+          "warm_start.invocations_per_step": "distill.batch.invocations_per_step"},
     extras=_LEVEL, prepare=_train_prepare)
 
 JOBS = {"rollout": ROLLOUT, "eval": EVAL, "score": SCORE, "distill": DISTILL, "sft": SFT, "train": TRAIN}

@@ -48,9 +48,9 @@ def _steps(store, config, resume: str | None) -> tuple[int, int]:
 
     if not resume:
         warm = config.warm_start.steps if config.warm_start else 0
-        return warm + config.rounds * config.distill.steps, 0
+        return warm + config.rounds * config.distill.optim.steps, 0
     state = load_train_state(store, resume)
-    rounds, per_round = state.config.rounds, state.config.distill.steps
+    rounds, per_round = state.config.rounds, state.config.distill.optim.steps
     warm = state.config.warm_start.steps if state.config.warm_start else 0
     return warm + rounds * per_round, len(state.finished) * per_round + (warm if state.finished else 0)
 

@@ -52,7 +52,8 @@ def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *,
     from cli.common import preflight, runtime, setup_logging
 
     call = invocation(ctx)
-    call.refuse_on_resume(resume, allowed=frozenset({"steps"}))
+    steps_option = next(o for o in call.spec.options() if o.flags[0] == "--steps")  # distill's: optim.steps
+    call.refuse_on_resume(resume, allowed=frozenset({steps_option.path}))
     trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else call.config()
@@ -60,7 +61,7 @@ def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *,
         raise ConfigError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
     preflight(db, runs=config.run_ids if config else None, resume=resume, kind=kind,
               models=models(config) if config else (), kinds=config.kinds if config else None)
-    steps = call.values["cfg__steps"] if call.passed("cfg__steps") else None
+    steps = call.values[steps_option.param] if call.passed(steps_option.param) else None
     rt = runtime(device, threads, fsdp)
     setup_logging()
     with rt:

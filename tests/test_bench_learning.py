@@ -53,21 +53,21 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
         assert one[k]["length"] == two[k]["length"], k
     # --calls-per-step sets the methods' batch; the warm start and the teacher keep warm_calls_per_step (4)
     with sqlite3.connect(tmp_path / "two" / "learning.db") as db:
-        batch = {(kind, json.loads(config)["invocations_per_step"])
+        batch = {(kind, (json.loads(config).get("batch") or json.loads(config))["invocations_per_step"])
                  for kind, config in db.execute("select kind, config from runs where kind in ('sft', 'distill')")}
         # seqkd: cross-entropy on the teacher's own samples (no teacher term), each round's rollout by the teacher
         seqkd = [json.loads(c) for (c,) in db.execute("select config from runs where kind = 'distill'")
-                 if json.loads(c)["ce_weight"] == 1.0]
+                 if json.loads(c)["loss"]["ce_weight"] == 1.0]
         teacher = two["teacher/ladder/pick"]["teacher"]
         policies = {p for (p,) in db.execute(
             "select distinct i.policy_version from invocations i join episodes e on e.id = i.episode_id "
             "where e.run_id in (" + ",".join("?" * len(seqkd)) + ")", [r for c in seqkd for r in c["run_ids"]])}
         # --teacher-min-confidence reaches the teacher term only, which logs the share it left out
-        gates = {(c["kd_weight"], c["teacher_min_confidence"]) for (c,) in
+        gates = {(c["loss"]["kd_weight"], c["teacher"]["min_confidence"]) for (c,) in
                  ((json.loads(c),) for (c,) in db.execute("select config from runs where kind = 'distill'"))}
         gated = [json.loads(m) for (m,) in db.execute(
             "select t.metrics from train_steps t join runs r on r.id = t.run_id where r.kind = 'distill' "
-            "and json_extract(r.config, '$.kd_weight') > 0")]
+            "and json_extract(r.config, '$.loss.kd_weight') > 0")]
     assert gates == {(1.0, 0.5), (0.0, 0.0)}
     assert gated and all(0.0 <= m["kd_gated_fraction"] <= 1.0 for m in gated)
     # the report's teacher gated value: the mean of those shares for the gated arm, none for the others
@@ -86,7 +86,7 @@ def test_jobs_give_the_phases_of_one_process(tmp_path):
     reads = teachers["ladder"]["first_reads"]
     assert set(reads) <= {"evidence", "other"} and reads and all(0.0 <= v <= 1.0 for v in reads.values())
     assert batch == {("sft", 4), ("distill", 2)}
-    assert len(seqkd) == 2 and all(c["teacher"] is None and c["kd_weight"] == 0.0 for c in seqkd)
+    assert len(seqkd) == 2 and all(c["teacher"]["model"] is None and c["loss"]["kd_weight"] == 0.0 for c in seqkd)
     assert policies == {teacher}
     ids = {"teacher", "eval_run_id"}
     pick = "teacher/ladder/pick"  # the same teacher check, in its own process
@@ -158,7 +158,7 @@ def test_rl_kd_weight_reaches_only_the_arm_with_both_terms(tmp_path):
     work = tmp_path / "w"
     _run(work, "--rl-kd-weight", "0.25", arms="opd_aligned,opd_grpo")
     with sqlite3.connect(work / "learning.db") as db:
-        weights = {(c["kd_weight"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
+        weights = {(c["loss"]["kd_weight"], c["loss"]["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'"))}
     assert weights == {(1.0, 0.0), (0.25, 1.0)}  # opd_aligned keeps 1 (alone a weight is moot); opd_grpo 0.25
 
@@ -168,11 +168,11 @@ def test_centred_arms_centre_the_teacher_term_and_report_the_shared_push(tmp_pat
     work = tmp_path / "w"
     _run(work, arms="opd_aligned,opd_centered,opd_grpo_centered,opd_centered_memory,opd_grpo_centered_memory")
     with sqlite3.connect(work / "learning.db") as db:
-        configs = {(c["teacher_centering"], c["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
+        configs = {(c["loss"]["teacher_centering"], c["loss"]["rl_weight"]) for c in (json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'"))}
         shared = [json.loads(m).get("kd_shared_fraction") for (m,) in db.execute(
             "select s.metrics from train_steps s join runs r on r.id = s.run_id "
-            "where r.kind = 'distill' and json_extract(r.config, '$.teacher_centering') != 'none'")]
+            "where r.kind = 'distill' and json_extract(r.config, '$.loss.teacher_centering') != 'none'")]
     assert configs == {("none", 0.0), ("first_token", 0.0), ("first_token", 1.0), ("first_token_memory", 0.0),
                        ("first_token_memory", 1.0)}
     assert shared and all(v is not None and 0.0 <= v <= 1.0 + 1e-9 for v in shared)
@@ -245,7 +245,7 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
             "select config from runs where kind = 'sft'")}
         distills = {json.loads(c)["out"].rsplit("/", 1)[-1]: json.loads(c) for (c,) in db.execute(
             "select config from runs where kind = 'distill'")}
-        teacher_of = {name: c["teacher"] for name, c in distills.items()}
+        teacher_of = {name: c["teacher"]["model"] for name, c in distills.items()}
         evals = [(json.loads(c)["context"], r) for (c, r) in db.execute(
             "select config, id from runs where kind = 'eval'")]
         privileged_calls = {r: n for (r, n) in db.execute(
@@ -255,7 +255,7 @@ def test_privileged_teacher_sft_trains_and_validates_the_privileged_teacher_unde
     assert all(context == "aligned" for name, context in sft.items() if name.startswith("warm"))
     assert (teacher_of["opd_privileged-0"] == teacher_of["opd_privileged_grpo-0"]
             == teacher_of["opd_privileged_centered_memory-0"] == picks["ladder-privileged"])
-    assert {name: (c["context"], c["teacher_centering"]) for name, c in distills.items()} == {
+    assert {name: (c["teacher"]["context"], c["loss"]["teacher_centering"]) for name, c in distills.items()} == {
         "opd_aligned-0": ("aligned", "none"), "opd_privileged-0": ("privileged", "none"),
         "opd_privileged_grpo-0": ("privileged", "none"),
         "opd_privileged_centered_memory-0": ("privileged", "first_token_memory")}
@@ -280,8 +280,8 @@ def test_without_the_first_moment_momentum_is_the_warm_start(tmp_path):
     for part, values in levels.items():
         assert values == {k: v for k, v in phases["eval/warm/0/11"][part].items() if k in levels["scores"]}, part
     with sqlite3.connect(tmp_path / "learning.db") as db:
-        carried = sorted((json.loads(c)["schedule_offset"], json.loads(c)["carry_optimizer"],
-                          json.loads(c)["carry_first_moment"])
+        carried = sorted((json.loads(c)["optim"]["schedule_offset"], json.loads(c)["optim"]["carry_optimizer"],
+                          json.loads(c)["optim"]["carry_first_moment"])
                          for (c,) in db.execute("select config from runs where kind = 'distill'"))
     # three on-policy arms, two rounds each: round 1 (offset 0) without the first moment, round 2 with its own
     assert carried == [(0, True, False)] * 3 + [(1, True, True)] * 3

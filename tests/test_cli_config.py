@@ -79,16 +79,72 @@ def test_a_file_sets_nested_fields_and_only_given_flags_override_it(tmp_path):
     config = show("train", "--config", str(file), "--steps-per-round", "2", "--memory-tokens", "48")
     recipe = TrainConfig().model_dump(mode="json")
     # --steps-per-round 2 and --memory-tokens 48 are the defaults, given: they beat the file
-    assert (config["rounds"], config["distill"]["steps"], config["distill"]["lr"]) == (4, 2, 2e-5)
+    assert (config["rounds"], config["distill"]["optim"]["steps"], config["distill"]["optim"]["lr"]) == (4, 2, 2e-5)
     assert config["rollout"]["episodes"] == 3 and config["rollout"]["agent"]["memory_tokens"] == 48
     # what neither sets keeps the recipe's section defaults, not the bare models'
     assert config["rollout"]["group_size"] == recipe["rollout"]["group_size"] == 4
     assert config["rollout"]["env_knobs"] == recipe["rollout"]["env_knobs"]
-    assert config["distill"]["oversize"] == "skip"
+    assert config["distill"]["batch"]["oversize"] == "skip"
     toml = tmp_path / "exp.toml"
     toml.write_text('rounds = 3\n[distill]\nlr = 3e-6\n[rollout.agent]\nmemory_tokens = 30\n')
     config = show("train", "--config", str(toml))
-    assert (config["rounds"], config["distill"]["lr"], config["rollout"]["agent"]["memory_tokens"]) == (3, 3e-6, 30)
+    assert (config["rounds"], config["distill"]["optim"]["lr"], config["rollout"]["agent"]["memory_tokens"]) == (
+        3, 3e-6, 30)
+
+
+def test_distill_files_take_sections_or_the_flat_keys_from_before(tmp_path):
+    """A distill section (of distill or train) is read nested or flat, as files were written before the sections;
+    an unknown key, flat or nested, names the file, the key path and its line, and the closest key."""
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("run_ids: [r]\nteacher: {model: t1, context: privileged}\noptim:\n  lr: 2.0e-5\n")
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("run_ids: [r]\nteacher: t1\ncontext: privileged\nlr: 2.0e-5\n")
+    config = show("distill", "--config", str(nested))
+    assert config == show("distill", "--config", str(flat))
+    assert (config["teacher"]["model"], config["teacher"]["context"], config["optim"]["lr"]) == ("t1", "privileged",
+                                                                                                 2e-5)
+    # a flag beats the file whichever form the file has
+    assert show("distill", "--config", str(flat), "--lr", "1e-4")["optim"]["lr"] == 1e-4
+    train = tmp_path / "train.yaml"
+    train.write_text("distill:\n  teacher: {model: t2}\n  kd_weight: 0.5\n")
+    config = show("train", "--config", str(train))
+    assert (config["distill"]["teacher"]["model"], config["distill"]["loss"]["kd_weight"]) == ("t2", 0.5)
+    for text, needle in [
+        ("run_ids: [r]\noptim:\n  lr: 1.0e-5\n  warmup_stepz: 1\n",
+         "bad.yaml, line 4: unknown key optim.warmup_stepz (did you mean optim.warmup_steps?)"),
+        ("run_ids: [r]\nwarmup_stepz: 1\n", "bad.yaml, line 2: unknown key warmup_stepz (did you mean "
+                                              "optim.warmup_steps?)"),
+        ("run_ids: [r]\noptim:\n  lr: -1\n", "bad.yaml, line 3: optim.lr: Input should be greater than 0"),
+        ("run_ids: [r]\nlr: -1\n", "bad.yaml, line 2: optim.lr: Input should be greater than 0"),
+        ("run_ids: [r]\nlr: 1.0e-5\noptim: {lr: 2.0e-5}\n", "bad.yaml, line 2: lr sets optim.lr, which"),
+    ]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        result = CliRunner().invoke(app, ["config", "show", "distill", "--config", str(bad)])
+        assert needle in " ".join(str(result.exception).split()), (text, result.exception)
+
+
+def test_a_distill_run_stored_flat_exports_in_sections(tmp_path):
+    """`config show --run` of a distill run stored before the sections prints the nested form, which runs again."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    store = open_store(db, create=True)
+    flat = {"run_ids": ["r"], "student": "s", "teacher": "t", "context": "privileged", "loss": "forward_kl",
+            "rl": "none", "lr": 3e-6, "steps": 4, "invocations_per_step": 2, "truncate": "left"}
+    run = Run(kind=RunKind.distill, config=flat)
+    with store.session() as s:
+        repo.start_run(s, run)
+        s.commit()
+    result = CliRunner().invoke(app, ["config", "show", "--run", run.id, "--db", db])
+    assert result.exit_code == 0, result.output
+    exported = yaml.safe_load(result.output)
+    assert exported == DistillConfig.model_validate(flat).model_dump(mode="json")
+    assert (exported["teacher"]["model"], exported["loss"]["divergence"], exported["rl"]["kind"]) == (
+        "t", "forward_kl", "none")
+    assert (exported["optim"]["lr"], exported["batch"]["oversize"], exported["teacher"]["truncation"]) == (
+        3e-6, "skip", "left")
+    file = tmp_path / "again.yaml"
+    file.write_text(result.output)
+    assert show("distill", "--config", str(file)) == exported
 
 
 def test_show_prints_the_config_the_job_stores(tmp_path):
@@ -120,7 +176,8 @@ def test_schema_has_every_field_with_its_description():
     result = CliRunner().invoke(app, ["config", "schema", "distill"])
     schema = json.loads(result.output)
     assert set(schema["properties"]) == set(DistillConfig.model_fields)
-    assert schema["properties"]["lr"]["description"] == "Peak AdamW learning rate."
+    assert schema["properties"]["optim"]["properties"]["lr"]["description"] == "Peak AdamW learning rate."
+    assert "Section" not in json.dumps(schema)  # no class names: every section written out in place
 
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -207,7 +264,8 @@ def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
         done = am(job, *args, "--device", "cpu", "--db", db)
         assert done.returncode == 0, (job, done.stderr)
         jobs[job] = done.stdout.split("run_id=")[1].split()[0]
-    assert _stored(db, jobs["distill"])["psd"] == "off_policy" and _stored(db, jobs["distill"])["run_ids"] == [run_id]
+    distilled = _stored(db, jobs["distill"])
+    assert distilled["teacher"]["psd"] == "off_policy" and distilled["run_ids"] == [run_id]
     assert _stored(db, run_id)["episodes"] == 1 and _stored(db, run_id)["context"] == "privileged"
     for job, rid in jobs.items():
         exported = am("config", "show", "--run", rid, "--db", db)
@@ -257,7 +315,7 @@ def test_train_runs_from_the_recipe_file_and_again_from_its_exported_config(tmp_
     assert first.returncode == 0, first.stderr
     train_id = first.stdout.split("train_run_id=")[1].split()[0]
     stored = _stored(db, train_id)
-    assert stored["warm_start"]["run_ids"] == [oracle_run] and stored["distill"]["context"] == "privileged"
+    assert stored["warm_start"]["run_ids"] == [oracle_run] and stored["distill"]["teacher"]["context"] == "privileged"
     assert stored["rollout"]["agent"]["memory_tokens"] == 6 and stored["rounds"] == 1
     exported = am("config", "show", "--run", train_id, "--db", db)
     assert exported.returncode == 0, exported.stderr

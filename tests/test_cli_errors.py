@@ -66,7 +66,7 @@ def test_a_flag_over_a_bad_file_value_is_reported_as_the_flag(capsys, monkeypatc
 
 @pytest.mark.parametrize(("args", "line"), [
     (["distill", "--run", "r", "--psd", "mixed"],
-     "error: --psd: --psd mixed distils from the privileged teacher: set --teacher-context privileged"),
+     "error: --psd mixed distils from the privileged teacher: set --teacher-context privileged"),
     (["distill", "--run", "r", "--teacher-source", "scores", "--teacher-temperature", "2"],
      "error: --teacher-temperature: --teacher-temperature 2.0 reads the teacher's full distribution: "
      "--teacher-source scores stores only the sampled token's log-prob (use --teacher-source model or shards)"),

@@ -87,7 +87,7 @@ def test_a_teacher_temperature_and_context_have_their_own_flags(capsys, monkeypa
     code, out, err = agentmem(capsys, monkeypatch, "config", "show", "distill", "--run", "r", "--temperature", "2",
                               "--context", "persistent")
     assert code == 0, err
-    assert "\ntemperature: 2.0\n" in out and "\ncontext: persistent\n" in out
+    assert "\nloss:\n" in out and "\n  temperature: 2.0\n" in out and "\n  context: persistent\n" in out
     code, out, _ = agentmem(capsys, monkeypatch, "config", "show", "score", "--run", "r", "--kd-temperature", "3",
                             "--teacher-context", "privileged")
     assert code == 0 and "\ntemperature: 3.0\n" in out and "\ncontext: privileged\n" in out

@@ -49,6 +49,11 @@ def models(policy, student_seed=0) -> Models:
     return Models(student, tok, policy, tiny_llama(seed=1).requires_grad_(False), tok)
 
 
+def shards_of(cfg: DistillConfig) -> DistillConfig:
+    """``cfg`` with its teacher's targets read from top-K shards."""
+    return cfg.model_copy(update={"teacher": cfg.teacher.model_copy(update={"source": TeacherSourceKind.shards})})
+
+
 def config(run_id, tmp_path, **kw) -> DistillConfig:
     base = dict(run_ids=[run_id], steps=2, invocations_per_step=4, row_tokens=4096, lr=1e-3, out=str(tmp_path),
                 context=TeacherContext.privileged)
@@ -199,18 +204,18 @@ def test_distill_from_topk_shards(rolled, tmp_path):
     teacher = tiny_llama(seed=1)
     cfg = config(run_id, tmp_path, steps=2, context=TeacherContext.aligned, rl="none")
     with pytest.raises(ValueError, match="run `agentmem score --topk K` first"):
-        run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
+        run_distill(store, shards_of(cfg),
                     models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
     run_score(store, ScoreConfig(run_ids=[run_id], topk=len(tok), topk_dir=str(tmp_path / "full")),
               teacher=LoadedModel(teacher, tok, "t-full"))
     online = run_distill(store, cfg, models=Models(tiny_llama(seed=0).train(), tok, policy, teacher, tok))
-    shards = run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
+    shards = run_distill(store, shards_of(cfg),
                          models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
     for a, b in zip(online.history, shards.history, strict=True):
         assert a.kd_loss == pytest.approx(b.kd_loss, rel=1e-4, abs=1e-6)
     run_score(store, ScoreConfig(run_ids=[run_id], topk=4, topk_dir=str(tmp_path / "k4")),
               teacher=LoadedModel(teacher, tok, "t-k4"))
-    small = run_distill(store, cfg.model_copy(update={"teacher_source": TeacherSourceKind.shards}),
+    small = run_distill(store, shards_of(cfg),
                         models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-k4"))
     assert all(np.isfinite(h.kd_loss) and h.kd_loss > 0 for h in small.history)
 
@@ -256,13 +261,14 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
 
     without = Trainer(store, cfg, models(policy), "b")
     without.student_seqs = [s for s in without.student_seqs if s.invocation_id not in long]
-    without.units = draw_units(without.student_seqs, cfg.packing)
+    without.units = draw_units(without.student_seqs, cfg.batch.packing)
     expected = without.step(0)
     assert expected.metrics["skipped_calls"] == 0
     assert (step.loss, step.kd_loss, step.rl_loss, step.tokens) == (
         expected.loss, expected.kd_loss, expected.rl_loss, expected.tokens)
 
-    refusing = Trainer(store, cfg.model_copy(update={"oversize": Oversize.error}), models(policy), "c")
+    refusing = Trainer(store, cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"oversize": Oversize.error})}),
+                       models(policy), "c")
     first = next(iter(long))
     with pytest.raises(ReplayError, match=f"invocation {first}: {long[first]} tokens .* row budget of {budget}"):
         refusing.step(0)

@@ -433,7 +433,7 @@ def test_a_cold_teacher_makes_forward_kl_the_cross_entropy_of_its_greedy_token()
 def test_teacher_temperature_needs_full_vocabulary_targets():
     with pytest.raises(TrainingError, match="full distribution"):
         DistillTerm(teacher_temperature=0.5)(micro_batch(teacher=torch.full((4,), -1.0)))
-    with pytest.raises(ValueError, match="teacher_source=scores stores only"):
+    with pytest.raises(ValueError, match=r"teacher\.source=scores stores only"):
         config(teacher_source=TeacherSourceKind.scores, teacher_temperature=0.5)
     assert objective_from_config(config(teacher_temperature=0.5)).terms[0][1].teacher_temperature == 0.5
 
@@ -465,7 +465,7 @@ def test_min_confidence_leaves_out_the_positions_where_the_teacher_is_split(loss
 def test_min_confidence_needs_full_vocabulary_targets_and_comes_from_the_config():
     with pytest.raises(TrainingError, match="full distribution"):
         DistillTerm(min_confidence=0.5)(micro_batch(teacher=torch.full((4,), -1.0)))
-    with pytest.raises(ValueError, match="teacher_min_confidence=0.5 reads the teacher's full distribution"):
+    with pytest.raises(ValueError, match=r"teacher\.min_confidence=0.5 reads the teacher's full distribution"):
         config(teacher_source=TeacherSourceKind.scores, teacher_min_confidence=0.5)
     with pytest.raises(ValueError, match="less than 1"):
         config(teacher_min_confidence=1.0)
@@ -584,12 +584,12 @@ def test_centering_comes_from_the_config_and_needs_a_full_teacher():
     term = objective.terms[0][1]
     assert isinstance(term, DistillTerm) and term.centered and objective.centered is term
     assert objective_from_config(config()).centered is None
-    assert config().teacher_centering is TeacherCentering.none
+    assert config().loss.teacher_centering is TeacherCentering.none
     with pytest.raises(ValueError, match="teacher_centering=first_token reads the teacher's full distribution"):
         config(teacher_source=TeacherSourceKind.scores, teacher_centering="first_token")
     with pytest.raises(ValueError, match="target=barycenter builds its target from the student"):
         config(teacher_centering="first_token", target="barycenter")
-    with pytest.raises(ValueError, match="needs a teacher and kd_weight > 0"):
+    with pytest.raises(ValueError, match=r"needs a teacher and loss\.kd_weight > 0"):
         config(teacher_centering="first_token", kd_weight=0.0)
     with pytest.raises(TrainingError, match="full distribution"):
         DistillTerm(centered=True)(micro_batch(teacher=torch.full((4,), -1.0)))

@@ -204,17 +204,17 @@ def test_runs_must_match_the_psd_mode_and_rl_is_refused_before_models_load(runs,
 
 
 def test_psd_config_is_checked():
-    with pytest.raises(ValueError, match="psd=off_policy distils from the privileged teacher: set context=privileged"):
+    with pytest.raises(ValueError, match="psd=off_policy distils from the privileged teacher: set teacher.context=privileged"):
         DistillConfig(run_ids=["r"], psd="off_policy")
-    with pytest.raises(ValueError, match="psd=mixed needs a teacher and kd_weight > 0"):
+    with pytest.raises(ValueError, match=r"psd=mixed needs a teacher and loss\.kd_weight > 0"):
         DistillConfig(run_ids=["r"], psd="mixed", context="privileged", kd_weight=0, ce_weight=1)
     with pytest.raises(ValueError, match="invocations_per_step must be >= 2"):
         DistillConfig(run_ids=["r"], psd="mixed", context="privileged", invocations_per_step=1)
     with pytest.raises(ValueError, match="psd_mix weights the off-policy loss of psd=mixed"):
         DistillConfig(run_ids=["r"], psd="off_policy", context="privileged", psd_mix=0.3)
     stored = DistillConfig(run_ids=["r"]).model_dump(mode="json")
-    del stored["psd"], stored["psd_mix"]
-    assert DistillConfig.model_validate(stored).psd is PsdMode.none  # runs stored before PSD load
+    del stored["teacher"]["psd"], stored["teacher"]["psd_mix"]
+    assert DistillConfig.model_validate(stored).teacher.psd is PsdMode.none  # runs stored before PSD load
 
 
 def test_off_policy_distill_runs_two_steps(runs, tmp_path):
@@ -331,9 +331,9 @@ def test_cli_flags_reach_the_configs(monkeypatch):
     result = runner.invoke(app, ["distill", "--run", "a", "--run", "b", "--context", "privileged", "--psd", "mixed",
                                  "--psd-mix", "0.25", "--rl", "none", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert (seen["distill"].psd, seen["distill"].psd_mix) == (PsdMode.mixed, 0.25)
+    assert (seen["distill"].teacher.psd, seen["distill"].teacher.psd_mix) == (PsdMode.mixed, 0.25)
     result = runner.invoke(app, ["rollout", "--context", "privileged", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
     assert seen["rollout"].context is SamplingContext.privileged
     bad = runner.invoke(app, ["distill", "--run", "a", "--psd", "off_policy", "--device", "cpu"])
-    assert error_message(bad.exception).startswith("--psd: --psd off_policy distils")
+    assert error_message(bad.exception).startswith("--psd off_policy distils")

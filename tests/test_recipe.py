@@ -41,7 +41,7 @@ def test_lr_schedule_exact_values():
 def test_rounds_share_one_schedule():
     loop = TrainConfig()
     offsets = [loop.round_configs(r, "p")[1] for r in range(loop.rounds)]
-    assert [(d.schedule_offset, d.schedule_steps) for d in offsets] == [(0, 4), (2, 4)]
+    assert [(d.optim.schedule_offset, d.optim.schedule_steps) for d in offsets] == [(0, 4), (2, 4)]
 
 
 def test_distill_steps_follow_the_schedule_and_record_the_lr(rolled, tmp_path):  # noqa: F811
@@ -126,14 +126,15 @@ def test_first_moment_choice_reaches_the_trainer_and_concerns_round_one():
     from agentmem.config import SftConfig
 
     sft = SftConfig(run_ids=["r"], student="s", carry_optimizer=True, carry_first_moment=False)
-    assert sft.distill_config().carry_first_moment is False
+    assert sft.distill_config().optim.carry_first_moment is False
     # the loop's default: round 1 takes the warm start's (or --init's) scale without its first moment; later
     # rounds carry their own round's moments
     loop = TrainConfig(rounds=3)
-    assert loop.distill.carry_optimizer and not loop.distill.carry_first_moment
-    assert [loop.round_configs(r, "p")[1].carry_first_moment for r in range(3)] == [False, True, True]
-    carried = TrainConfig(rounds=2, distill=loop.distill.model_copy(update={"carry_first_moment": True}))
-    assert [carried.round_configs(r, "p")[1].carry_first_moment for r in range(2)] == [True, True]
+    assert loop.distill.optim.carry_optimizer and not loop.distill.optim.carry_first_moment
+    assert [loop.round_configs(r, "p")[1].optim.carry_first_moment for r in range(3)] == [False, True, True]
+    carried = TrainConfig(rounds=2, distill=loop.distill.model_copy(
+        update={"optim": loop.distill.optim.model_copy(update={"carry_first_moment": True})}))
+    assert [carried.round_configs(r, "p")[1].optim.carry_first_moment for r in range(2)] == [True, True]
 
 
 def test_mixed_precision_needs_float32_weights_and_reaches_the_warm_start():
@@ -237,7 +238,8 @@ def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
     teacher = save_tiny(tmp_path / "stopper", stopper)
     student = save_tiny(tmp_path / "tiny")
     config = tiny_train(student, tmp_path)
-    config = config.model_copy(update={"distill": config.distill.model_copy(update={"teacher": teacher}),
+    distill = config.distill.model_copy(update={"teacher": config.distill.teacher.model_copy(update={"model": teacher})})
+    config = config.model_copy(update={"distill": distill,
                                        "teacher_check_episodes": 2})
     with pytest.raises(ConfigError, match="end-of-sequence-only outputs on 100% of its"):
         run_train(sqlite_store, config)

@@ -54,7 +54,7 @@ def test_the_config_picks_the_form_and_the_objective_follows():
     ((weight, term),) = advantage.terms
     assert (term.name, weight, term.teacher_coef, term.needs_teacher) == ("rl", 1.0, 0.3, True)
     assert advantage.needs_teacher
-    with pytest.raises(ValidationError, match="needs a teacher, kd_weight > 0, rl=grpo and rl_weight > 0"):
+    with pytest.raises(ValidationError, match="needs a teacher, kd_weight > 0, rl.kind=grpo and rl_weight > 0"):
         DistillConfig(**{**base, "rl": RLKind.none}, kd_form=KdForm.advantage)
     with pytest.raises(ValidationError, match="no distillation term to centre"):
         DistillConfig(**base, kd_form=KdForm.advantage, teacher_centering=TeacherCentering.first_token)

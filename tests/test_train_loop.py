@@ -60,7 +60,7 @@ def test_train_leaves_out_a_call_over_the_budget_and_counts_it(sqlite_store, tmp
 def test_train_config_composes_rollout_and_distill():
     config = TrainConfig()
     assert isinstance(config.rollout, RolloutConfig) and isinstance(config.distill, DistillConfig)
-    assert config.distill.oversize is Oversize.skip  # the loop never cuts a call
+    assert config.distill.batch.oversize is Oversize.skip  # the loop never cuts a call
     rollout, distill = config.round_configs(1, "ckpt-1")
     assert (rollout.model, rollout.seed, distill.student, distill.seed) == ("ckpt-1", 1, "ckpt-1", 1)
     with pytest.raises(ValueError, match="set by each round"):

@@ -43,7 +43,8 @@ def test_a_killed_loop_resumes_to_the_same_checkpoint(sqlite_store, tmp_path):
     store = sqlite_store
     folder = save_tiny(tmp_path / "tiny")
     config = tiny_train(folder, tmp_path).model_copy(update={"rounds": 3})
-    config = config.model_copy(update={"distill": config.distill.model_copy(update={"steps": 2, "save_every": 1})})
+    optim = config.distill.optim.model_copy(update={"steps": 2})
+    config = config.model_copy(update={"distill": config.distill.model_copy(update={"optim": optim, "save_every": 1})})
     straight_id, straight = run_train(store, config)
     expected = weights(straight[-1].checkpoint.path)
 

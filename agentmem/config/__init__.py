@@ -43,7 +43,14 @@ from agentmem.config.choices import (
     TeacherTruncation,
     Weighting,
 )
-from agentmem.config.distill_config import DistillConfig
+from agentmem.config.distill_config import (
+    BatchSection,
+    DistillConfig,
+    LossSection,
+    OptimSection,
+    RLSection,
+    TeacherSection,
+)
 from agentmem.config.replay_config import ReplayConfig
 from agentmem.config.rollout_config import HELD_OUT_SEED, EvalConfig, RolloutConfig
 from agentmem.config.score_config import ScoreConfig
@@ -52,8 +59,9 @@ from agentmem.config.train_config import TrainConfig
 
 __all__ = [
     "HELD_OUT_SEED", "KIND_ALIASES", "LORA_TARGETS", "SERVE_KINDS", "AgentConfig", "AttentionPath", "BackendKind",
-    "Choice", "DType", "Device", "DistillConfig", "DistillTarget", "Divergence", "EvalConfig", "Frozen",
-    "KdForm", "LrSchedule", "Oversize", "Packing", "PlotBy", "PolicySource", "PromptLayout", "PsdMode", "RLKind",
-    "ReplayConfig", "RewardKind", "RolloutConfig", "ScoreConfig", "SftConfig", "TeacherCentering",
-    "TeacherSourceKind", "TeacherTruncation", "TrainConfig", "WarmStartConfig", "Weighting", "kind_names",
+    "BatchSection", "Choice", "DType", "Device", "DistillConfig", "DistillTarget", "Divergence", "EvalConfig",
+    "Frozen", "KdForm", "LossSection", "LrSchedule", "OptimSection", "Oversize", "Packing", "PlotBy", "PolicySource",
+    "PromptLayout", "PsdMode", "RLKind", "RLSection", "ReplayConfig", "RewardKind", "RolloutConfig", "ScoreConfig",
+    "SftConfig", "TeacherCentering", "TeacherSection", "TeacherSourceKind", "TeacherTruncation", "TrainConfig",
+    "WarmStartConfig", "Weighting", "kind_names",
 ]

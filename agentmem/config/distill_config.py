@@ -1,10 +1,15 @@
-"""Training from stored calls: ``DistillConfig``."""
+"""Training from stored calls: ``DistillConfig``, its fields in five sections (``teacher``, ``loss``, ``rl``,
+``optim``, ``batch``) beside the few that say what is trained on and how it is kept.
+
+Runs stored before the sections (and config files written then) name every field at the top level: the
+model reads them (``DistillConfig.FLAT_FIELDS`` says where each one lives now) and stores the nested form.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field, NonNegativeFloat, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, ValidationInfo, field_validator, model_validator
 
 from agentmem.config.base import Frozen, kind_names, mixed_over_float32
 from agentmem.config.choices import (
@@ -26,22 +31,21 @@ from agentmem.config.choices import (
 )
 from agentmem.records import CallKind, TeacherContext
 
+_SCORES_ONLY = ("teacher.source=scores stores only the sampled token's log-prob (use teacher.source model or "
+                "shards)")
 
-class DistillConfig(Frozen):
-    """Training from stored calls: the objective is a weighted sum of terms (``kd_weight`` ×
-    divergence to the teacher, ``rl_weight`` × clipped policy gradient on the final reward,
-    ``ce_weight`` × cross-entropy on action tokens, ``anchor_weight`` × KL to the frozen starting
-    student). ``run_ids`` may be empty only inside a ``TrainConfig`` (each round fills it). ``target``
-    and the ``alpha_*``/``prob_floor`` options choose DemoPSD's barycenter target, ``jsd_clip`` OPSD's
-    per-token clip of the divergence (docs/methods.md)."""
 
-    run_ids: list[str] = Field(default_factory=list)
-    """Run id(s) to train on (a train run's rounds set it themselves)."""
-    student: str = "default"
-    """Student: model folder, checkpoint id or 'default'."""
-    teacher: str | None = "default"
+def _default_of(model: type[BaseModel], name: str) -> Any:
+    return model.model_fields[name].default
+
+
+class TeacherSection(Frozen):
+    """The teacher: which model, where its targets come from, the context it reads, how its distribution is
+    shaped, and pseudo self-distillation (PSD: whose samples the privileged teacher scores)."""
+
+    model: str | None = "default"
     """Teacher (same tokenizer as the student); 'none' for RL only."""
-    teacher_source: TeacherSourceKind = TeacherSourceKind.model
+    source: TeacherSourceKind = TeacherSourceKind.model
     """Teacher targets: model (run online on packed rows) | shards (top-K log-probs written by `agentmem score
     --topk`) | scores (stored per-token teacher log-probs of `agentmem score`)."""
     context: TeacherContext = TeacherContext.aligned
@@ -49,32 +53,64 @@ class DistillConfig(Frozen):
     | persistent_chat (the episode as one multi-turn chat) | privileged (gold answer and evidence before the
     prompt)."""
     # call kinds the teacher scores in the aligned context whatever ``context`` is: e.g. ``[answer]`` with
-    # ``persistent`` measures the persistent context on update calls alone (teacher_source=model only)
+    # ``persistent`` measures the persistent context on update calls alone (source=model only)
     aligned_kinds: list[CallKind] | None = None
     """Call kinds the teacher scores in the aligned context whatever --teacher-context is, e.g. answer with
     persistent (--teacher-source model only). Default: none."""
-    loss: Divergence = Divergence.reverse_kl
+    temperature: float = Field(1.0, gt=0)
+    """Sharpen (below 1) or flatten (above 1) the teacher's distribution before the divergence: its log-probs
+    are divided by this, so the target is p_t^(1/tau) renormalised (towards the teacher's greedy choice as tau
+    goes to 0). Full-distribution teachers only (not --teacher-source scores)."""
+    min_confidence: float = Field(0.0, ge=0, lt=1)
+    """Distil only where the teacher is decided: a sampled position whose teacher top probability is below this
+    gets no distillation term (the other terms, e.g. the RL term, still apply there). 0: every position.
+    Full-distribution teachers only. The share of weight left out is logged as kd_gated_fraction."""
+    truncation: TeacherTruncation = TeacherTruncation.error
+    """A teacher context longer than --row-tokens: error, or left (cut from the left, counted)."""
+    # Pseudo self-distillation: whose samples the privileged teacher scores, and the off-policy share of mixed.
+    psd: PsdMode = PsdMode.none
+    """Pseudo self-distillation (needs --context privileged): whose samples the privileged teacher scores:
+    on_policy (the student's rollouts), off_policy (`rollout --context privileged` runs), mixed (one of each;
+    loss (1 - m) L_on + m L_off, m = --psd-mix). Checks the runs before any model loads."""
+    psd_mix: float = Field(0.5, ge=0, le=1)
+    """PSD mixed: m, the off-policy part's share of the step loss (each part's tokens weighted within the
+    part; each step draws half its calls from each)."""
+
+    @field_validator("aligned_kinds", mode="before")
+    @classmethod
+    def _kind_names(cls, value: Any) -> Any:
+        return kind_names(value)
+
+    @field_validator("temperature", "min_confidence")
+    @classmethod
+    def _tempered_needs_full_teacher(cls, value: float, info: ValidationInfo) -> float:
+        if value != _default_of(cls, str(info.field_name)) and info.data.get("source") is TeacherSourceKind.scores:
+            raise ValueError(f"teacher.{info.field_name}={value} reads the teacher's full distribution: "
+                             + _SCORES_ONLY)
+        return value
+
+    @field_validator("psd_mix")
+    @classmethod
+    def _mixed_only(cls, value: float, info: ValidationInfo) -> float:
+        if info.data.get("psd") is not PsdMode.mixed and value != _default_of(cls, "psd_mix"):
+            raise ValueError("psd_mix weights the off-policy loss of psd=mixed: set psd=mixed or leave it at its "
+                             "default")
+        return value
+
+
+class LossSection(Frozen):
+    """The objective: a weighted sum of terms (``kd_weight`` × divergence to the teacher, ``rl_weight`` ×
+    clipped policy gradient on the final reward, ``ce_weight`` × cross-entropy on action tokens,
+    ``anchor_weight`` × KL to the frozen starting student, ``terms``: plug-in terms), and the shape of the
+    distillation term: ``target`` and the ``alpha_*``/``prob_floor`` options choose DemoPSD's barycenter target,
+    ``jsd_clip`` OPSD's per-token clip of the divergence (docs/methods.md)."""
+
+    divergence: Divergence = Divergence.reverse_kl
     """Divergence at action positions."""
     beta: float = Field(0.5, ge=0, le=1)
     """Generalised JSD interpolation (TRL semantics)."""
     temperature: float = Field(1.0, gt=0)
     """Temperature of both distributions in the divergence."""
-    teacher_temperature: float = Field(1.0, gt=0)
-    """Sharpen (below 1) or flatten (above 1) the teacher's distribution before the divergence: its log-probs
-    are divided by this, so the target is p_t^(1/tau) renormalised (towards the teacher's greedy choice as tau
-    goes to 0). Full-distribution teachers only (not --teacher-source scores)."""
-    teacher_min_confidence: float = Field(0.0, ge=0, lt=1)
-    """Distil only where the teacher is decided: a sampled position whose teacher top probability is below this
-    gets no distillation term (the other terms, e.g. the RL term, still apply there). 0: every position.
-    Full-distribution teachers only. The share of weight left out is logged as kd_gated_fraction."""
-    teacher_centering: TeacherCentering = TeacherCentering.none
-    """first_token: at each call's first output token, subtract from the teacher term's push its mean over the
-    step's calls of the same kind (a group baseline: the teacher moves how calls differ, not what they share;
-    one extra no-gradient forward of the student per step); first_token_memory: over the calls of the same kind
-    whose memory was empty too, or held something too. Full-distribution teachers, target teacher only. The
-    shared part's share of the push is logged as kd_shared_fraction."""
-    rl: RLKind = RLKind.grpo
-    """RL term on the final reward."""
     kd_weight: float = Field(1.0, ge=0)
     """Weight of the distillation term (with kd_form advantage: the teacher's coefficient in the advantage)."""
     kd_form: KdForm = KdForm.additive
@@ -87,85 +123,16 @@ class DistillConfig(Frozen):
     anchor_weight: float = Field(0.0, ge=0)
     """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (in train: each
     round's starting checkpoint; in sft: the starting weights, without LoRA adapters)."""
-    loss_terms: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    terms: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     """Weights of the loss terms that installed packages add (docs/design.md, plug-ins), by name: NAME=WEIGHT."""
-    normalize_std: bool = False
-    """Divide advantages by the group's std."""
-    clip_eps: float = Field(0.2, ge=0)
-    """Clip range of the policy-gradient ratio (PPO-style)."""
     weighting: Weighting = Weighting.token
     """Token averaging over the global step: every token, every call or every episode equal."""
-    steps: int = Field(10, ge=1)
-    """Optimizer steps (train: per round, fresh rollouts every this many steps; on --resume of distill, the
-    stored value unless given)."""
-    invocations_per_step: int = Field(8, ge=1)
-    """Stored calls per optimizer step."""
-    row_tokens: int = Field(4096, ge=16)
-    """Tokens per packed row."""
-    lr: float = Field(1e-5, gt=0)
-    """Peak AdamW learning rate."""
-    # The learning-rate schedule over the global step ``schedule_offset + step`` of ``schedule_steps`` steps
-    # (default: this job's ``steps``); ``agentmem train`` sets offset and length so that one schedule spans
-    # every round.
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warmup steps (step s at lr x (s+1)/(warmup+1); train: over all rounds)."""
-    schedule: LrSchedule = LrSchedule.constant
-    """Learning rate after warmup: constant, or cosine decay to --min-lr-ratio x lr at the schedule's last step
-    (train: the last round's)."""
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    """Cosine schedule: the last step's learning rate as a share of lr."""
-    schedule_offset: int = Field(0, ge=0)
-    """Global step the schedule starts at (train sets it per round)."""
-    schedule_steps: int | None = Field(None, ge=1)
-    """Length of the schedule in steps (default: steps; train sets it to span every round)."""
-    # Start AdamW from the state saved in the student's checkpoint folder (the previous round's), so its
-    # moments carry across rounds instead of restarting each round.
-    carry_optimizer: bool = False
-    """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
-    carried from round to round)."""
-    carry_first_moment: bool = True
-    """With --carry-optimizer (without it, no state is carried and this is moot): also carry AdamW's first
-    moment (its running mean of the earlier job's gradients). --no-carry-first-moment starts it at zero and
-    keeps the second moment and step count: the carried state sets each weight's step size but pushes along no
-    earlier direction (train: round 1 only, the one that starts from --init or the warm start, and off by
-    default there; later rounds carry their own)."""
-    reward: RewardKind = RewardKind.f1
-    """Episode reward of the RL term: f1 (the stored reward), sub_em (a gold answer inside the prediction) or
-    max_f1_sub_em (their maximum)."""
-    # Load the frozen starting student to log KL(student || start) every step (``train_steps.metrics``).
-    monitor_start_kl: bool = False
-    """Also load the starting student to log KL(student || start) every step."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    max_grad_norm: float = Field(1.0, gt=0)
-    """Gradient norm clip."""
-    seed: int = 0
-    """Seed of the data order."""
-    out: str = "checkpoints"
-    """Folder for checkpoints (train: OUT/T/round-N/<distill run>/step-K)."""
-    save_every: int | None = Field(None, ge=1)
-    """Save a checkpoint every N steps (and at the end)."""
-    kinds: list[CallKind] | None = None
-    """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
-    event_view, log_search, ...). Default: all."""
-    path: AttentionPath = AttentionPath.fast
-    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
-    block mask)."""
-    packing: Packing = Packing.segments
-    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
-    prefix placed and computed once; exact)."""
-    oversize: Oversize = Oversize.error
-    """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
-    teacher_truncation: TeacherTruncation = TeacherTruncation.error
-    """A teacher context longer than --row-tokens: error, or left (cut from the left, counted)."""
-    dtype: DType = DType.float32
-    """Weights dtype of training: the student's and the teacher's."""
-    mixed_precision: bool = False
-    """The student's, the teacher's and the reference's decoders run under bfloat16 autocast (matmuls and
-    attention in bf16) while the weights, gradients, AdamW state and the output head stay in float32: a 1.6x
-    (8 short calls) to 2x (a 2,048-token row) faster training step on CPUs with AMX or AVX512-BF16, slower where
-    bf16 is emulated (AVX2). The logits differ from float32's by the decoder's rounding (docs/training.md). Needs
-    --train-dtype float32."""
+    teacher_centering: TeacherCentering = TeacherCentering.none
+    """first_token: at each call's first output token, subtract from the teacher term's push its mean over the
+    step's calls of the same kind (a group baseline: the teacher moves how calls differ, not what they share;
+    one extra no-gradient forward of the student per step); first_token_memory: over the calls of the same kind
+    whose memory was empty too, or held something too. Full-distribution teachers, target teacher only. The
+    shared part's share of the push is logged as kd_shared_fraction."""
     # The distillation target (DemoPSD's barycenter) and OPSD's per-token clip; docs/methods.md.
     target: DistillTarget = DistillTarget.teacher
     """What the distillation term pulls towards: teacher (its distribution) or barycenter (DemoPSD: q ∝
@@ -186,16 +153,153 @@ class DistillConfig(Frozen):
     jsd_clip: float | None = Field(None, gt=0)
     """OPSD clip: cap each token's divergence at C (min(D, C); a clipped token gets no gradient;
     train_steps.metrics.kd_clip_fraction). Any --loss, either --target. Default: no clip."""
-    # Pseudo self-distillation: whose samples the privileged teacher scores, and the off-policy share of mixed.
-    psd: PsdMode = PsdMode.none
-    """Pseudo self-distillation (needs --context privileged): whose samples the privileged teacher scores:
-    on_policy (the student's rollouts), off_policy (`rollout --context privileged` runs), mixed (one of each;
-    loss (1 - m) L_on + m L_off, m = --psd-mix). Checks the runs before any model loads."""
-    psd_mix: float = Field(0.5, ge=0, le=1)
-    """PSD mixed: m, the off-policy part's share of the step loss (each part's tokens weighted within the
-    part; each step draws half its calls from each)."""
 
-    @field_validator("kinds", "aligned_kinds", mode="before")
+    @field_validator("alpha_tau", "alpha_topk", "alpha_min", "alpha_max", "alpha_ema", "prob_floor")
+    @classmethod
+    def _barycenter_only(cls, value: Any, info: ValidationInfo) -> Any:
+        field_name = str(info.field_name)
+        if info.data.get("target") is not DistillTarget.barycenter and value != _default_of(cls, field_name):
+            raise ValueError(f"{info.field_name} is an option of the barycenter target: set target=barycenter "
+                             "or leave it at its default")
+        if info.field_name == "alpha_max" and value < info.data.get("alpha_min", 0.0):
+            raise ValueError(f"alpha_max ({value}) must be >= alpha_min ({info.data['alpha_min']})")
+        return value
+
+
+class RLSection(Frozen):
+    """The RL term: group-normalised policy gradient on the episode's final reward."""
+
+    kind: RLKind = RLKind.grpo
+    """RL term on the final reward."""
+    reward: RewardKind = RewardKind.f1
+    """Episode reward of the RL term: f1 (the stored reward), sub_em (a gold answer inside the prediction) or
+    max_f1_sub_em (their maximum)."""
+    normalize_std: bool = False
+    """Divide advantages by the group's std."""
+    clip_eps: float = Field(0.2, ge=0)
+    """Clip range of the policy-gradient ratio (PPO-style)."""
+
+
+class OptimSection(Frozen):
+    """AdamW and its learning-rate schedule: how many steps, at what rate, and the state carried in."""
+
+    steps: int = Field(10, ge=1)
+    """Optimizer steps (train: per round, fresh rollouts every this many steps; on --resume of distill, the
+    stored value unless given)."""
+    lr: float = Field(1e-5, gt=0)
+    """Peak AdamW learning rate."""
+    # The learning-rate schedule over the global step ``schedule_offset + step`` of ``schedule_steps`` steps
+    # (default: this job's ``steps``); ``agentmem train`` sets offset and length so that one schedule spans
+    # every round.
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps (step s at lr x (s+1)/(warmup+1); train: over all rounds)."""
+    schedule: LrSchedule = LrSchedule.constant
+    """Learning rate after warmup: constant, or cosine decay to --min-lr-ratio x lr at the schedule's last step
+    (train: the last round's)."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine schedule: the last step's learning rate as a share of lr."""
+    schedule_offset: int = Field(0, ge=0)
+    """Global step the schedule starts at (train sets it per round)."""
+    schedule_steps: int | None = Field(None, ge=1)
+    """Length of the schedule in steps (default: steps; train sets it to span every round)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
+    # Start AdamW from the state saved in the student's checkpoint folder (the previous round's), so its
+    # moments carry across rounds instead of restarting each round.
+    carry_optimizer: bool = False
+    """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
+    carried from round to round)."""
+    carry_first_moment: bool = True
+    """With --carry-optimizer (without it, no state is carried and this is moot): also carry AdamW's first
+    moment (its running mean of the earlier job's gradients). --no-carry-first-moment starts it at zero and
+    keeps the second moment and step count: the carried state sets each weight's step size but pushes along no
+    earlier direction (train: round 1 only, the one that starts from --init or the warm start, and off by
+    default there; later rounds carry their own)."""
+
+
+class BatchSection(Frozen):
+    """What one optimizer step reads and how its calls are laid out in packed rows."""
+
+    invocations_per_step: int = Field(8, ge=1)
+    """Stored calls per optimizer step."""
+    row_tokens: int = Field(4096, ge=16)
+    """Tokens per packed row."""
+    packing: Packing = Packing.segments
+    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
+    prefix placed and computed once; exact)."""
+    path: AttentionPath = AttentionPath.fast
+    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
+    block mask)."""
+    oversize: Oversize = Oversize.error
+    """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
+
+
+class DistillConfig(Frozen):
+    """Training from stored calls, in five sections: ``teacher``, ``loss`` (the terms and their weights),
+    ``rl``, ``optim`` and ``batch``. ``run_ids`` may be empty only inside a ``TrainConfig`` (each round fills
+    it). The checks that read two sections are this model's."""
+
+    # the flat name of every sectioned field (as runs stored before the sections name it) -> section.field
+    FLAT_FIELDS: ClassVar[dict[str, str]] = {
+        "teacher": "teacher.model", "teacher_source": "teacher.source", "context": "teacher.context",
+        "aligned_kinds": "teacher.aligned_kinds", "teacher_temperature": "teacher.temperature",
+        "teacher_min_confidence": "teacher.min_confidence", "teacher_truncation": "teacher.truncation",
+        "psd": "teacher.psd", "psd_mix": "teacher.psd_mix",
+        "loss": "loss.divergence", "beta": "loss.beta", "temperature": "loss.temperature",
+        "kd_weight": "loss.kd_weight", "kd_form": "loss.kd_form", "rl_weight": "loss.rl_weight",
+        "ce_weight": "loss.ce_weight", "anchor_weight": "loss.anchor_weight", "loss_terms": "loss.terms",
+        "weighting": "loss.weighting",
+        "teacher_centering": "loss.teacher_centering", "target": "loss.target", "alpha_tau": "loss.alpha_tau",
+        "alpha_topk": "loss.alpha_topk", "alpha_min": "loss.alpha_min", "alpha_max": "loss.alpha_max",
+        "alpha_ema": "loss.alpha_ema", "prob_floor": "loss.prob_floor", "jsd_clip": "loss.jsd_clip",
+        "rl": "rl.kind", "reward": "rl.reward", "normalize_std": "rl.normalize_std", "clip_eps": "rl.clip_eps",
+        "steps": "optim.steps", "lr": "optim.lr", "warmup_steps": "optim.warmup_steps",
+        "schedule": "optim.schedule", "min_lr_ratio": "optim.min_lr_ratio",
+        "schedule_offset": "optim.schedule_offset", "schedule_steps": "optim.schedule_steps",
+        "weight_decay": "optim.weight_decay", "max_grad_norm": "optim.max_grad_norm",
+        "carry_optimizer": "optim.carry_optimizer", "carry_first_moment": "optim.carry_first_moment",
+        "invocations_per_step": "batch.invocations_per_step", "row_tokens": "batch.row_tokens",
+        "packing": "batch.packing", "path": "batch.path", "oversize": "batch.oversize",
+    }
+
+    run_ids: list[str] = Field(default_factory=list)
+    """Run id(s) to train on (a train run's rounds set it themselves)."""
+    student: str = "default"
+    """Student: model folder, checkpoint id or 'default'."""
+    kinds: list[CallKind] | None = None
+    """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
+    event_view, log_search, ...). Default: all."""
+    seed: int = 0
+    """Seed of the data order."""
+    out: str = "checkpoints"
+    """Folder for checkpoints (train: OUT/T/round-N/<distill run>/step-K)."""
+    save_every: int | None = Field(None, ge=1)
+    """Save a checkpoint every N steps (and at the end)."""
+    dtype: DType = DType.float32
+    """Weights dtype of training: the student's and the teacher's."""
+    mixed_precision: bool = False
+    """The student's, the teacher's and the reference's decoders run under bfloat16 autocast (matmuls and
+    attention in bf16) while the weights, gradients, AdamW state and the output head stay in float32: a 1.6x
+    (8 short calls) to 2x (a 2,048-token row) faster training step on CPUs with AMX or AVX512-BF16, slower where
+    bf16 is emulated (AVX2). The logits differ from float32's by the decoder's rounding (docs/training.md). Needs
+    --train-dtype float32."""
+    # Load the frozen starting student to log KL(student || start) every step (``train_steps.metrics``).
+    monitor_start_kl: bool = False
+    """Also load the starting student to log KL(student || start) every step."""
+    teacher: TeacherSection = Field(default_factory=TeacherSection)
+    """The teacher: model, target source, context, temperature, confidence gate, truncation, PSD."""
+    loss: LossSection = Field(default_factory=LossSection)
+    """The loss terms and their weights, the divergence, and the distillation target."""
+    rl: RLSection = Field(default_factory=RLSection)
+    """The RL term: its kind, reward, advantage normalisation and clip."""
+    optim: OptimSection = Field(default_factory=OptimSection)
+    """AdamW: steps, learning rate and schedule, weight decay, gradient clip, the state carried in."""
+    batch: BatchSection = Field(default_factory=BatchSection)
+    """Calls per step and their layout in packed rows."""
+
+    @field_validator("kinds", mode="before")
     @classmethod
     def _kind_names(cls, value: Any) -> Any:
         return kind_names(value)
@@ -205,102 +309,90 @@ class DistillConfig(Frozen):
     def _mixed_over_float32(cls, value: bool, info: ValidationInfo) -> bool:
         return mixed_over_float32(value, info)
 
-    @field_validator("psd")
-    @classmethod
-    def _psd_is_privileged(cls, value: PsdMode, info: ValidationInfo) -> PsdMode:
-        if value is PsdMode.none:
-            return value
-        if info.data.get("context") is not TeacherContext.privileged:
-            raise ValueError(f"psd={value.value} distils from the privileged teacher: set context=privileged")
-        if not (info.data.get("teacher") and info.data.get("kd_weight")):
-            raise ValueError(f"psd={value.value} needs a teacher and kd_weight > 0")
-        if value is PsdMode.mixed and info.data.get("invocations_per_step", 2) < 2:
-            raise ValueError("psd=mixed draws calls of both kinds every step: invocations_per_step must be >= 2")
-        return value
-
-    @field_validator("psd_mix")
-    @classmethod
-    def _mixed_only(cls, value: float, info: ValidationInfo) -> float:
-        if info.data.get("psd") is not PsdMode.mixed and value != cls.model_fields["psd_mix"].default:
-            raise ValueError("psd_mix weights the off-policy loss of psd=mixed: set psd=mixed or leave it at its "
-                             "default")
-        return value
-
-    @field_validator("target", "jsd_clip")
-    @classmethod
-    def _needs_full_teacher(cls, value: Any, info: ValidationInfo) -> Any:
-        if value in (None, DistillTarget.teacher):
-            return value
-        name = f"{info.field_name}={value}"
-        if info.data.get("teacher_source") is TeacherSourceKind.scores:
-            raise ValueError(f"{name} needs the teacher's full distribution: teacher_source=scores stores only the "
-                             "sampled token's log-prob (use teacher_source model or shards)")
-        if not (info.data.get("teacher") and info.data.get("kd_weight")):
-            raise ValueError(f"{name} shapes the distillation term: it needs a teacher and kd_weight > 0")
-        return value
-
-    @field_validator("teacher_temperature", "teacher_min_confidence")
-    @classmethod
-    def _tempered_needs_full_teacher(cls, value: float, info: ValidationInfo) -> float:
-        default = cls.model_fields[str(info.field_name)].default
-        if value != default and info.data.get("teacher_source") is TeacherSourceKind.scores:
-            raise ValueError(f"{info.field_name}={value} reads the teacher's full distribution: "
-                             "teacher_source=scores stores only the sampled token's log-prob (use teacher_source "
-                             "model or shards)")
-        return value
-
-    @field_validator("alpha_tau", "alpha_topk", "alpha_min", "alpha_max", "alpha_ema", "prob_floor")
-    @classmethod
-    def _barycenter_only(cls, value: Any, info: ValidationInfo) -> Any:
-        field_name = str(info.field_name)
-        if info.data.get("target") is not DistillTarget.barycenter and value != cls.model_fields[field_name].default:
-            raise ValueError(f"{info.field_name} is an option of the barycenter target: set target=barycenter "
-                             "or leave it at its default")
-        if info.field_name == "alpha_max" and value < info.data.get("alpha_min", 0.0):
-            raise ValueError(f"alpha_max ({value}) must be >= alpha_min ({info.data['alpha_min']})")
-        return value
-
     @model_validator(mode="before")
     @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "truncate" in data:  # runs stored before the field was split
-            data = dict(data)
-            if data.pop("truncate") == "left":
-                data.setdefault("oversize", "skip")
-                data.setdefault("teacher_truncation", "left")
-        return data
+    def _flat(cls, data: Any) -> Any:
+        """A stored run's flat fields (or a flat call ``DistillConfig(lr=...)``) nested into their sections;
+        ``truncate`` (runs stored before it was split): ``left`` is ``oversize=skip, teacher_truncation=left``."""
+        return nest_flat(data, cls.FLAT_FIELDS)
 
     @model_validator(mode="after")
     def _consistent(self) -> DistillConfig:
-        if self.teacher is None and self.kd_weight and self.teacher_source is not TeacherSourceKind.model:
-            raise ValueError("teacher_source needs a teacher: give teacher or set kd_weight to 0")
-        if self.teacher_centering is not TeacherCentering.none:
+        teacher, loss = self.teacher, self.loss
+        if teacher.model is None and loss.kd_weight and teacher.source is not TeacherSourceKind.model:
+            raise ValueError("teacher.source needs a teacher: give teacher.model or set loss.kd_weight to 0")
+        if teacher.psd is not PsdMode.none:
+            if teacher.context is not TeacherContext.privileged:
+                raise ValueError(f"psd={teacher.psd.value} distils from the privileged teacher: set "
+                                 "teacher.context=privileged")
+            if not (teacher.model and loss.kd_weight):
+                raise ValueError(f"psd={teacher.psd.value} needs a teacher and loss.kd_weight > 0")
+            if teacher.psd is PsdMode.mixed and self.batch.invocations_per_step < 2:
+                raise ValueError("psd=mixed draws calls of both kinds every step: invocations_per_step must be >= 2")
+        for name, value in (("target", loss.target), ("jsd_clip", loss.jsd_clip)):
+            if value in (None, DistillTarget.teacher):
+                continue
+            if teacher.source is TeacherSourceKind.scores:
+                raise ValueError(f"loss.{name}={value} needs the teacher's full distribution: " + _SCORES_ONLY)
+            if not (teacher.model and loss.kd_weight):
+                raise ValueError(f"loss.{name}={value} shapes the distillation term: it needs a teacher and "
+                                 "loss.kd_weight > 0")
+        if loss.teacher_centering is not TeacherCentering.none:
             if not self.effective_kd_weight:
-                raise ValueError(f"teacher_centering={self.teacher_centering} shapes the distillation term: it needs "
-                                 "a teacher and kd_weight > 0")
-            if self.teacher_source is TeacherSourceKind.scores:
-                raise ValueError(f"teacher_centering={self.teacher_centering} reads the teacher's full distribution: "
-                                 "teacher_source=scores stores only the sampled token's log-prob (use teacher_source "
-                                 "model or shards)")
-            if self.target is not DistillTarget.teacher:
-                raise ValueError(f"teacher_centering={self.teacher_centering} centres the push towards the teacher; "
-                                 f"target={self.target} builds its target from the student (leave one at its default)")
-        if self.kd_form is KdForm.advantage and not (self.effective_kd_weight and self.effective_rl_weight):
+                raise ValueError(f"teacher_centering={loss.teacher_centering} shapes the distillation term: it "
+                                 "needs a teacher and loss.kd_weight > 0")
+            if teacher.source is TeacherSourceKind.scores:
+                raise ValueError(f"teacher_centering={loss.teacher_centering} reads the teacher's full "
+                                 "distribution: " + _SCORES_ONLY)
+            if loss.target is not DistillTarget.teacher:
+                raise ValueError(f"teacher_centering={loss.teacher_centering} centres the push towards the teacher; "
+                                 f"target={loss.target} builds its target from the student (leave one at its "
+                                 "default)")
+        if loss.kd_form is KdForm.advantage and not (self.effective_kd_weight and self.effective_rl_weight):
             raise ValueError("kd_form=advantage puts the teacher in the RL term's advantage: it needs a teacher, "
-                             "kd_weight > 0, rl=grpo and rl_weight > 0")
-        if self.kd_form is KdForm.advantage and self.teacher_centering is not TeacherCentering.none:
+                             "kd_weight > 0, rl.kind=grpo and rl_weight > 0")
+        if loss.kd_form is KdForm.advantage and loss.teacher_centering is not TeacherCentering.none:
             raise ValueError("kd_form=advantage has no distillation term to centre: leave teacher_centering none")
-        if not (self.effective_kd_weight or self.effective_rl_weight or self.ce_weight or self.anchor_weight
-                or any(self.loss_terms.values())):
-            raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with rl=grpo),"
-                             " ce_weight, anchor_weight or a loss_terms weight")
+        if not (self.effective_kd_weight or self.effective_rl_weight or loss.ce_weight or loss.anchor_weight
+                or any(loss.terms.values())):
+            raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with "
+                             "rl.kind=grpo), ce_weight, anchor_weight or a loss.terms weight")
         return self
 
     @property
     def effective_kd_weight(self) -> float:
-        return self.kd_weight if self.teacher else 0.0
+        return self.loss.kd_weight if self.teacher.model else 0.0
 
     @property
     def effective_rl_weight(self) -> float:
-        return self.rl_weight if self.rl is RLKind.grpo else 0.0
+        return self.loss.rl_weight if self.rl.kind is RLKind.grpo else 0.0
 
+
+def nest_flat(data: Any, flat_fields: dict[str, str]) -> Any:
+    """``data`` with every flat field of ``flat_fields`` moved into its section (a name that is also a section's
+    is flat unless its value is a mapping or a model: ``teacher: default`` names the teacher's model). A field
+    given both flat and in its section with two values is an error, never a silent choice."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    if "truncate" in data:
+        if data.pop("truncate") == "left":
+            data.setdefault("oversize", "skip")
+            data.setdefault("teacher_truncation", "left")
+    out: dict[str, Any] = {}
+    moved: list[tuple[str, str, Any]] = []
+    sections = {path.partition(".")[0] for path in flat_fields.values()}
+    for key, value in data.items():
+        if key in flat_fields and not (key in sections and isinstance(value, dict | BaseModel)):
+            section, _, leaf = flat_fields[key].partition(".")
+            moved.append((section, leaf, value))
+        else:
+            out[key] = value
+    for section, leaf, value in moved:
+        given = out.get(section)
+        nested = dict(given) if isinstance(given, dict) else given.model_dump() if isinstance(given, BaseModel) else {}
+        if leaf in nested and nested[leaf] != value:
+            raise ValueError(f"{section}.{leaf} is given twice, flat and in its section, with two values")
+        nested[leaf] = value
+        out[section] = nested
+    return out

@@ -9,7 +9,14 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from agentmem.config.base import Frozen, kind_names, mixed_over_float32
 from agentmem.config.choices import AttentionPath, DType, LrSchedule, Oversize, Packing, RLKind, Weighting
-from agentmem.config.distill_config import DistillConfig
+from agentmem.config.distill_config import (
+    BatchSection,
+    DistillConfig,
+    LossSection,
+    OptimSection,
+    RLSection,
+    TeacherSection,
+)
 from agentmem.records import CallKind, SamplingContext
 
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
@@ -133,15 +140,18 @@ class SftConfig(Frozen):
         """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
         (plus the anchor term when ``anchor_weight > 0``)."""
         return DistillConfig(
-            run_ids=self.run_ids, student=self.student, teacher=None, rl=RLKind.none, kd_weight=0.0,
-            rl_weight=0.0, ce_weight=1.0, weighting=self.weighting, steps=self.steps,
-            invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens, lr=self.lr,
-            warmup_steps=self.warmup_steps, schedule=self.schedule, min_lr_ratio=self.min_lr_ratio,
-            weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, seed=self.seed, out=self.out,
-            save_every=self.save_every, kinds=self.kinds, path=self.path, packing=self.packing,
-            oversize=self.oversize, dtype=self.dtype, mixed_precision=self.mixed_precision,
-            anchor_weight=self.anchor_weight,
-            carry_optimizer=self.carry_optimizer, carry_first_moment=self.carry_first_moment)
+            run_ids=self.run_ids, student=self.student, kinds=self.kinds, seed=self.seed, out=self.out,
+            save_every=self.save_every, dtype=self.dtype, mixed_precision=self.mixed_precision,
+            teacher=TeacherSection(model=None),
+            loss=LossSection(kd_weight=0.0, rl_weight=0.0, ce_weight=1.0, anchor_weight=self.anchor_weight,
+                             weighting=self.weighting),
+            rl=RLSection(kind=RLKind.none),
+            optim=OptimSection(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, schedule=self.schedule,
+                               min_lr_ratio=self.min_lr_ratio, weight_decay=self.weight_decay,
+                               max_grad_norm=self.max_grad_norm, carry_optimizer=self.carry_optimizer,
+                               carry_first_moment=self.carry_first_moment),
+            batch=BatchSection(invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens,
+                               packing=self.packing, path=self.path, oversize=self.oversize))
 
 
 class WarmStartConfig(SftConfig):

@@ -7,7 +7,14 @@ from pydantic import Field, model_validator
 from agentmem.config.agent_config import AgentConfig
 from agentmem.config.base import Frozen
 from agentmem.config.choices import Divergence, LrSchedule, Oversize, Packing, RewardKind, TeacherTruncation
-from agentmem.config.distill_config import DistillConfig
+from agentmem.config.distill_config import (
+    BatchSection,
+    DistillConfig,
+    LossSection,
+    OptimSection,
+    RLSection,
+    TeacherSection,
+)
 from agentmem.config.rollout_config import RolloutConfig
 from agentmem.config.sft_config import WarmStartConfig
 from agentmem.records import TeacherContext
@@ -27,16 +34,17 @@ def _train_distill() -> DistillConfig:
     # moment: the SFT's momentum is another objective's direction), a reward with variance for a small model; forward
     # KL at 5e-5 (reverse KL drove every memory update to `(empty)` in one step; at 1e-5 the student barely
     # moved from its warm start)
-    return DistillConfig(context=TeacherContext.privileged, steps=2, oversize=Oversize.skip,
-                         teacher_truncation=TeacherTruncation.left, packing=Packing.shared_prefix, lr=5e-5,
-                         loss=Divergence.forward_kl,
-                         warmup_steps=1, schedule=LrSchedule.cosine, carry_optimizer=True,
-                         carry_first_moment=False,
-                         reward=RewardKind.max_f1_sub_em, monitor_start_kl=True)
+    return DistillConfig(
+        monitor_start_kl=True,
+        teacher=TeacherSection(context=TeacherContext.privileged, truncation=TeacherTruncation.left),
+        loss=LossSection(divergence=Divergence.forward_kl), rl=RLSection(reward=RewardKind.max_f1_sub_em),
+        optim=OptimSection(steps=2, lr=5e-5, warmup_steps=1, schedule=LrSchedule.cosine, carry_optimizer=True,
+                           carry_first_moment=False),
+        batch=BatchSection(oversize=Oversize.skip, packing=Packing.shared_prefix))
 
 
 class TrainConfig(Frozen):
-    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.steps`` distill
+    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.optim.steps`` distill
     steps on that rollout). Each round sets the rollout's model and seed and the distill's student,
     run ids and seed; everything else is taken as given."""
 
@@ -71,14 +79,14 @@ class TrainConfig(Frozen):
         policy as the student; its part of one learning-rate schedule over every round)."""
         seed = self.seed + round_index
         rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
-        steps = self.distill.steps
+        optim = self.distill.optim
         # every round carries AdamW from its student's folder when that kept a state: from round 2 on the previous
         # round's; in round 1 the warm start's or --init's (a base model folder keeps none: a fresh AdamW, whose
         # first step moves every weight by about lr; carrying the warm start's took the first step's KL to the
         # start from 0.24 to 0.015 in the learning benchmark, docs/learning.md)
         # carry_first_moment concerns round 1's start only (the warm start's or --init's moments, another job's
         # direction); from round 2 on the moments carried are this loop's own
-        first_moment = self.distill.carry_first_moment or round_index > 0
-        return rollout, self.distill.model_copy(update={
-            "student": policy_id, "seed": seed, "schedule_offset": round_index * steps,
-            "schedule_steps": self.rounds * steps, "carry_first_moment": first_moment})
+        optim = optim.model_copy(update={
+            "schedule_offset": round_index * optim.steps, "schedule_steps": self.rounds * optim.steps,
+            "carry_first_moment": optim.carry_first_moment or round_index > 0})
+        return rollout, self.distill.model_copy(update={"student": policy_id, "seed": seed, "optim": optim})

@@ -44,7 +44,7 @@ def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Che
 def resolve_models(store: Store, config: DistillConfig) -> tuple[ModelRef, ModelRef | None]:
     """The student's and the teacher's references, resolved without loading weights."""
     return (model_refs.resolve(store, config.student),
-            model_refs.resolve(store, config.teacher) if config.teacher else None)
+            model_refs.resolve(store, config.teacher.model) if config.teacher.model else None)
 
 
 def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
@@ -60,9 +60,9 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
     student, tokenizer = model_refs.load(resume_from.path if resume_from else start_ref.path, config.dtype, runtime,
                                          trainable=True)
     teacher = teacher_tok = reference = None
-    if teacher_ref and config.teacher_source is TeacherSourceKind.model and config.effective_kd_weight:
+    if teacher_ref and config.teacher.source is TeacherSourceKind.model and config.effective_kd_weight:
         teacher, teacher_tok = model_refs.load(teacher_ref.path, config.dtype, runtime)
-    if config.anchor_weight or config.monitor_start_kl:
+    if config.loss.anchor_weight or config.monitor_start_kl:
         reference, _ = model_refs.load(start_ref.path, config.dtype, runtime)
     return Models(student, tokenizer, start, teacher, teacher_tok, teacher_ref.path if teacher_ref else None,
                   reference)
@@ -117,22 +117,22 @@ def check_replayable(store: Store, config: DistillConfig) -> None:
 
 
 def check_psd_runs(store: Store, config: DistillConfig) -> None:
-    """Refuse, before any weights load, runs that do not match ``config.psd``: ``on_policy`` trains on the
+    """Refuse, before any weights load, runs that do not match ``config.teacher.psd``: ``on_policy`` trains on the
     student's own samples (no privileged rollout), ``off_policy`` only on privileged rollouts, ``mixed``
     on at least one of each."""
-    if config.psd is PsdMode.none:
+    if config.teacher.psd is PsdMode.none:
         return
     with store.session() as s:
         privileged = {rid: _privileged_rollout(repo.get_run(s, rid)) for rid in config.run_ids}
     names = {True: [r for r, p in privileged.items() if p], False: [r for r, p in privileged.items() if not p]}
     hint = "(`agentmem rollout --context privileged` samples under the privileged prompt)"
-    if config.psd is PsdMode.on_policy and names[True]:
+    if config.teacher.psd is PsdMode.on_policy and names[True]:
         raise ConfigError(f"psd=on_policy scores the student's own samples, but run {names[True][0]} was sampled "
                           "under the privileged prompt: use --psd off_policy or mixed")
-    if config.psd is PsdMode.off_policy and names[False]:
+    if config.teacher.psd is PsdMode.off_policy and names[False]:
         raise ConfigError(f"psd=off_policy scores the privileged sampler's tokens, but run {names[False][0]} is "
                           f"not a privileged rollout {hint}")
-    if config.psd is PsdMode.mixed and not (names[True] and names[False]):
+    if config.teacher.psd is PsdMode.mixed and not (names[True] and names[False]):
         raise ConfigError("psd=mixed trains on a normal rollout and a privileged rollout together: give one of each "
                           f"with --run {hint}")
 
@@ -149,13 +149,13 @@ def run_distill(
     on_step: Callable[[TrainStep], None] | None = None,
     report_to: Sequence[TrackerKind] = (),
 ) -> DistillResult:
-    """Train for ``config.steps`` steps, or with ``resume`` (a distill run id; ``config`` may be None)
+    """Train for ``config.optim.steps`` steps, or with ``resume`` (a distill run id; ``config`` may be None)
     continue a stored run from its last checkpoint, up to ``steps`` when given. ``models`` injects loaded
     models (tests); ``models.student`` must then already hold the resumed weights. ``report_to``: trackers
     that also log each step (``agentmem.tracking``), under ``<config.out>/<run id>``."""
     config, resumed = prepare(store, RunKind.distill, DistillConfig, config, resume, steps)
-    check_kinds(config.aligned_kinds)
-    check_loss_terms(config.loss_terms)
+    check_kinds(config.teacher.aligned_kinds)
+    check_loss_terms(config.loss.terms)
     check_rl_runs(store, config)
     check_psd_runs(store, config)
     check_replayable(store, config)
@@ -163,5 +163,5 @@ def run_distill(
     refs = resolve_models(store, config) if models is None else None  # before any weights load
     return train(store, RunKind.distill, config, runtime, resumed,
                  lambda: models or load_models(store, config, runtime, resumed.checkpoint, refs), config,
-                 carry_optimizer=config.carry_optimizer, carry_first_moment=config.carry_first_moment,
+                 carry_optimizer=config.optim.carry_optimizer, carry_first_moment=config.optim.carry_first_moment,
                  on_start=on_start, on_step=on_step, report_to=report_to)

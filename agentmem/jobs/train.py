@@ -114,7 +114,7 @@ def load_train_state(store: Store, run_id: str) -> TrainState:
                 raise RunError(f"train run {run.id}: round {r + 1}'s distill run {distill.id} trained "
                                f"{stored.student}, not the previous round's checkpoint {policy.id}")
             ckpts = repo.list_checkpoints(s, distill.id)
-            if distill.status != "finished" or not ckpts or ckpts[-1].step != stored.steps:
+            if distill.status != "finished" or not ckpts or ckpts[-1].step != stored.optim.steps:
                 return TrainState(run, config, finished, distill.id)
             mean_f1 = _mean_f1(repo.list_episodes(s, stored.run_ids[0]))
             steps = repo.list_train_steps(s, distill.id)
@@ -147,12 +147,12 @@ def run_train(
     if config is None:
         raise RunError("run_train needs a config or a train run to resume")
     check_installed(report_to)
-    for kinds in (config.distill.kinds, config.distill.aligned_kinds, config.warm_start and config.warm_start.kinds):
+    for kinds in (config.distill.kinds, config.distill.teacher.aligned_kinds, config.warm_start and config.warm_start.kinds):
         check_kinds(kinds or None)
-    check_loss_terms(config.distill.loss_terms)
+    check_loss_terms(config.distill.loss.terms)
     start = models.resolve(store, config.distill.student)
-    if config.distill.teacher:
-        models.resolve(store, config.distill.teacher)  # a bad teacher fails before the first rollout
+    if config.distill.teacher.model:
+        models.resolve(store, config.distill.teacher.model)  # a bad teacher fails before the first rollout
     with tracked_run(store, RunKind.train, config, resume=state.run.id if state else None) as run:
         rounds = list(state.finished) if state else []
         pending = state.pending_distill if state else None
@@ -160,7 +160,7 @@ def run_train(
         policy = rounds[-1].checkpoint if rounds else models.register(store, start)
         if config.warm_start is not None and not rounds:
             policy = warm_start(store, config, run, runtime, say, on_step)
-        if fresh and config.teacher_check_episodes and config.distill.teacher and config.distill.effective_kd_weight:
+        if fresh and config.teacher_check_episodes and config.distill.teacher.model and config.distill.effective_kd_weight:
             say(validate_teacher(store, config, runtime).line())
         for r in range(len(rounds), config.rounds):
             result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending, report_to)
@@ -228,8 +228,8 @@ def teacher_eval_config(config: TrainConfig) -> EvalConfig:
 def validate_teacher(store: Store, config: TrainConfig, runtime: Runtime) -> TeacherReport:
     """Refuse (ConfigError) a teacher that stops at once on more than ``max_teacher_empty`` of a call kind, or
     writes ``(empty)`` after evidence on more than ``max_teacher_forgot`` of its updates."""
-    assert config.distill.teacher is not None
-    teacher = models.register(store, models.resolve(store, config.distill.teacher))
+    assert config.distill.teacher.model is not None
+    teacher = models.register(store, models.resolve(store, config.distill.teacher.model))
     return check_teacher(store, teacher, teacher_eval_config(config), runtime, config.max_teacher_empty,
                          config.max_teacher_forgot)
 
@@ -266,7 +266,7 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
         del backend
         run.beat(force=True)
         rollout_id, mean_f1 = rolled.run_id, _mean_f1(rolled.episodes)
-        say(f"{label}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.steps} steps")
+        say(f"{label}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.optim.steps} steps")
         distill_cfg = distill_cfg.model_copy(update={"run_ids": [rollout_id],
                                                      "out": round_out(config.distill.out, run.id, r)})
         distilled: DistillResult = run_distill(store, distill_cfg, runtime, on_step=on_step, report_to=report_to)

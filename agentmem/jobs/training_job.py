@@ -84,12 +84,19 @@ def prepare(store: Store, kind: RunKind, model: type[JobConfig], config: JobConf
     if resume is not None:
         run_id, stored, checkpoint = load_train_run(store, resume, kind, model)
         resumed = Resumed(run_id, checkpoint)
-        config = stored if steps is None else stored.model_copy(update={"steps": steps})
+        config = stored if steps is None else with_steps(stored, steps)
     if config is None:
         raise ConfigError(f"run_{kind.value} needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     check_kinds(config.kinds)
     return config, resumed
+
+
+def with_steps(config: JobConfig, steps: int) -> JobConfig:
+    """``config`` run for ``steps`` steps in all (distill's steps are its optimizer section's)."""
+    if isinstance(config, DistillConfig):
+        return config.model_copy(update={"optim": config.optim.model_copy(update={"steps": steps})})
+    return config.model_copy(update={"steps": steps})
 
 
 def register_start(store: Store, ref: ModelRef, runtime: Runtime) -> Checkpoint:
@@ -119,7 +126,7 @@ def train(
     """Open the ``kind`` run (``resumed.run_id``'s, or a new one storing ``config``), ``load`` the models,
     build a ``Trainer`` on ``trainer_config`` (and ``selection``: the calls, when the job chose them), restore
     its state from ``resumed.checkpoint`` (``load`` must give the student with its weights), and run steps
-    ``done + 1 .. config.steps``. ``carry_optimizer``: a new run takes the optimizer state its starting
+    ``done + 1 .. trainer_config.optim.steps``. ``carry_optimizer``: a new run takes the optimizer state its starting
     checkpoint kept, when it kept a full-parameter one (``carry_trainer_state``), its first moment zeroed unless
     ``carry_first_moment``. ``student_context``: the
     prompt the student trains under (``SftConfig.context``). ``on_start(steps, done)`` and ``on_step`` report progress;
@@ -152,11 +159,11 @@ def train(
             carry_trainer_state(Path(models.student_checkpoint.path), trainer.optimizer, models.student,
                                 first_moment=carry_first_moment)
         if on_start:
-            on_start(config.steps, done)
+            on_start(trainer_config.optim.steps, done)
         with reporting(report_to, run_folder(config.out, run.id), run.id, config.model_dump(mode="json")) as report:
-            history, saved = train_steps(store, run, trainer, config.steps, config.save_every, done, parent, on_step,
-                                         report, keep_last=keep_last, keep_optimizer=keep_optimizer)
-    return DistillResult(run.id, config.steps, saved or resumed.checkpoint, history)
+            history, saved = train_steps(store, run, trainer, trainer_config.optim.steps, config.save_every, done,
+                                         parent, on_step, report, keep_last=keep_last, keep_optimizer=keep_optimizer)
+    return DistillResult(run.id, trainer_config.optim.steps, saved or resumed.checkpoint, history)
 
 
 def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save_every: int | None, done: int,

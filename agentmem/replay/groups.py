@@ -1,5 +1,5 @@
 """Which stored calls face the same decision: the groups of the teacher term's centring
-(``DistillConfig.teacher_centering``), a pure function of the calls as stored."""
+(``DistillConfig.loss.teacher_centering``), a pure function of the calls as stored."""
 
 from __future__ import annotations
 

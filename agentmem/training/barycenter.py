@@ -83,12 +83,12 @@ class BarycenterTarget:
 
     @classmethod
     def from_config(cls, config: DistillConfig) -> BarycenterTarget | None:
-        """The target ``config.target`` names (None for the plain teacher)."""
-        if config.target is not DistillTarget.barycenter:
+        """The target ``config.loss.target`` names (None for the plain teacher)."""
+        if config.loss.target is not DistillTarget.barycenter:
             return None
-        return cls(functools.partial(topk_union_jsd, k=config.alpha_topk),
-                   functools.partial(exp_alpha, tau=config.alpha_tau), config.alpha_min, config.alpha_max,
-                   config.prob_floor, AlphaEma(config.alpha_ema) if config.alpha_ema else None)
+        return cls(functools.partial(topk_union_jsd, k=config.loss.alpha_topk),
+                   functools.partial(exp_alpha, tau=config.loss.alpha_tau), config.loss.alpha_min, config.loss.alpha_max,
+                   config.loss.prob_floor, AlphaEma(config.loss.alpha_ema) if config.loss.alpha_ema else None)
 
     def __call__(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                  temperature: float = 1.0) -> Barycenter:

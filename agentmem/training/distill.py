@@ -14,11 +14,11 @@ invocation, its length and the budget) or left out of the step and of the teache
 never trained on truncated. Teacher contexts are cut from the left only with ``teacher_truncation=left``,
 counted in ``teacher_truncated_calls`` / ``teacher_truncated_tokens``.
 
-Packing: ``config.packing`` lays out the student's rows, the online teacher's and (through the student's
+Packing: ``config.batch.packing`` lays out the student's rows, the online teacher's and (through the student's
 batch) the anchor reference's; with ``shared_prefix`` the calls of one (run, task, step) group compute
 their common prompt prefix once, and the step's loss and gradient are those of ``segments``.
 
-PSD mixed (``config.psd``): the calls the student sampled and those sampled under the privileged prompt
+PSD mixed (``config.teacher.psd``): the calls the student sampled and those sampled under the privileged prompt
 are two parts; every step draws from each (its own seeded order, the calls split evenly) and the step loss
 is ``(1 - psd_mix) L_on + psd_mix L_off`` (``objective.Mix``).
 
@@ -28,7 +28,7 @@ sums the gradients once per step, and ``_reduce`` sums the step's losses and cou
 rank 0 writes: ``save`` writes the checkpoint folder and its row on rank 0 and hands the record to the
 others (a barrier).
 
-Temperature: every compared distribution at ``config.temperature`` (see ``terms``); the policy-gradient
+Temperature: every compared distribution at ``config.loss.temperature`` (see ``terms``); the policy-gradient
 ratio at each call's sampling temperature.
 """
 
@@ -149,7 +149,7 @@ def advantages(selection: Selection, normalize_std: bool, reward: RewardKind = R
 class Trainer:
     """Steps of one distill job on a selection: ``step(i) -> TrainStep`` (the optimiser step included)
     and ``save(steps_done, parent) -> Checkpoint``. Every tensor goes to ``runtime.device``; the models
-    must already be there. ``teacher``: a source to use instead of the one ``config.teacher_source``
+    must already be there. ``teacher``: a source to use instead of the one ``config.teacher.source``
     names (built from ``models``); ``selection``: the calls to train on, instead of every call of
     ``config.run_ids`` of ``config.kinds`` (``agentmem sft --min-f1`` filters by episode outcome);
     ``student_context``: ``privileged`` (``hint``) trains under the privileged splice (each update's hint line):
@@ -160,12 +160,12 @@ class Trainer:
                  selection: Selection | None = None, student_context: SamplingContext = SamplingContext.aligned):
         self.store, self.config, self.models, self.run_id, self.runtime = store, config, models, run_id, runtime
         self.objective = objective_from_config(config)
-        self.student = PackedModel.for_training(models.student, models.tokenizer, config.path, runtime,
+        self.student = PackedModel.for_training(models.student, models.tokenizer, config.batch.path, runtime,
                                                 config.mixed_precision)
         if models.teacher is not None:
             check_same_vocab(models.teacher_tokenizer, models.tokenizer)
             vocab_size(models.teacher, models.teacher_tokenizer)
-        self.reference = (PackedModel.create(models.reference, models.tokenizer, config.path, runtime,
+        self.reference = (PackedModel.create(models.reference, models.tokenizer, config.batch.path, runtime,
                                              config.mixed_precision)
                           if models.reference is not None
                           and (self.objective.needs_reference or config.monitor_start_kl) else None)
@@ -173,21 +173,21 @@ class Trainer:
         self.selection = (selection if selection is not None
                           else select(store, config.run_ids, kinds=config.kinds, constrained=False))
         if student_context is not SamplingContext.aligned:  # a privileged or hint teacher's own SFT
-            if models.teacher is not None or config.rl is not RLKind.none:
+            if models.teacher is not None or config.rl.kind is not RLKind.none:
                 raise ConfigError(f"a {student_context.value} student context is an SFT's (a {student_context.value} "
                                   "teacher's): a student that distils or learns from a reward reads only its own prompt")
             self.student_seqs = teacher_sequences(self.selection, TeacherContext(student_context.value),
                                                   models.tokenizer)
         else:
             self.student_seqs = student_sequences(self.selection)
-        self.units = draw_units(self.student_seqs, config.packing)
+        self.units = draw_units(self.student_seqs, config.batch.packing)
         self.episode_of = {i.id: i.episode_id for i in self.selection.invocations}
-        self.mix = psd_mix(self.selection, config.psd_mix) if config.psd is PsdMode.mixed else None
+        self.mix = psd_mix(self.selection, config.teacher.psd_mix) if config.teacher.psd is PsdMode.mixed else None
         self.part_units = self._part_units()
         self.teacher = teacher if teacher is not None else teacher_source(
             config, store, self.selection, model=models.teacher, tokenizer=models.teacher_tokenizer,
             name=models.teacher_name, vocab=self.student.vocab, runtime=runtime)
-        self.episode_advantage = episode_advantages(self.selection, config.normalize_std, config.reward)
+        self.episode_advantage = episode_advantages(self.selection, config.rl.normalize_std, config.rl.reward)
         self.advantage_of = {i.id: self.episode_advantage[i.episode_id] for i in self.selection.invocations}
         self.group_of = {e.id: (e.run_id, e.task_id) for e in self.selection.episodes.values()}
         self.group_sizes: dict[tuple, int] = {}
@@ -195,12 +195,12 @@ class Trainer:
             self.group_sizes[g] = self.group_sizes.get(g, 0) + 1
         self.invocation = {i.id: i for i in self.selection.invocations}
         self.kind_of = {i.id: str(i.kind) for i in self.selection.invocations}
-        self.center_group_of = (centering_groups(self.selection.invocations, config.teacher_centering)
-                                if config.teacher_centering is not TeacherCentering.none else None)
+        self.center_group_of = (centering_groups(self.selection.invocations, config.loss.teacher_centering)
+                                if config.loss.teacher_centering is not TeacherCentering.none else None)
         self.eos_id = models.tokenizer.eos_token_id
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
-                                           lr=config.lr, weight_decay=config.weight_decay)
+                                           lr=config.optim.lr, weight_decay=config.optim.weight_decay)
 
     def step(self, step: int) -> TrainStep:
         t0 = time.perf_counter()
@@ -209,9 +209,9 @@ class Trainer:
         step_episodes = list(dict.fromkeys(self.episode_of[self.student_seqs[i].invocation_id] for i in drawn))
         mine = [self.student_seqs[i] for u in units[self.runtime.rank :: self.runtime.world_size]
                 for i in self.units[u]]
-        over: OverBudget = "skip" if self.config.oversize == Oversize.skip else "error"
-        rows, stats = pack(mine, self.config.row_tokens, over_budget=over,
-                           shared_prefix=self.config.packing is Packing.shared_prefix)
+        over: OverBudget = "skip" if self.config.batch.oversize == Oversize.skip else "error"
+        rows, stats = pack(mine, self.config.batch.row_tokens, over_budget=over,
+                           shared_prefix=self.config.batch.packing is Packing.shared_prefix)
         skipped = set(stats.skipped_ids)
         kept = [s.invocation_id for s in mine if s.invocation_id not in skipped]
         targets = self.teacher.targets(kept) if self.teacher is not None and kept else None
@@ -230,7 +230,7 @@ class Trainer:
                   "teacher_truncated_tokens": float(targets.truncated_tokens if targets else 0)}
         result, counts = self._reduce(result, counts)
         self.objective.end_step(result.metrics)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.optim.max_grad_norm)
         self.optimizer.step()
         return TrainStep(
             run_id=self.run_id, step=step + 1, loss=result.loss, tokens=result.tokens, lr=lr,
@@ -241,7 +241,7 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based, this job's): the schedule at the global step."""
-        c = self.config
+        c = self.config.optim
         return lr_at(c.schedule_offset + step, c.lr, c.schedule_steps or c.steps, c.warmup_steps, c.schedule,
                      c.min_lr_ratio)
 
@@ -270,7 +270,7 @@ class Trainer:
     def _draw(self, step: int) -> list[int]:
         """The units of step ``step``; with PSD mixed, each part's own seeded order, the step's calls split
         evenly between the parts (the first gets the odd one)."""
-        per_step, seed = self.config.invocations_per_step, self.config.seed
+        per_step, seed = self.config.batch.invocations_per_step, self.config.seed
         if self.mix is None:
             return step_units(self.units, per_step, seed, step)
         counts = [per_step // 2 + per_step % 2, per_step // 2]

@@ -61,7 +61,7 @@ class StepInputs:
     # the step's metrics carry the first-token EOS mass per kind and the KLs to the teacher and reference
     kind_of: Mapping[str, str] | None = None
     eos_id: int | None = None
-    # the teacher term's centring (DistillConfig.teacher_centering): each call's group, one mapping for the
+    # the teacher term's centring (DistillConfig.loss.teacher_centering): each call's group, one mapping for the
     # whole step on every process (``agentmem.replay.groups.centering_groups``)
     center_group_of: Mapping[str, str] | None = None
 
@@ -227,7 +227,7 @@ def _firsts(batch: PackedBatch) -> list[tuple[str, int]]:
 
 def _centers(student: PackedModel, batches: Sequence[PackedBatch], weights: Sequence[torch.Tensor],
              inputs: StepInputs, term: DistillTerm, runtime: Runtime) -> tuple[list[Center | None], float]:
-    """The group baseline of the teacher term's push (``DistillConfig.teacher_centering``): one forward of
+    """The group baseline of the teacher term's push (``DistillConfig.loss.teacher_centering``): one forward of
     the student without gradient over this process's rows gives the push ``g_i = dD_i/dz_i`` at each call's
     first action token; per group (``StepInputs.center_group_of``), ``m_k = sum_i w_i g_i / sum_i w_i`` over the
     step's calls of that group on every process (one ``all_reduce_sum``). The term then moves each first token by ``w_i (g_i - m_k)``,

@@ -15,7 +15,7 @@ invocation's action tokens, plus how many teacher contexts it cut to fit:
   ``grad KL(student || teacher)``. Only reverse KL can be estimated this way.
 
 Temperature: full-vocabulary targets are returned as logits at T = 1 equivalents (the distillation term
-divides by ``DistillConfig.temperature``): shards scored at ``T_s`` hold ``log softmax(z / T_s)``, and
+divides by ``DistillConfig.loss.temperature``): shards scored at ``T_s`` hold ``log softmax(z / T_s)``, and
 ``T_s * log p`` equals ``z`` up to a per-row constant, which no softmax sees. Sampled-token log-probs
 cannot be re-tempered, so ``StoredScoresTeacher`` requires scores taken at the distillation temperature.
 
@@ -163,22 +163,22 @@ class StoredScoresTeacher:
 def teacher_source(config: DistillConfig, store: Store, selection: Selection, *,
                    model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None, name: str | None,
                    vocab: int, runtime: Runtime = CPU) -> TeacherSource | None:
-    """The source ``config.teacher_source`` names, or None when no term needs a teacher."""
+    """The source ``config.teacher.source`` names, or None when no term needs a teacher."""
     if not config.effective_kd_weight:
         return None
-    name = name or config.teacher
+    name = name or config.teacher.model
     if name is None:
         raise TrainingError("a teacher term is on (kd_weight > 0) but no teacher is named: set teacher")
-    if config.teacher_source == TeacherSourceKind.model:
+    if config.teacher.source == TeacherSourceKind.model:
         if model is None or tokenizer is None:
             raise TrainingError("teacher_source=model needs the teacher model and tokenizer loaded (Models.teacher)")
-        return OnlineTeacher.for_selection(model, tokenizer, name, selection, config.context,
-                                           row_tokens=config.row_tokens, truncation=config.teacher_truncation,
-                                           path=config.path, runtime=runtime, packing=config.packing,
-                                           aligned_kinds=config.aligned_kinds,
+        return OnlineTeacher.for_selection(model, tokenizer, name, selection, config.teacher.context,
+                                           row_tokens=config.batch.row_tokens, truncation=config.teacher.truncation,
+                                           path=config.batch.path, runtime=runtime, packing=config.batch.packing,
+                                           aligned_kinds=config.teacher.aligned_kinds,
                                            mixed_precision=config.mixed_precision)
-    if config.aligned_kinds:
+    if config.teacher.aligned_kinds:
         raise TrainingError("aligned_kinds mixes two teacher contexts: it needs teacher_source=model")
-    if config.teacher_source == TeacherSourceKind.shards:
-        return ShardTeacher.from_store(store, name, config.context, selection.ids, vocab)
-    return StoredScoresTeacher(store, name, config.context, config.temperature)
+    if config.teacher.source == TeacherSourceKind.shards:
+        return ShardTeacher.from_store(store, name, config.teacher.context, selection.ids, vocab)
+    return StoredScoresTeacher(store, name, config.teacher.context, config.loss.temperature)

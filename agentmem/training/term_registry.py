@@ -8,7 +8,7 @@ pyproject.toml::
     [project.entry-points."agentmem.loss_terms"]
     entropy = "my_package.entropy:EntropyTerm"
 
-A run weighs it with ``DistillConfig.loss_terms`` (``{"entropy": 0.01}``); its value goes where every
+A run weighs it with ``DistillConfig.loss.terms`` (``{"entropy": 0.01}``); its value goes where every
 term's does, the step's metrics as ``{term.name}_loss``, and the progress line and the viewer show it there. Entry points are listed on first use and loaded only when
 the objective is built; this module imports no torch, so a job checks the names before any weights load.
 """

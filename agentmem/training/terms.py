@@ -5,7 +5,7 @@ token-weighted sum over the step's action tokens (weights normalised over the wh
 ``objective.step_weights``), so micro-batches and processes add up to the step.
 
 Temperature convention (one for the whole project): every distribution a term compares is taken at
-``DistillConfig.temperature`` (T, default 1), the student's and the teacher's (or the frozen
+``DistillConfig.loss.temperature`` (T, default 1), the student's and the teacher's (or the frozen
 reference's) alike: ``p = softmax(logits / T)``. ``agentmem score`` stores its divergences at its own
 ``ScoreConfig.temperature`` under the same rule. The one exception is the policy-gradient importance ratio,
 which compares with the sampler's stored log-probs and so uses each call's own sampling temperature.
@@ -62,7 +62,7 @@ class MicroBatch:
     weights: torch.Tensor  # float32 [A], normalised over the whole global step
     teacher: torch.Tensor | None = None
     reference: torch.Tensor | None = None
-    # the teacher term's centring (DistillConfig.teacher_centering): at action positions ``center_positions``
+    # the teacher term's centring (DistillConfig.loss.teacher_centering): at action positions ``center_positions``
     # [G] (each call's first), the push to subtract there, ``center`` [G, V] (its group's weighted mean)
     center_positions: torch.Tensor | None = None
     center: torch.Tensor | None = None
@@ -286,25 +286,27 @@ class Objective:
 
 def objective_from_config(config: DistillConfig) -> Objective:
     """The terms a ``DistillConfig`` asks for, in a fixed order: distillation, policy gradient,
-    cross-entropy, anchor, then the installed packages' terms of ``config.loss_terms`` (by name,
+    cross-entropy, anchor, then the installed packages' terms of ``config.loss.terms`` (by name,
     ``agentmem.training.term_registry``). Raises TrainingError for a divergence the teacher source cannot
     give."""
-    if (config.teacher_source == TeacherSourceKind.scores and config.effective_kd_weight
-            and config.loss != Divergence.reverse_kl):
-        raise TrainingError(f"loss={config.loss}: teacher_source=scores stores only the sampled token's teacher "
-                            "log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
+    if (config.teacher.source == TeacherSourceKind.scores and config.effective_kd_weight
+            and config.loss.divergence != Divergence.reverse_kl):
+        raise TrainingError(f"loss={config.loss.divergence}: teacher_source=scores stores only the sampled token's "
+                            "teacher log-prob, which supports reverse_kl only (use teacher_source=model or shards)")
     barycenter = BarycenterTarget.from_config(config)
-    advantage = config.kd_form is KdForm.advantage  # the teacher inside the RL term's advantage, no term of its own
+    loss = config.loss
+    advantage = loss.kd_form is KdForm.advantage  # the teacher inside the RL term's advantage, no term of its own
     candidates: list[tuple[float, LossTerm]] = [
-        (0.0 if advantage else config.effective_kd_weight, DistillTerm(Divergence(config.loss), config.beta, config.temperature,
-                                                 config.jsd_clip, barycenter, config.teacher_temperature,
-                                                 config.teacher_min_confidence,
-                                                 config.teacher_centering is not TeacherCentering.none)),
-        (config.effective_rl_weight, PolicyGradientTerm(config.clip_eps, config.effective_kd_weight if advantage else 0.0,
+        (0.0 if advantage else config.effective_kd_weight,
+         DistillTerm(Divergence(loss.divergence), loss.beta, loss.temperature, loss.jsd_clip, barycenter,
+                     config.teacher.temperature, config.teacher.min_confidence,
+                     loss.teacher_centering is not TeacherCentering.none)),
+        (config.effective_rl_weight, PolicyGradientTerm(config.rl.clip_eps,
+                                                        config.effective_kd_weight if advantage else 0.0,
                                                         needs_teacher=advantage)),
-        (config.ce_weight, CrossEntropyTerm(config.temperature)),
-        (config.anchor_weight, AnchorTerm(config.temperature)),
-        *((w, loss_term_factory(name)(config)) for name, w in sorted(config.loss_terms.items()) if w),
+        (loss.ce_weight, CrossEntropyTerm(loss.temperature)),
+        (loss.anchor_weight, AnchorTerm(loss.temperature)),
+        *((w, loss_term_factory(name)(config)) for name, w in sorted(loss.terms.items()) if w),
     ]
-    return Objective(tuple((w, t) for w, t in candidates if w), Weighting(config.weighting),
+    return Objective(tuple((w, t) for w, t in candidates if w), Weighting(config.loss.weighting),
                      barycenter.ema if barycenter is not None else None)

@@ -281,7 +281,7 @@ class Bench:
                 steps = repo.list_train_steps(s, done.run_id)
             for w in round_warnings(steps, rl):
                 say(f"warning: {arm} seed {seed} round {r + 1}: {w}")
-            say(f"{arm} seed {seed} round {r + 1}/{p.rounds}: {distill.steps} steps -> {policy.id[:8]}")
+            say(f"{arm} seed {seed} round {r + 1}/{p.rounds}: {distill.optim.steps} steps -> {policy.id[:8]}")
             out.append({**ckpt_json(policy), "round": r + 1, "distill_run": done.run_id})
         return out
 

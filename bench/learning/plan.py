@@ -118,10 +118,10 @@ class Plan:
     # with forward KL from the same warm start, teacher and rollouts: docs/learning.md)
     loss: str = "forward_kl"
     # the teacher's log-probs divided by this before the divergence (below 1: towards its greedy choice, which is
-    # what the greedy evaluation measures; DistillConfig.teacher_temperature)
+    # what the greedy evaluation measures; DistillConfig.teacher.temperature)
     teacher_temperature: float = 1.0
     # positions where the teacher's top probability is below this get no teacher term (the RL term still
-    # applies): the teacher is left out where it is split (DistillConfig.teacher_min_confidence)
+    # applies): the teacher is left out where it is split (DistillConfig.teacher.min_confidence)
     teacher_min_confidence: float = 0.0
     # the teacher term's weight in an arm that also has the RL term (opd_grpo, opd_privileged_grpo); the RL term keeps
     # weight 1. Alone a term's weight is moot under AdamW; beside the RL term it sets the balance (the teacher term's

@@ -112,7 +112,7 @@ def loss_seam(store, model, out):
     result = run_distill(store, config, on_start=progress.on_start, on_step=progress.on_step)
     with store.session() as s:
         page = training_context(s, result.run_id)  # the viewer's training page
-    bad = config.model_copy(update={"loss_terms": {"entropy_bonsu": 1.0}})
+    bad = config.model_copy(update={"loss": config.loss.model_copy(update={"terms": {"entropy_bonsu": 1.0}})})
     return {"steps": steps(store, result.run_id), "progress": progress.stream.getvalue().splitlines(),
             "viewer_terms": page["terms"], "viewer_charts": "".join(page["charts"]),
             "bad_term": error(lambda: run_distill(store, bad))}
