@@ -217,7 +217,7 @@ def test_bad_input_gets_openai_errors_and_stores_nothing(sqlite_store, model_dir
             client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=2, temperature=3)
         with pytest.raises(openai.BadRequestError) as structured:
             client.chat.completions.create(model=model_dir, messages=QUESTION, max_tokens=2,
-                                           response_format={"type": "json_object"})
+                                           response_format={"type": "json_schema"})  # no json_schema
         assert structured.value.body["param"] == "response_format"
         with pytest.raises(openai.BadRequestError) as bad_ids:
             client.completions.create(model=model_dir, prompt=[1, 2, 10**6], max_tokens=2)
