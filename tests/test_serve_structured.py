@@ -10,6 +10,7 @@ import sys
 import types
 from typing import Literal
 
+import llguidance
 import openai
 import pytest
 import torch
@@ -93,7 +94,8 @@ def test_json_schema_reply_is_valid_and_stores_the_masked_log_probs(served, stor
     calls, sent = _calls(store, server, "js")
     assert len(calls) == 3
     grammar = sent[0].sampling["constraint"]["grammar"]
-    assert sent[0].sampling["constraint"] == {"kind": "json_schema", "schema": VERDICT, "grammar": json_grammar(VERDICT)}
+    assert sent[0].sampling["constraint"] == {"kind": "json_schema", "schema": VERDICT, "grammar": json_grammar(VERDICT),
+                                              "library": f"llguidance {llguidance.__version__}"}
     assert sent[0].sampling["response_format"] == fmt
     for call in calls:
         masked = _masked_logprobs(backend, grammar, call.prompt_ids, call.output_ids, 1.0)
@@ -146,7 +148,7 @@ def test_forced_tool_calls_parse_as_tool_calls(served, store):
     assert [t.function.name for t in heads] == ["clock"]
     assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     _, sent = _calls(store, server, "tc")
-    assert {k: v for k, v in sent[0].sampling["constraint"].items() if k != "grammar"} == {
+    assert {k: v for k, v in sent[0].sampling["constraint"].items() if k not in ("grammar", "library")} == {
         "kind": "tool_call", "tools": ["clock"], "calls": "one"}
     assert sent[1].sampling["constraint"]["tools"] == ["weather", "clock"]
     assert sent[1].sampling["constraint"]["calls"] == "one_or_more"

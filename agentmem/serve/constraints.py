@@ -4,8 +4,8 @@ A chat request's ``response_format`` (``json_object``, ``json_schema``) or forci
 named function) becomes a ``Constraint``: a grammar in llguidance's Lark syntax (``SamplingParams.grammar``), which
 the backend applies to the logits at every step (``policy.shaping``: the tokens it forbids get ``-inf`` before any
 other option; on vLLM its ``guidance`` structured-output backend does the same), and the record of it that
-``serve_calls.sampling`` stores under ``"constraint"`` (its kind, the schema or tool names, and the grammar itself,
-so that replay can rebuild the mask the sampler applied).
+``serve_calls.sampling`` stores under ``"constraint"`` (its kind, the schema or tool names, the grammar itself and
+the llguidance version, so that replay can rebuild the mask the sampler applied).
 
 JSON is emitted in one layout, the one ``json.dumps`` and chat templates' ``tojson`` write (``", "`` and ``": "``,
 no other whitespace), so a reply has no whitespace to wander in, and object properties come in the schema's
@@ -41,8 +41,9 @@ class Constraint:
 
     @property
     def stored(self) -> dict[str, Any]:
-        """What ``serve_calls.sampling["constraint"]`` stores: the record and the grammar."""
-        return {**self.record, "grammar": self.grammar}
+        """What ``serve_calls.sampling["constraint"]`` stores: the record, the grammar and the library that applied it
+        (the masks of one grammar may differ between llguidance versions)."""
+        return {**self.record, "grammar": self.grammar, "library": f"llguidance {llguidance.__version__}"}
 
 
 def json_grammar(schema: dict[str, Any]) -> str:
