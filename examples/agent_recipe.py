@@ -2,9 +2,11 @@
 a student is trained on that run with `agentmem sft` then `agentmem distill`, and every model is evaluated on the
 same tasks through `agentmem serve` again. See docs/frameworks.md.
 
-    python examples/agent_recipe.py --tiny        # tiny random teacher and student: the pipeline in ~1 minute
-    python examples/agent_recipe.py --teacher Qwen2.5-1.5B-Instruct-FOLDER --student default --tasks 32 \
-        --level 1 --sft-steps 16 --distill-steps 8
+    python examples/agent_recipe.py --tiny        # tiny random teacher and student: the pipeline only
+    python examples/agent_recipe.py --teacher TEACHER_FOLDER --student default --tasks 32 --level 1
+
+The teacher needs the student's tokenizer (distill compares their distributions token by token): for the default
+student SmolLM2-135M-Instruct, a larger SmolLM2 Instruct model's folder.
 
 Each stage is the command a user types (`agentmem serve`, `sft`, `distill`), run as a child process on one
 SQLite store (`--workdir`/recipe.db); the last lines are a table of mean F1 per model.
