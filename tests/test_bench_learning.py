@@ -1,4 +1,4 @@
-"""The learning benchmark (``bench/learning.py``): arm-seeds trained side by side (``--jobs``) give the same phases
+"""The learning benchmark (``bench/learning/``): arm-seeds trained side by side (``--jobs``) give the same phases
 as one process; the plan's task order and flag checks; what each flag reaches in the stored configs and in the
 report's values (``learning.json``); adding seeds to a folder; a deleted teacher checkpoint; the momentum arm's
 ``coast``."""
@@ -114,7 +114,13 @@ def test_task_order_starts_what_every_method_waits_for_and_puts_the_base_evaluat
     order = learning.task_order(plan)
     seeds = list(range(plan.seeds))
     assert order[:plan.seeds] == [("warm", s) for s in seeds]
-    assert order[plan.seeds:plan.seeds + 2] == [("teacher", "ladder"), ("teacher", "squad")] or not plan.squad
+    # the teachers next, T_rl (the longest) first
+    teachers = [("teacher", f"rl-{s}") for s in seeds] + [("teacher", "ladder"), ("teacher", "ladder-hint")]
+    assert order[plan.seeds:2 * plan.seeds + 2] == teachers
+    rest = 3 * plan.seeds + 2 + bool(plan.squad)
+    assert set(order[2 * plan.seeds + 2:rest]) == {("teacher", f"t0-{s}") for s in seeds} | (
+        {("teacher", "squad")} if plan.squad else set())
+    assert order[rest][0] != "teacher"
     # the base evaluation right after the last line's ladder arms (every seed of them), before the rest
     at = order.index(("base", 0))
     assert order[at - 1] == ("opd_persistent", plan.seeds - 1)
@@ -128,9 +134,10 @@ def test_task_order_starts_what_every_method_waits_for_and_puts_the_base_evaluat
     quick = learning.make_plan(argparse.Namespace(**{**vars(ns), "quick": True}), "default")
     assert quick.arms == [a for a in learning.ARMS if a in learning.QUICK_ARMS and (plan.squad or not a.startswith("squad"))]
     assert set(learning.QUICK_ARMS) <= set(learning.ARMS)
-    assert {"opd_persistent_update", "opd_persistent_answer", "psd_off", "reopd"} <= set(quick.arms)
-    assert learning.task_order(quick)[:1] == [("warm", 0)]
-    assert learning.task_order(quick)[8:10] == [("opd_persistent", 0), ("base", 0)]
+    assert {"opd_t0", "opd_aligned", "opd_rl", "opd_hint", "sft_more", "seqkd_rl", "grpo", "opd_grpo_hint",
+            "opd_persistent", "teacher_rl", "teacher_hint"} <= set(quick.arms)
+    assert learning.task_order(quick)[:2] == [("warm", 0), ("teacher", "rl-0")]
+    assert learning.task_order(quick)[-2:] == [("opd_persistent", 0), ("base", 0)]
     subset = learning.make_plan(argparse.Namespace(**{**vars(ns), "quick": True, "arms": "sft_more"}), "default")
     assert learning.task_order(subset)[-2:] == [("sft_more", 0), ("base", 0)]  # none of BASE_AFTER: base last
 
@@ -142,7 +149,7 @@ def test_task_order_starts_what_every_method_waits_for_and_puts_the_base_evaluat
     ("--teacher-temperature", "0", "--teacher-temperature: a positive number"),
     ("--teacher-min-confidence", "1", "--teacher-min-confidence: a probability in [0, 1)"),
     ("--rl-kd-weight", "0", "--rl-kd-weight: a positive weight"),
-    ("--steps", "22", "--steps: at most 10 rounds of 2 steps"),
+    ("--steps", "2002", "--steps: at most 1000 rounds of 2 steps"),
 ])
 def test_bad_plan_flags_exit_before_anything_runs(tmp_path, flag, value, message):
     work = tmp_path / "work"

@@ -1,7 +1,7 @@
 """Every benchmark runs: each ``bench/NAME.py`` runs as ``python -m bench.NAME --smoke``, every phase in seconds
 on a tiny random model, and exits 0, so no benchmark can go stale when the code it measures changes. New
-benchmarks are picked up by the glob (``bench/*.py``; helpers they share live in ``bench/common/``); each must
-have a ``--smoke`` flag. ``scripts/test.sh`` runs these with the rest of the suite (marker ``bench_smoke``:
+benchmarks are picked up by the globs (``bench/*.py``, and ``bench/*/__main__.py`` for a benchmark that is a
+package; helpers they share live in ``bench/common/``); each must have a ``--smoke`` flag. ``scripts/test.sh`` runs these with the rest of the suite (marker ``bench_smoke``:
 ``pytest -m bench_smoke`` runs them alone; ``scripts/test.sh --fast`` leaves them out).
 """
 
@@ -17,7 +17,14 @@ import pytest
 EXEMPT: set[str] = set()
 
 REPO = Path(__file__).resolve().parents[1]
-BENCHES = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__")
+BENCHES = sorted([p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__"]
+                 + [p.parent.name for p in (REPO / "bench").glob("*/__main__.py")])
+
+
+def source(name: str) -> str:
+    """The text that holds benchmark ``name``'s flags: ``bench/NAME.py``, or a package's ``__main__.py``."""
+    path = REPO / "bench" / f"{name}.py"
+    return (path if path.exists() else REPO / "bench" / name / "__main__.py").read_text()
 
 
 def bench(name: str, *args: str) -> list[str]:
@@ -32,7 +39,7 @@ def bench_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def test_every_benchmark_has_a_smoke_flag():
-    missing = [name for name in BENCHES if name not in EXEMPT and "--smoke" not in (REPO / "bench" / f"{name}.py").read_text()]
+    missing = [name for name in BENCHES if name not in EXEMPT and "--smoke" not in source(name)]
     assert missing == []
 
 
@@ -48,8 +55,8 @@ def test_bench_smoke_runs(name, tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     if name == "learning":  # the benchmark's last line, every key present
         keys = [kv.split("=")[0] for kv in last.split()]
-        assert keys == ["warm_minus_base", "aligned_minus_warm", "aligned_minus_persistent", "opd_rl_minus_rl",
-                        "rl_live_fraction", "hotpot_trained_minus_base", "seeds"], last
+        assert keys == ["gap_rl", "gap_hint", "recovery_rl", "recovery_hint", "opd_minus_sft_more", "opd_minus_seqkd",
+                        "t0_minus_momentum", "opd_rl_minus_rl", "aligned_minus_persistent", "dose_slope", "seeds"], last
 
 
 @pytest.mark.bench_smoke

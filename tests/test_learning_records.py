@@ -127,3 +127,20 @@ def test_records_are_written_by_config_hash_and_loaded_back(tmp_path):
     assert path == tmp_path / rec["config_hash"] / "warm-1.json"
     assert records.load(tmp_path, rec["config_hash"]) == [json.loads(json.dumps(rec))]
     assert isinstance(rec["cpu"]["flags"], list) and rec["commit"]
+
+
+def test_the_pilot_fixes_s_at_the_first_step_with_30_percent_recovery():
+    def along(arm: str, values: dict[int, float]) -> dict:
+        return {**_arm(arm, 0, {"level1": [values[64]] * 2}), "along": {str(s): {"level1": [v] * 2}
+                                                                         for s, v in values.items()}}
+    recs = [_arm("warm", 0, {"level1": [0.2, 0.2]}), _arm("teacher_rl", 0, {"level1": [0.6, 0.6]}),
+            _arm("teacher_hint", 0, {"level1": [0.1, 0.1]}),  # no gap: left out
+            along("opd_rl", {8: 0.24, 24: 0.36, 64: 0.5}), along("sft_more", {8: 0.2, 24: 0.22, 64: 0.3}),
+            along("grpo", {8: 0.21, 24: 0.25, 64: 0.3})]
+    out = records.pilot(recs, [8, 24, 64])
+    assert out["gap"] == {"rl": pytest.approx(0.4)}
+    assert out["curve"]["opd_rl/rl"] == {8: pytest.approx(0.1), 24: pytest.approx(0.4), 64: pytest.approx(0.75)}
+    assert out["curve"]["sft_more/rl"][64] == pytest.approx(0.25) and "opd_hint/hint" not in out["curve"]
+    assert (out["S"], out["stop"]) == (24, False)
+    slow = [r if r["arm"] != "opd_rl" else along("opd_rl", {8: 0.21, 24: 0.25, 64: 0.31}) for r in recs]
+    assert (records.pilot(slow, [8, 24, 64])["S"], records.pilot(slow, [8, 24, 64])["stop"]) == (64, True)

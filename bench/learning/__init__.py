@@ -35,7 +35,20 @@ each of ``--seeds`` training seeds:
   psd_off               PSD off-policy: the teacher's samples under the privileged prompt;
   reopd                 ReOPD: the student samples one call per oracle episode from the oracle's memory;
   squad_warm            real text: the warm start's SFT, on SQuAD oracle calls instead of the ladder;
-  squad_opd             real text: squad_warm, then aligned OPD on SQuAD rollouts with a SQuAD teacher.
+  squad_opd             real text: squad_warm, then aligned OPD on SQuAD rollouts with a SQuAD teacher;
+  teacher_rl, teacher_hint  T_rl (per seed) and T_hint themselves, evaluated (T_hint under its hint prompt);
+  opd_t0, opd_rl, opd_hint  aligned OPD from T0 (the warm start itself), T_rl and T_hint;
+  seqkd_rl, seqkd_hint  SFT on T_rl's and T_hint's samples (T_hint's under its hint prompt);
+  opd_grpo_hint         the RL term with T_hint in its advantage (kd_form advantage, c picked on validation);
+  grpo_long             the RL term for the method budget plus T_rl's RL steps (T_rl's arms at equal compute).
+
+Teachers with headroom: T_rl (each seed's warm start, then the RL term alone for ``rl_teacher_steps``, about 10x
+the method budget, picked on validation) and T_hint (SFT under the ``hint`` prompt: before each memory update one
+line saying whether its chunk states a fact about the question's entity; ``agentmem sft --context hint``; the
+student never reads it) distil only past their gate per seed (``teachers.gate``: validation F1 at least warm +
+0.10, first-read decision gap at least 0.5, empty outputs and first-token EOS mass bounded). ``--pilot`` runs the
+gap-recovery pilot (one seed; opd_rl, opd_hint, sft_more and grpo evaluated at 8, 24 and 64 steps): S is the first
+point where OPD recovers 30% of a teacher's gap, and if none does, nothing more should run.
 
 The teacher of the ladder arms is the default model fine-tuned on oracle calls for longer; it is
 **validated before any arm uses it** (``agentmem.jobs.teacher_check``): each candidate checkpoint
@@ -56,14 +69,17 @@ training seeds (``envs.metrics.cluster_bootstrap``); differences between arms ar
 
 Outputs in ``WORK``: ``learning.md`` (tables), ``learning.json`` (their values), ``dynamics.png`` (per arm:
 live RL groups, first-token EOS mass, output length, KL to the teacher and to the round's start, against the
-step), ``learning.db`` (every run, call, step and eval, for SQL), ``state.json`` (finished phases: run again on
-the same folder and a killed run goes on). The last line:
-``warm_minus_base= aligned_minus_warm= aligned_minus_persistent= opd_rl_minus_rl= rl_live_fraction=
-hotpot_trained_minus_base= seeds=``.
+step), ``gap_recovery.png`` (``--pilot``), ``learning.db`` (every run, call, step and eval, for SQL),
+``state.json`` (finished phases: run again on the same folder and a killed run goes on). Each finished arm-seed
+and each teacher's gate writes a JSON record (``records``; ``--records DIR``, default
+bench/results/learning/records); the report's last section and the last line are built from the records of the
+run's config hash: ``gap_rl= gap_hint= recovery_rl= recovery_hint= opd_minus_sft_more= opd_minus_seqkd=
+t0_minus_momentum= opd_rl_minus_rl= aligned_minus_persistent= dose_slope= seeds=``.
 
-  python -m bench.learning --quick --work learning-quick --jobs 2   # 28-51 min on 2 cores with native bf16, ~105 without
-  python -m bench.learning --work learning --seeds 3 --jobs 2
   python -m bench.learning --smoke --work /tmp/learning-smoke   # every phase on a tiny model
+  python -m bench.learning --quick --work learning-quick --jobs 2
+  python -m bench.learning --pilot --work learning-pilot --jobs 2
+  python -m bench.learning --work learning --seeds 5 --steps S --jobs 2
 """
 
 from bench.learning.arms import Bench, MissingCheckpoint, coast, open_bench

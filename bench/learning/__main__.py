@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -14,10 +15,21 @@ from agentmem.config import (
 from agentmem.training.dynamics import EMPTY_WARN
 from bench.common.phases import say
 from bench.common.tiny import tiny_model
+from bench.learning import records, teachers
 from bench.learning.arms import open_bench, quiet_transformers
 from bench.learning.jobs import done, refused_arms, run_jobs
-from bench.learning.plan import ARMS, RL_ARMS, arm_flags, arm_seeds, make_plan, task_order
-from bench.learning.report import live_fraction, plot_dynamics, report, step_mean, step_metrics
+from bench.learning.plan import ARMS, RL_ARMS, arm_flags, arm_seeds, make_plan, task_order, teacher_keys
+from bench.learning.report import (
+    live_fraction,
+    pilot_section,
+    plot_dynamics,
+    plot_recovery,
+    records_section,
+    report,
+    step_mean,
+    step_metrics,
+)
+from bench.learning.teachers import NoTeacher
 
 
 def main() -> None:
@@ -27,6 +39,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="one seed, a short budget, fewer held-out questions, the paper's comparisons (QUICK_ARMS)")
     ap.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in a minute or two")
+    ap.add_argument("--pilot", action="store_true",
+                    help="the gap-recovery pilot: one seed, T_rl and T_hint, opd_rl, opd_hint, sft_more and grpo "
+                         "each one 64-step run evaluated at 8, 24 and 64 steps; prints S and the stopping rule")
+    ap.add_argument("--records", type=Path,
+                    help="folder of the JSON records each finished arm-seed writes, and the report reads (default "
+                         "bench/results/learning/records, or WORK/records with --smoke)")
     ap.add_argument("--work", type=Path, default=Path("learning-bench"), help="folder for the store and outputs")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in all (split between --jobs)")
     ap.add_argument("--jobs", type=int, default=1,
@@ -100,7 +118,8 @@ def main() -> None:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     quiet_transformers()
     threads = 1 if args.smoke else args.threads
-    bench = open_bench(work, plan, threads)
+    records_dir = (args.records or (work / "records" if args.smoke else records.RECORDS)).resolve()
+    bench = open_bench(work, plan, threads, records_dir)
     store = bench.store
     t0 = time.perf_counter()
     say(f"plan: {json.dumps(asdict(plan))}")
@@ -117,7 +136,13 @@ def main() -> None:
     results: dict = {}
     base = bench.base()
     results["base"] = {"evals": [bench.evaluate("base", 0, base, True, True)], "ladder": True, "real": True}
+    bench.write_record(bench.record("base", 0, {"distill_runs": [], "seconds": None}, results["base"]["evals"][0], {}))
     refused = refused_arms(bench)
+    for key in teacher_keys(plan):  # the controls' gates (T_sft, T0): measured and recorded, never enforced
+        if key == "ladder" or key.startswith("t0-"):
+            for seed in range(plan.seeds) if key == "ladder" else [int(key[3:])]:
+                with contextlib.suppress(NoTeacher):
+                    teachers.gated(bench, key, seed, enforce=False)
     missing = []
     for arm in [a for a in plan.arms if a != "base" and a not in refused]:
         evals, runs = [], []
@@ -125,10 +150,14 @@ def main() -> None:
         if args.report_partial and not all(done(bench, arm, seed) for seed in arm_seeds(plan, arm)):
             missing.append(arm)
             continue
-        for seed in arm_seeds(plan, arm):
-            trained = bench.train(arm, seed)
-            evals.append(bench.evaluate(arm, seed, bench.ckpt(trained["final"]["id"]), ladder, real))
-            runs.append(trained["distill_runs"])
+        try:
+            for seed in arm_seeds(plan, arm):
+                trained, evaluation = bench.finish(arm, seed)
+                evals.append(evaluation)
+                runs.append(trained["distill_runs"])
+        except NoTeacher as e:  # its teacher failed the gate for a seed
+            refused[arm] = str(e)
+            continue
         steps = step_metrics(store, [r for rs in runs for r in rs])
         results[arm] = {"evals": evals, "ladder": ladder, "real": real, "distill_runs_seed0": runs[0],
                         "live": live_fraction(steps) if arm in RL_ARMS else None, "gated": step_mean(steps, "kd_gated_fraction"),
@@ -136,9 +165,19 @@ def main() -> None:
         empty = max((v for e in evals for c in e["empty"].values() for v in c.values()), default=0.0)
         if empty > EMPTY_WARN:
             say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")
-    text, last = report(bench, results)
+    text, _ = report(bench, results)
+    kept = records.load(records_dir, records.config_hash(records.config_of(asdict(plan))))
+    summary = records.summarize(kept)
+    last = records.last_line(summary)
+    text += records_section(summary, kept)
+    if plan.pilot_steps:
+        curve = records.pilot(kept, plan.pilot_steps)
+        text += pilot_section(curve)
+        plot_recovery(curve, work / "gap_recovery.png")
+        say("pilot: stop, no teacher's OPD recovered 30% of its gap" if curve["stop"] else f"pilot: S = {curve['S']}")
+    (work / "learning.md").write_text(text)
     if refused:
-        text += "\n**Refused arms** (no teacher passed the check; nothing was distilled from a bad one):\n\n" + "".join(
+        text += "\n**Refused arms** (no teacher passed its check or gate; nothing was distilled from it):\n\n" + "".join(
             f"- `{a}`: {why}\n" for a, why in refused.items())
         (work / "learning.md").write_text(text)
     if missing:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from agentmem.config import (
     Divergence,
     DType,
     EvalConfig,
+    KdForm,
     LrSchedule,
     Oversize,
     PolicySource,
@@ -36,8 +38,19 @@ from agentmem.training.checkpoints import carry_trainer_state, save_checkpoint
 from agentmem.training.dynamics import round_warnings
 from agentmem.training.schedule import lr_at
 from bench.common.phases import State, say
-from bench.learning import teachers
-from bench.learning.plan import ON_POLICY, ORACLE_SEED, Plan, arm_flags, eval_key, teacher_key
+from bench.learning import records, teachers
+from bench.learning.plan import (
+    ON_POLICY,
+    ONCE,
+    ORACLE_SEED,
+    Plan,
+    arm_flags,
+    eval_key,
+    rollout_seed,
+    teacher_key,
+    teacher_name,
+    uses_teacher,
+)
 from store import repository as repo
 from store.engine import open_store
 
@@ -54,11 +67,16 @@ class Bench:
     work: Path
     state: State
     heldout_tasks: dict[str, dict] = field(default_factory=dict)  # component -> task id -> Task (first_reads)
+    records_dir: Path | None = None  # where each finished arm-seed and gated teacher writes its record (none: nowhere)
+
+    def write_record(self, record: dict) -> None:
+        if self.records_dir is not None:
+            records.write(self.records_dir, record)
 
     # -- configs -------------------------------------------------------------------------------------------
 
     def ladder(self, level: int, names: str) -> dict:
-        return {"level": level, "names": names}
+        return {"level": level, "names": names, "forms": self.plan.forms}
 
     def heldout_sets(self, real: bool) -> list[tuple[str, EvalConfig]]:
         p = self.plan
@@ -230,63 +248,112 @@ class Bench:
         return ckpt_json(ckpt)
 
     def sft_more(self, seed: int) -> list[dict]:
-        warm = self.kept(self.warm("ladder", seed)["id"], f"warm/ladder/{seed}")
-        return self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm.id, self.plan.steps, self.plan.lr,
-                        seed, self.plan.calls_per_step, carry=self.plan.carry_warm_optimizer,
-                        first_moment=self.plan.carry_warm_first_moment)[-1:]
-
-    def on_policy(self, arm: str, seed: int) -> list[dict]:
-        """Rounds of (rollout of the current student on fresh training tasks, ``steps_per_round`` distill
-        steps), one schedule over every round, AdamW carried from round 2 on."""
+        """SFT continued on the oracle calls; with a pilot, its checkpoints at every pilot step."""
         p = self.plan
+        warm = self.kept(self.warm("ladder", seed)["id"], f"warm/ladder/{seed}")
+        every = int(np.gcd.reduce(p.pilot_steps)) if p.pilot_steps else None
+        ckpts = self.sft(f"sft_more-{seed}", self.oracle_runs("ladder"), warm.id, p.steps, p.lr, seed,
+                         p.calls_per_step, carry=p.carry_warm_optimizer, first_moment=p.carry_warm_first_moment,
+                         save_every=every)
+        return [c for c in ckpts if c["step"] in p.pilot_steps] if p.pilot_steps else ckpts[-1:]
+
+    def on_policy(self, arm: str, seed: int, *, steps: int | None = None, name: str | None = None,
+                  seed_base: int = 100, kd_weight: float | None = None, keep: tuple[int, ...] = ()) -> list[dict]:
+        """Rounds of (rollout of the current student on fresh training tasks, ``steps_per_round`` distill
+        steps), one schedule over every round, AdamW carried from round 2 on. ``steps``: the budget (default the
+        plan's); ``name``: the checkpoint folder (default ``ARM-SEED``); ``seed_base``: the rollout seeds'
+        (``rollout_seed``); ``kd_weight``: the teacher's weight (default 1, or the plan's ``rl_kd_weight`` beside
+        the RL term); ``keep``: the steps whose checkpoints stay (the others are deleted once the next round
+        has its own). Returns one entry per round (its checkpoint and distill run)."""
+        p = self.plan
+        steps = steps or p.steps
         domain = "squad" if arm.startswith("squad") else "ladder"
         spec = dict(ON_POLICY[arm])
         kd, rl, seqkd = spec.pop("kd", False), spec.pop("rl", False), spec.pop("seqkd", False)
-        key = teacher_key(p, arm)
-        teacher = self.kept(self.teacher(key), f"teacher/{key}/*") if kd or seqkd else None
+        spec.pop("teacher", None)
+        key = teacher_key(p, arm, seed)
+        teacher = None
+        if kd or seqkd:
+            if key.startswith(("rl-", "ladder-hint")):  # a teacher with headroom distils only past its gate
+                teachers.gated(self, key, seed)
+            teacher = self.kept(self.teacher(key), f"teacher/{key}/*")
         policy = self.kept(self.warm(domain, seed)["id"], f"warm/{domain}/{seed}")
         oracles = self.oracle_runs(domain)
         out = []
-        for r in range(p.rounds):
+        for r in range(steps // p.steps_per_round):
             level = p.train_levels[r % len(p.train_levels)]
-            rollout_seed = 100 + 10 * seed + r
-            config = self.training_rollout(domain, level, rollout_seed)
+            seed_r = rollout_seed(seed, r, seed_base)
+            config = self.training_rollout(domain, level, seed_r)
             if arm == "psd_off":
                 runs = [self.psd_data(teacher, config)]
             elif arm == "reopd":
-                runs = [self.reopd_data(policy, oracles[r % len(oracles)], rollout_seed)]
-            elif seqkd and teacher is not None:  # the teacher's samples of the round's tasks (the same for every seed's round)
-                runs = [self.rollout(teacher, config, f"data/seqkd/{teacher.id}/{rollout_seed}/{level}")]
+                runs = [self.reopd_data(policy, oracles[r % len(oracles)], seed_r)]
+            elif seqkd and teacher is not None:  # the teacher's samples of the round's tasks, under its own prompt
+                hint = key == "ladder-hint"
+                sampled = config.model_copy(update={"context": SamplingContext.hint}) if hint else config
+                runs = [self.rollout(teacher, sampled, f"data/seqkd/{teacher.id}/{seed_r}/{level}")]
             else:
-                runs = [self.rollout(policy, config, f"rollout/{policy.id}/{rollout_seed}/{level}")]
+                runs = [self.rollout(policy, config, f"rollout/{policy.id}/{seed_r}/{level}")]
+            weight = kd_weight if kd_weight is not None else (p.rl_kd_weight if rl else 1.0)
             distill = DistillConfig(
                 run_ids=runs, student=policy.id, teacher=teacher.id if teacher and kd else None,
-                kd_weight=(p.rl_kd_weight if rl else 1.0) if kd else 0.0, ce_weight=1.0 if seqkd else 0.0,
+                kd_weight=weight if kd else 0.0, ce_weight=1.0 if seqkd else 0.0,
                 rl=RLKind.grpo if rl else RLKind.none, rl_weight=1.0 if rl else 0.0, steps=p.steps_per_round,
                 invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.cosine,
-                schedule_offset=r * p.steps_per_round, schedule_steps=p.steps,
+                schedule_offset=r * p.steps_per_round, schedule_steps=steps,
                 carry_optimizer=r > 0 or p.carry_warm_optimizer,
                 carry_first_moment=r > 0 or p.carry_warm_first_moment,
                 reward=RewardKind.max_f1_sub_em, monitor_start_kl=True, seed=seed,
-                out=str(self.work / "ckpt" / f"{arm}-{seed}"), oversize=Oversize.skip,
+                out=str(self.work / "ckpt" / (name or f"{arm}-{seed}")), oversize=Oversize.skip,
                 teacher_truncation=TeacherTruncation.left, loss=Divergence(p.loss),
                 teacher_temperature=p.teacher_temperature,
                 teacher_min_confidence=p.teacher_min_confidence if kd else 0.0, mixed_precision=self.mixed(),
                 **spec)
             done = run_distill(self.store, distill, self.runtime)
-            if r > 0:  # the previous round's checkpoint is no longer needed (a killed arm restarts from its warm start)
-                prune(policy.path, weights=True)
+            if r > 0 and r * p.steps_per_round not in keep:  # the previous round's checkpoint is no longer needed
+                prune(policy.path, weights=True)  # (a killed arm restarts from its warm start)
             policy = done.last_checkpoint
             with self.store.session() as s:
-                steps = repo.list_train_steps(s, done.run_id)
-            for w in round_warnings(steps, rl):
+                train_steps = repo.list_train_steps(s, done.run_id)
+            for w in round_warnings(train_steps, rl):
                 say(f"warning: {arm} seed {seed} round {r + 1}: {w}")
-            say(f"{arm} seed {seed} round {r + 1}/{p.rounds}: {distill.optim.steps} steps -> {policy.id[:8]}")
+            say(f"{name or arm} seed {seed} round {r + 1}/{steps // p.steps_per_round}: {distill.optim.steps} steps -> "
+                f"{policy.id[:8]}")
             out.append({**ckpt_json(policy), "round": r + 1, "distill_run": done.run_id})
         return out
 
+    def coefficient(self, arm: str, seed: int) -> list[dict]:
+        """An arm with the teacher in the RL term's advantage (``KdForm.advantage``): one run per coefficient c of
+        ``plan.teacher_coefs``, each validated greedily on the teacher's validation episodes, the best F1 kept
+        (ties: the smaller c). One coefficient: that run alone, unvalidated."""
+        p = self.plan
+        if len(p.teacher_coefs) == 1:
+            return self.on_policy(arm, seed, kd_weight=p.teacher_coefs[0])
+        runs, scores = {}, {}
+        for c in p.teacher_coefs:
+            runs[c] = self.state.once(f"coef/{arm}/{seed}/{c}", lambda c=c: self.on_policy(
+                arm, seed, kd_weight=c, name=f"{arm}-c{c}-{seed}"))
+
+            def validate(c=c) -> float:
+                ckpt, dtype = self.ckpt(runs[c][-1]["id"]), self.eval_dtype()
+                config = self.validation("ladder").model_copy(update={"model": ckpt.path, "dtype": DType(dtype)})
+                backend = models.backend("transformers", ckpt.path, dtype, self.runtime)
+                return float(run_eval(self.store, config, self.runtime, backend=backend, policy=ckpt).f1)
+            scores[c] = self.state.once(f"coef/{arm}/{seed}/{c}/f1", validate)
+        best = max(p.teacher_coefs, key=lambda c: (scores[c], -c))
+        say(f"{arm} seed {seed}: c = {best} (validation F1 {', '.join(f'{c}: {v:.3f}' for c, v in scores.items())})")
+        self.state.put(f"coef/{arm}/{seed}/pick", {"c": best, "f1": scores})
+        for c in p.teacher_coefs:
+            if c != best:
+                prune(runs[c][-1]["path"], weights=True)
+        return runs[best]
+
     def train(self, arm: str, seed: int) -> dict:
-        """The arm's final checkpoint (the warm start for ``warm``/``squad_warm``) and its distill runs."""
+        """The arm's final checkpoint (the warm start for ``warm``/``squad_warm``), its distill runs, the pilot's
+        checkpoints along the way (``along``: step -> checkpoint) and its wall seconds."""
+        p = self.plan
+        pilot = tuple(p.pilot_steps)
+
         def make() -> list[dict]:
             say(f"train {arm} seed {seed}")
             if arm == "warm":
@@ -295,17 +362,35 @@ class Bench:
                 return [self.warm("squad", seed)]
             if arm == "teacher_ladder":  # the validated teacher itself: how far a student could follow it
                 return [ckpt_json(self.kept(self.teacher("ladder"), "teacher/ladder/*"))]
+            if arm == "teacher_hint":
+                return [ckpt_json(self.kept(self.teacher("ladder-hint"), "teacher/ladder-hint/*"))]
+            if arm == "teacher_rl":
+                return [ckpt_json(self.kept(self.teacher(f"rl-{seed}"), f"teacher/rl-{seed}/*"))]
             if arm == "momentum":
                 return [self.momentum(seed)]
             if arm == "sft_more":
                 return self.sft_more(seed)
-            return self.on_policy(arm, seed)
+            if ON_POLICY[arm].get("kd_form") is KdForm.advantage:
+                return self.coefficient(arm, seed)
+            if arm == "grpo_long":  # the student's budget plus the RL steps T_rl cost
+                return self.on_policy(arm, seed, steps=p.steps + p.rl_teacher_steps)
+            return self.on_policy(arm, seed, keep=pilot)
+
+        started = time.perf_counter()
         ckpts = self.state.once(f"arm/{arm}/{seed}", make)
+        if self.state.get(f"time/{arm}/{seed}") is None:
+            self.state.put(f"time/{arm}/{seed}", time.perf_counter() - started)
         # the methods go on from the warm start's optimizer state (and a momentum arm that did not move is the warm start)
-        warm_start = arm in ("warm", "squad_warm") or (arm == "momentum" and not self.plan.coasts)
-        if not (warm_start and self.plan.carry_warm_optimizer):
+        warm_start = arm in ("warm", "squad_warm") or (arm == "momentum" and not p.coasts)
+        if not (warm_start and p.carry_warm_optimizer):
             prune(ckpts[-1]["path"], weights=False)  # the optimizer state of a finished arm is never read again
-        return {"final": ckpts[-1], "distill_runs": [c["distill_run"] for c in ckpts if "distill_run" in c]}
+        along = {}
+        for c in ckpts:
+            step = c.get("round", 0) * p.steps_per_round if "round" in c else c.get("step")
+            if pilot and step in pilot:
+                along[step] = c
+        return {"final": ckpts[-1], "distill_runs": [c["distill_run"] for c in ckpts if "distill_run" in c],
+                "along": along, "seconds": self.state.get(f"time/{arm}/{seed}")}
 
     def evaluate(self, arm: str, seed: int, ckpt: Checkpoint, ladder: bool, real: bool) -> dict:
         """Per component: F1 per question (sorted by task id, so arms pair up) and the greedy empty-output
@@ -326,7 +411,10 @@ class Bench:
             for name, config in self.heldout_sets(real):
                 if not ladder and name.startswith("level"):
                     continue
-                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path, "dtype": DType(dtype)}),
+                # T_hint is evaluated as it teaches: each update under its hint line
+                context = SamplingContext.hint if arm == "teacher_hint" else SamplingContext.aligned
+                row = run_eval(self.store, config.model_copy(update={"model": ckpt.path, "dtype": DType(dtype),
+                                                                     "context": context}),
                                self.runtime, backend=backend, policy=ckpt)
                 with self.store.session() as s:
                     episodes = sorted(repo.list_episodes(s, row.run_id), key=lambda e: (e.task_id, e.sample_index))
@@ -337,6 +425,44 @@ class Bench:
                 out["runs"][name] = row.run_id
             return out
         return self.state.once(key, make)
+
+    def finish(self, arm: str, seed: int) -> tuple[dict, dict]:
+        """Train and evaluate one arm-seed (in a pilot, its checkpoints along the way too) and write its record:
+        (``train``'s result, ``evaluate``'s). Raises NoTeacher when its teacher fails the gate."""
+        ladder, real = arm_flags(arm)
+        trained = self.train(arm, seed)
+        evaluation = self.evaluate(arm, seed, self.ckpt(trained["final"]["id"]), ladder, real)
+        along = {step: evaluation if c["id"] == trained["final"]["id"] else
+                 self.evaluate(f"{arm}@{step}", seed, self.ckpt(c["id"]), True, False)
+                 for step, c in sorted(trained["along"].items())}
+        self.write_record(self.record(arm, seed, trained, evaluation, along))
+        return trained, evaluation
+
+    def record(self, arm: str, seed: int, trained: dict, evaluation: dict, along: dict) -> dict:
+        """The arm-seed's record (``records.arm_record``): held-out scores, the dynamics summary of its training
+        steps and the ledger (steps; rollout, teacher-forward and student tokens; wall seconds)."""
+        p = self.plan
+        with self.store.session() as s:
+            runs = list(trained["distill_runs"])
+            if not runs and arm == "sft_more":
+                runs = [repo.get_checkpoint(s, trained["final"]["id"]).run_id]
+            train_steps = [st for rid in runs for st in repo.list_train_steps(s, rid)]
+            sampled = sorted({r for rid in trained["distill_runs"] for r in repo.get_run(s, rid).config.get("run_ids", [])})
+            rollout_tokens = sum(i.prompt_tokens + i.output_tokens
+                                 for i in repo.stream_invocations(s, run_ids=sampled)) if sampled else 0
+        student_tokens = sum(st.tokens for st in train_steps)
+        distils = bool(ON_POLICY.get(arm, {}).get("kd"))
+        ledger = {"steps": len(train_steps), "rollout_tokens": rollout_tokens,
+                  # the teacher reads each trained call once per step (its splice, where it has one, uncounted)
+                  "teacher_forward_tokens": student_tokens if distils else 0, "student_tokens": student_tokens,
+                  "wall_seconds": trained.get("seconds")}
+        teacher = teacher_name(teacher_key(p, arm, seed)) if uses_teacher(arm) else None
+        extra = {"empty": evaluation.get("empty", {}), "empty_after_evidence": evaluation.get("forgot", {}),
+                 "along": {str(step): ev["scores"] for step, ev in along.items()},
+                 "coef": self.state.get(f"coef/{arm}/{seed}/pick")}
+        return records.arm_record(asdict(p), arm, seed, teacher=teacher, scores=evaluation["scores"],
+                                  dynamics=records.dynamics([st.metrics for st in train_steps]), ledger=ledger,
+                                  once=arm in ONCE, extra=extra)
 
     def first_reads(self, evals: list[dict]) -> list[dict[str, float] | None]:
         """Per seed's evaluation: ``first_read_skips`` over its held-out ladder calls (every level together),
@@ -396,10 +522,10 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def open_bench(work: Path, plan: Plan, threads: int) -> Bench:
+def open_bench(work: Path, plan: Plan, threads: int, records_dir: Path | None = None) -> Bench:
     # a later run may add arms, or training seeds, to the same folder: every phase of seed s is named by s and
     # made from seed s's own data (rollouts 100 + 10 s + round), so more seeds leave the earlier ones' phases valid
     state = State(work / "state.json", plan, free=("arms", "seeds"))
     runtime = Runtime.create("cpu", threads)
     store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
-    return Bench(store, runtime, plan, work, state)
+    return Bench(store, runtime, plan, work, state, records_dir=records_dir)

@@ -6,16 +6,25 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.common.phases import say
+from bench.learning import teachers
 from bench.learning.arms import Bench, open_bench, quiet_transformers
-from bench.learning.plan import ON_POLICY, Plan, arm_flags, eval_key, teacher_key, teacher_keys, uses_teacher
+from bench.learning.plan import (
+    Plan,
+    arm_flags,
+    arm_seeds,
+    eval_key,
+    teacher_key,
+    teacher_keys,
+    uses_teacher,
+)
 from bench.learning.teachers import NoTeacher
 
 
-def job(work: str, plan: dict, threads: int, task: tuple[str, str | int]) -> str:
+def job(work: str, plan: dict, threads: int, task: tuple[str, str | int], records_dir: str | None = None) -> str:
     """One unit of ``--jobs`` work in its own process (phases go to the shared state file): ``("teacher",
     domain)``, ``("base", 0)`` (the base model's evaluation) or ``(arm, seed)`` (train, then evaluate)."""
     quiet_transformers()
-    bench = open_bench(Path(work), Plan(**plan), threads)
+    bench = open_bench(Path(work), Plan(**plan), threads, Path(records_dir) if records_dir else None)
     kind, arg = task
     if kind == "teacher":
         try:
@@ -25,24 +34,30 @@ def job(work: str, plan: dict, threads: int, task: tuple[str, str | int]) -> str
     elif kind == "base":
         bench.evaluate("base", 0, bench.base(), True, True)
     else:
-        seed = int(arg)
-        trained = bench.train(kind, seed)
-        bench.evaluate(kind, seed, bench.ckpt(trained["final"]["id"]), *arm_flags(kind))
+        try:
+            bench.finish(kind, int(arg))
+        except NoTeacher as e:  # a teacher past its check but not past its gate: the main process refuses the arm
+            return f"{kind} {arg}: {e}"
     return f"{kind} {arg} done"
 
 
 def refused_arms(bench: Bench) -> dict[str, str]:
     """Arm -> why it may not run: the distilling arms whose teacher failed its check (the teacher is
     validated here, before any arm distils from it; the other arms still run)."""
+    plan = bench.plan
     refused: dict[str, str] = {}
-    for key in teacher_keys(bench.plan):
+    evaluated = {"ladder": "teacher_ladder", "ladder-hint": "teacher_hint"}
+    for key in teacher_keys(plan):
         try:
             bench.teacher(key)
+            for seed in (range(plan.seeds) if key.startswith(("rl-", "ladder-hint")) else ()):
+                if any(uses_teacher(a) and teacher_key(plan, a, seed) == key for a in plan.arms):
+                    teachers.gated(bench, key, seed)  # T_rl and T_hint distil only past their gate
         except NoTeacher as e:
             say(f"warning: {e}")
-            refused |= {a: str(e) for a in bench.plan.arms
-                        if (ON_POLICY.get(a, {}).get("kd") and teacher_key(bench.plan, a) == key)
-                        or a == f"teacher_{key}"}
+            refused |= {a: str(e) for a in plan.arms
+                        if (uses_teacher(a) and any(teacher_key(plan, a, s) == key for s in arm_seeds(plan, a)))
+                        or a == evaluated.get(key) or (a == "teacher_rl" and key.startswith("rl-"))}
     return refused
 
 
@@ -73,15 +88,21 @@ def die_with_parent() -> None:
 def needs(bench: Bench, task: tuple[str, str | int]) -> dict[str, tuple[str, str | int]]:
     """The state phases ``task`` reads before it can start, each with the task that makes it."""
     kind, arg = task
+    if kind == "teacher" and str(arg).startswith(("rl-", "t0-")):  # T_rl and T0 start from a seed's warm start
+        seed = int(str(arg)[3:])
+        return {f"warm/ladder/{seed}": ("warm", seed)}
     if kind in ("base", "teacher", "warm", "squad_warm"):
         return {}
-    if kind == "teacher_ladder":
-        return {"teacher/ladder/pick": ("teacher", "ladder")}
+    if kind in ("teacher_ladder", "teacher_hint", "teacher_rl"):
+        key = {"teacher_ladder": "ladder", "teacher_hint": "ladder-hint"}.get(kind, f"rl-{arg}")
+        return {f"teacher/{key}/pick": ("teacher", key)}
     domain = "squad" if kind.startswith("squad") else "ladder"
     out: dict[str, tuple[str, str | int]] = {f"warm/{domain}/{arg}": ("squad_warm" if domain == "squad" else "warm", arg)}
     if uses_teacher(kind):
-        key = teacher_key(bench.plan, kind)
+        key = teacher_key(bench.plan, kind, int(arg))
         out[f"teacher/{key}/pick"] = ("teacher", key)
+        if key.startswith(("rl-", "ladder-hint")):  # the gate compares the teacher with the seed's warm start (T0)
+            out[f"teacher/t0-{arg}/pick"] = ("teacher", f"t0-{arg}")
     if kind == "momentum" and not bench.plan.coasts:  # it reads the warm start's evaluation (Bench.evaluate)
         out[eval_key("warm", arg, *arm_flags("warm"))] = ("warm", arg)
     return out
@@ -125,7 +146,8 @@ def run_jobs(bench: Bench, tasks: list[tuple[str, str | int]], jobs: int, thread
                         break
                 if not blocked and t in queue:
                     queue.remove(t)
-                    running[pool.submit(job, str(bench.work), asdict(bench.plan), threads, t)] = t
+                    records_dir = str(bench.records_dir) if bench.records_dir else None
+                    running[pool.submit(job, str(bench.work), asdict(bench.plan), threads, t, records_dir)] = t
             if errors and not running:
                 break
             if not running:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agentmem.config import (
     AgentConfig,
+    KdForm,
     PsdMode,
     TeacherCentering,
 )
@@ -20,21 +21,27 @@ LADDER_ARMS = ("opd_aligned", "grpo", "opd_grpo", "sft_more", "seqkd", "opd_pers
                "opd_persistent_answer", "opd_persistent_chat", "opd_privileged", "opd_privileged_grpo", "psd_off", "reopd",
                "opd_centered", "opd_grpo_centered", "opd_centered_memory", "opd_grpo_centered_memory",
                "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
-ARMS = ("base", "warm", "momentum", "teacher_ladder", *LADDER_ARMS, "squad_warm", "squad_opd")
+# the teachers with headroom and their controls (``teacher`` in ON_POLICY: t0, the warm start itself; rl, the warm
+# start after a long RL run; hint, SFT under the hint prompt; none, the SFT teacher of the arms above)
+TEACHER_ARMS = ("opd_t0", "opd_rl", "opd_hint", "seqkd_rl", "seqkd_hint", "opd_grpo_hint", "grpo_long")
+ARMS = ("base", "warm", "momentum", "teacher_ladder", "teacher_rl", "teacher_hint", *LADDER_ARMS, *TEACHER_ARMS,
+        "squad_warm", "squad_opd")
 ALWAYS = ("base", "warm", "momentum")  # the yardsticks: every run has them, whatever --arms says
 # the base model's evaluation starts after these (task_order): the ladder arms of the last line
 BASE_AFTER = ("opd_aligned", "grpo", "opd_grpo", "opd_persistent")
-# --quick's arms: the paper's comparisons (the last line's arms, SFT continued, off-policy distillation, every
-# persistent context, PSD on- and off-policy, ReOPD, the teacher itself) and the best distillation arm measured so
-# far; the other ablations (the RL term beside a privileged or centred teacher, centring by kind) run in the full
-# plan or with --arms, so that --quick does not grow with every ablation
-QUICK_ARMS = ("base", "warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent",
-              "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat",
-              "opd_privileged", "psd_off", "reopd", "opd_centered_memory", "squad_warm", "squad_opd")
+# --quick's arms: the last line's comparisons (each teacher's OPD, SFT continued, off-policy distillation from
+# T_rl, the RL term with and without T_hint, the persistent context) and the teachers themselves; the other
+# ablations run in the full plan or with --arms, so that --quick does not grow with every ablation
+QUICK_ARMS = ("base", "warm", "momentum", "teacher_ladder", "teacher_rl", "teacher_hint", "opd_t0", "opd_aligned",
+              "opd_rl", "opd_hint", "sft_more", "seqkd_rl", "grpo", "opd_grpo_hint", "opd_persistent")
+# --pilot's arms (one seed, evaluated at PILOT_STEPS along one run each): the gap recovery of T_rl and T_hint
+PILOT_ARMS = ("base", "warm", "momentum", "teacher_rl", "teacher_hint", "opd_rl", "opd_hint", "sft_more", "grpo")
 # the order --jobs starts them in: the last line's arms first (a partial run answers the benchmark's goals),
 # then the other comparisons
-RUN_ORDER = ("warm", "momentum", "teacher_ladder", "opd_aligned", "grpo", "opd_grpo", "opd_persistent", "squad_warm", "squad_opd",
-             "sft_more", "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
+RUN_ORDER = ("warm", "momentum", "teacher_ladder", "teacher_rl", "teacher_hint", "opd_rl", "opd_hint", "opd_t0",
+             "opd_aligned", "grpo", "opd_grpo_hint", "sft_more", "seqkd_rl", "seqkd_hint", "grpo_long", "opd_grpo",
+             "opd_persistent", "squad_warm", "squad_opd",
+             "seqkd", "opd_persistent_update", "opd_persistent_answer", "opd_persistent_chat", "opd_privileged",
              "opd_privileged_grpo", "psd_off", "reopd", "opd_centered", "opd_grpo_centered", "opd_centered_memory",
              "opd_grpo_centered_memory", "opd_privileged_centered_memory", "opd_privileged_grpo_centered_memory")
 # what each on-policy arm sets in DistillConfig (kd: a teacher term; rl: the GRPO term)
@@ -60,10 +67,20 @@ ON_POLICY: dict[str, dict] = {
     "reopd": {"kd": True},
     "seqkd": {"seqkd": True},  # cross-entropy on the teacher's samples (no teacher term)
     "squad_opd": {"kd": True},
+    "opd_t0": {"kd": True, "teacher": "t0"},
+    "opd_rl": {"kd": True, "teacher": "rl"},
+    "opd_hint": {"kd": True, "teacher": "hint", "context": TeacherContext.hint},
+    "seqkd_rl": {"seqkd": True, "teacher": "rl"},
+    "seqkd_hint": {"seqkd": True, "teacher": "hint"},  # the hint teacher's samples under its own prompt
+    # the RL-plus-distillation form: the teacher in the advantage, c picked on validation (Plan.teacher_coefs)
+    "opd_grpo_hint": {"kd": True, "rl": True, "teacher": "hint", "context": TeacherContext.hint,
+                      "kd_form": KdForm.advantage},
+    "grpo_long": {"rl": True},  # the student's budget plus T_rl's RL steps: T_rl's arms at equal compute
 }
 RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo", "opd_grpo_centered", "opd_grpo_centered_memory",
-           "opd_privileged_grpo_centered_memory")
+           "opd_privileged_grpo_centered_memory", "opd_grpo_hint", "grpo_long")
 REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
+ONCE = ("base", "teacher_ladder", "teacher_hint")  # models no training seed changes: evaluated once
 SHARED = ROOT.parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"
 SQUAD = SHARED / "squad" / "dev-v1.1.json"
@@ -146,6 +163,23 @@ class Plan:
     # is native, slower where it is emulated. off, on, or auto (on where the measured faster dtype is bfloat16: Bench.mixed). Earlier folders
     # trained in float32, so the default stays off (--quick: auto)
     mixed_precision: str = "off"
+    # the question forms of every ladder task (envs/synthetic.py): mixed draws entity, yes/no and number questions
+    forms: str = "mixed"
+    # T_rl: the warm start of each seed, then the RL term alone for rl_teacher_steps (about 10x the method budget),
+    # candidates at rl_teacher_candidates picked on validation (rollout seeds of their own: rollout_seed)
+    rl_teacher_steps: int = 80
+    rl_teacher_candidates: list[int] = field(default_factory=lambda: [40, 80])
+    # opd_grpo_hint's coefficient c of the teacher in the advantage, picked on validation among these
+    teacher_coefs: list[float] = field(default_factory=lambda: [0.1, 0.3, 1.0])
+    # the gate of T_rl and T_hint (teachers.GateLimits; None: that check is off, as in --smoke)
+    gate_f1_margin: float | None = 0.10
+    gate_min_gap: float | None = 0.5
+    gate_max_empty: float = 0.02
+    gate_max_eos_first: float = 0.05
+    # the persistent arms' teacher (the MemOPD comparison): sft or rl (the hint is a context of its own)
+    persistent_teacher: str = "rl"
+    # --pilot: the steps at which each arm's checkpoints are evaluated along its one run (empty: no pilot)
+    pilot_steps: list[int] = field(default_factory=list)
     model: str = "default"
     hotpot: str | None = None
     squad: str | None = None
@@ -175,11 +209,20 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
         plan = Plan(seeds=1, warm_steps=1, steps=2, steps_per_round=1, calls_per_step=4, rollout_tasks=2, group=2,
                     heldout_per_level=2, heldout_real=1, teacher_steps=[1, 2], teacher_val=2, train_levels=[1, 2],
                     heldout_levels=[1, 2], chunk_tokens=48, memory_tokens=8, answer_tokens=4, warm_calls_per_step=4,
-                    max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", **common)
+                    max_teacher_empty=1.0, max_teacher_forgot=1.0, eval_dtype="float32", rl_teacher_steps=2,
+                    rl_teacher_candidates=[1, 2], teacher_coefs=[0.3, 1.0], gate_f1_margin=None, gate_min_gap=None,
+                    gate_max_empty=1.0, gate_max_eos_first=1.0, **common)
     elif args.quick:
+        # one c for opd_grpo_hint (a pick among three would add three trainings): the plan fits 30 min on 2 cores
         plan = Plan(seeds=1, warm_steps=16, steps=4, steps_per_round=2, calls_per_step=8, rollout_tasks=4, group=8,
                     heldout_per_level=12, heldout_real=12, teacher_steps=[16, 24, 32], teacher_val=8,
+                    rl_teacher_steps=40, rl_teacher_candidates=[20, 40], teacher_coefs=[0.3],
                     mixed_precision="auto", arms=[a for a in ARMS if a in QUICK_ARMS], **common)
+    elif getattr(args, "pilot", False):
+        # the gap-recovery pilot: one seed, T_rl and T_hint, each arm one 64-step run evaluated at 8, 24 and 64
+        plan = Plan(seeds=1, warm_steps=16, steps=64, steps_per_round=2, calls_per_step=24, rollout_tasks=4, group=8,
+                    heldout_per_level=32, heldout_real=40, teacher_steps=[32, 64, 96], teacher_val=32,
+                    pilot_steps=[8, 24, 64], arms=list(PILOT_ARMS), **common)
     else:
         # the recipe measured best on three seeds (bench/results/learning/legacy.json): 24 calls per method step
         # (8: the first step's noise decided the seed), groups of 8 (RL live 0.60, against 0.33 with 4), and a
@@ -232,20 +275,34 @@ def make_plan(args: argparse.Namespace, model: str) -> Plan:
                          "it needs the state carried (leave out --no-carry-warm-optimizer)")
     if plan.steps % plan.steps_per_round:
         raise SystemExit(f"steps ({plan.steps}) must be a multiple of steps_per_round ({plan.steps_per_round})")
-    if plan.rounds > 10:  # rollout seeds are 100 + 10 x seed + round: an 11th round would take the next seed's tasks
-        raise SystemExit(f"--steps: at most 10 rounds of {plan.steps_per_round} steps (the seeds' rollout tasks are "
-                         f"10 apart), got {plan.steps} steps ({plan.rounds} rounds)")
+    if plan.rounds > 1000:  # rollout_seed: 1000 rounds per seed
+        raise SystemExit(f"--steps: at most 1000 rounds of {plan.steps_per_round} steps (the seeds' rollout tasks are "
+                         f"1000 apart), got {plan.steps} steps ({plan.rounds} rounds)")
     if not plan.squad:
         plan = Plan(**{**asdict(plan), "arms": [a for a in plan.arms if not a.startswith("squad")]})
     return plan
 
 
-def teacher_key(plan: Plan, arm: str) -> str:
-    """The teacher an arm distils from: its domain's (``ladder``, ``squad``), or ``ladder-privileged`` for the
-    arms whose teacher reads the privileged prompt when ``plan.privileged_teacher_sft``."""
+def teacher_key(plan: Plan, arm: str, seed: int = 0) -> str:
+    """The teacher an arm distils from: its domain's SFT teacher (``ladder``, ``squad``), ``ladder-privileged``
+    for the arms whose teacher reads the privileged prompt when ``plan.privileged_teacher_sft``, ``ladder-hint``
+    (T_hint), or per training seed ``rl-SEED`` (T_rl) and ``t0-SEED`` (T0, the warm start itself). The persistent
+    arms take ``plan.persistent_teacher``."""
     domain = "squad" if arm.startswith("squad") else "ladder"
-    privileged = ON_POLICY.get(arm, {}).get("context") is TeacherContext.privileged
+    spec = ON_POLICY.get(arm, {})
+    teacher = spec.get("teacher") or (plan.persistent_teacher if arm.startswith("opd_persistent") else "sft")
+    if teacher in ("rl", "t0"):
+        return f"{teacher}-{seed}"
+    if teacher == "hint":
+        return "ladder-hint"
+    privileged = spec.get("context") is TeacherContext.privileged
     return f"{domain}-privileged" if privileged and plan.privileged_teacher_sft else domain
+
+
+def teacher_name(key: str) -> str:
+    """``t0``, ``sft``, ``rl``, ``hint`` or ``privileged`` for a teacher key (``records`` names teachers so)."""
+    base = key.split("-")[0] if key.startswith(("rl-", "t0-")) else key.partition("-")[2] or "sft"
+    return "sft" if key == "squad" else base
 
 
 def uses_teacher(arm: str) -> bool:
@@ -256,14 +313,16 @@ def uses_teacher(arm: str) -> bool:
 
 def teacher_keys(plan: Plan) -> list[str]:
     """Every teacher the plan's arms distil from (or evaluate: ``teacher_ladder``), in a stable order."""
-    keys = {teacher_key(plan, a) for a in plan.arms if uses_teacher(a)}
+    keys = {teacher_key(plan, a, s) for a in plan.arms if uses_teacher(a) for s in arm_seeds(plan, a)}
     keys |= {"ladder"} if "teacher_ladder" in plan.arms else set()
+    keys |= {"ladder-hint"} if "teacher_hint" in plan.arms else set()
+    keys |= {f"rl-{s}" for s in range(plan.seeds)} if "teacher_rl" in plan.arms else set()
     return sorted(keys)
 
 
 def arm_seeds(plan: Plan, arm: str) -> range:
     """The training seeds of an arm: one for a model that is not trained per seed (base, the teacher)."""
-    return range(1) if arm in ("base", "teacher_ladder") else range(plan.seeds)
+    return range(1) if arm in ONCE else range(plan.seeds)
 
 
 def eval_key(arm: str, seed: str | int, ladder: bool, real: bool) -> str:
@@ -289,4 +348,16 @@ def task_order(plan: Plan) -> list[tuple[str, str | int]]:
     warm = [t for t in arms if t[0] == "warm"]
     rest = [t for t in arms if t not in warm]
     cut = max((i + 1 for i, t in enumerate(rest) if t[0] in BASE_AFTER), default=len(rest))
-    return [*warm, *[("teacher", k) for k in teacher_keys(plan)], *rest[:cut], ("base", 0), *rest[cut:]]
+    # T_rl first: the longest teacher, and the arms of the last line wait for it
+    keys = sorted(teacher_keys(plan), key=lambda k: not k.startswith("rl-"))
+    return [*warm, *[("teacher", k) for k in keys], *rest[:cut], ("base", 0), *rest[cut:]]
+
+
+def rollout_seed(seed: int, r: int, base: int = 100) -> int:
+    """The sampling seed of round ``r`` of training seed ``seed``: 100 + 10 x seed + r for the first ten rounds (the
+    seeds every folder has used), then 100000 + 1000 x seed + r, so that no two seeds' rounds share tasks; T_rl's
+    rounds (``base`` 200000) use 200000 + 1000 x seed + r."""
+    if base == 100 and r < 10:
+        return 100 + 10 * seed + r
+    return (100_000 if base == 100 else base) + 1000 * seed + r
+

@@ -83,8 +83,9 @@ def teacher_record(plan: dict, teacher: str, seed: int, gate: dict) -> dict:
 
 
 def write(folder: Path, record: dict) -> Path:
-    """``folder/HASH/NAME-SEED.json`` (a rerun of the same arm-seed replaces its record)."""
-    name = record["arm"] if record["kind"] == "arm" else f"teacher_{record['teacher']}"
+    """``folder/HASH/ARM-SEED.json``, or ``gate_TEACHER-SEED.json`` for a teacher's gate (a rerun of the same
+    arm-seed replaces its record)."""
+    name = record["arm"] if record["kind"] == "arm" else f"gate_{record['teacher']}"
     path = folder / record["config_hash"] / f"{name}-{record['seed']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True, default=float) + "\n")
@@ -95,6 +96,20 @@ def load(folder: Path, config_hash: str | None = None) -> list[dict]:
     """Every record under ``folder`` (of one config hash when given)."""
     root = folder / config_hash if config_hash else folder
     return [json.loads(p.read_text()) for p in sorted(root.rglob("*.json"))]
+
+
+def dynamics(steps: list[dict]) -> dict:
+    """What a record keeps of an arm's training steps (their ``metrics``): the steps, the share of live GRPO
+    groups, the last KL to the teacher, the largest KL to the round's start, the largest first-token EOS mass
+    and the mean output length over call kinds (None where no step logged it)."""
+    def values(key: str) -> list[float]:
+        return [v for m in steps for k, v in m.items() if (k.startswith(key) if key.endswith("/") else k == key)]
+    groups = sum(m.get("rl_groups", 0.0) for m in steps)
+    kl_teacher, kl_start, eos, length = values("kl_teacher"), values("kl_start"), values("eos_first/"), values("out_len/")
+    return {"steps": len(steps),
+            "rl_live": sum(m.get("rl_groups_live", 0.0) for m in steps) / groups if groups else None,
+            "kl_teacher_last": kl_teacher[-1] if kl_teacher else None, "kl_start_max": max(kl_start, default=None),
+            "eos_first_max": max(eos, default=None), "out_len_mean": float(np.mean(length)) if length else None}
 
 
 # -- the summary: a pure function of the records ---------------------------------------------------------
@@ -177,3 +192,41 @@ def last_line(summary: dict) -> str:
             v = v[0]
         return str(v) if isinstance(v, int) else f"{float(v):.3f}"  # type: ignore[arg-type]
     return " ".join(f"{k}={value(summary[k])}" for k in LAST_LINE)
+
+
+def _mean(scores: dict[str, list[float]]) -> float | None:
+    values = [v for c, xs in scores.items() if c.startswith("level") for v in xs]
+    return float(np.mean(values)) if values else None
+
+
+def pilot(records: list[dict], steps: list[int], threshold: float = 0.3) -> dict:
+    """The gap-recovery pilot from its records: per teacher (T_rl, T_hint) its gap (held-out F1 over the warm
+    start's), and per arm the recovery ``(arm - warm) / (teacher - warm)`` at each step its run was evaluated at
+    (``curve``, keyed ``ARM/TEACHER``: OPD from that teacher, and sft_more and grpo against the same gap). ``S``:
+    the first step where OPD recovers at least ``threshold`` of a teacher's gap, else the last step; ``stop``:
+    no teacher reached it (the stopping rule: run nothing more)."""
+    arms = _by_arm(records)
+    warm = [m for r in arms.get("warm", {}).values() if (m := _mean(r["scores"])) is not None]
+    out: dict = {"gap": {}, "curve": {}, "S": max(steps), "stop": True}
+    if not warm:
+        return out
+
+    def at(arm: str, step: int) -> float | None:
+        values = [m for r in arms.get(arm, {}).values() if (m := _mean(r.get("along", {}).get(str(step), {})))
+                  is not None]
+        return float(np.mean(values)) if values else None
+
+    for t in ("rl", "hint"):
+        gap = paired(arms, TEACHER_ARM[t], "warm")
+        if gap is None or gap[0] <= 0:
+            continue
+        out["gap"][t] = gap[0]
+        for arm in (OPD_ARM[t], "sft_more", "grpo"):
+            points = {s: (m - float(np.mean(warm))) / gap[0] for s in steps if (m := at(arm, s)) is not None}
+            if points:
+                out["curve"][f"{arm}/{t}"] = points
+    reached = [s for s in steps for t in out["gap"] if out["curve"].get(f"{OPD_ARM[t]}/{t}", {}).get(s, -1.0)
+               >= threshold]
+    if reached:
+        out["S"], out["stop"] = min(reached), False
+    return out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.learning import records
 from bench.learning.arms import Bench
 from bench.learning.plan import ARMS, RL_ARMS, teacher_keys
 from envs.metrics import cluster_bootstrap
@@ -224,4 +225,70 @@ def plot_dynamics(bench: Bench, results: dict, path: Path) -> None:
     if labelled.get_lines():
         labelled.legend(fontsize=7)
     fig.suptitle("Training dynamics, seed 0")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def records_section(summary: dict, kept: list[dict]) -> str:
+    """The last line's terms with their intervals, every teacher's gate per seed, and the two ledgers, all from
+    the records (``records.summarize``)."""
+    def cell(v: object) -> str:
+        if v is None:
+            return "na"
+        return fmt(v) if isinstance(v, tuple | list) else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    terms = "\n".join(f"- `{k}`: {cell(summary[k])}" for k in records.LAST_LINE)
+    gates = ["| teacher | seed | validation F1 | warm F1 | decision gap | max empty | max EOS@1 | gate |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in sorted((r for r in kept if r["kind"] == "teacher"), key=lambda r: (r["teacher"], r["seed"])):
+        g = r["gate"]
+        gap = "na" if g["decision_gap"] is None else f"{g['decision_gap']:.2f}"
+        gates.append(f"| {r['teacher']} | {r['seed']} | {g['f1']:.3f} | {g['warm_f1']:.3f} | {gap} | "
+                     f"{g['max_empty']:.3f} | {g['max_eos_first']:.3f} | "
+                     f"{'passed' if g['passed'] else 'failed: ' + '; '.join(g['fails'])} |")
+    ledger = ["| arm | seeds | steps | rollout tokens | teacher-forward tokens | student tokens | wall s |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    arms: dict[str, list[dict]] = {}
+    for r in kept:
+        if r["kind"] == "arm":
+            arms.setdefault(r["arm"], []).append(r["ledger"])
+    for arm, ls in sorted(arms.items()):
+        mean = {k: np.mean([x[k] or 0 for x in ls]) for k in ("steps", "rollout_tokens", "teacher_forward_tokens",
+                                                                "student_tokens", "wall_seconds")}
+        ledger.append(f"| {arm} | {len(ls)} | {mean['steps']:.0f} | {mean['rollout_tokens']:.0f} | "
+                      f"{mean['teacher_forward_tokens']:.0f} | {mean['student_tokens']:.0f} | "
+                      f"{mean['wall_seconds']:.0f} |")
+    best = summary.get("best") or "none (no T_rl or T_hint passed its gate with OPD records)"
+    return (f"\n## From the records ({len(kept)} of this config)\n\nThe comparisons use the teacher {best}.\n\n"
+            f"{terms}\n\n### Teachers: the gate per seed\n\n" + "\n".join(gates)
+            + "\n\n### Ledgers (means per arm-seed)\n\n" + "\n".join(ledger) + "\n")
+
+
+def pilot_section(curve: dict) -> str:
+    """The gap-recovery curve (``records.pilot``) as a table, S and the stopping rule."""
+    steps = sorted({s for points in curve["curve"].values() for s in points})
+    rows = ["| arm / teacher | " + " | ".join(f"{s} steps" for s in steps) + " |", "|---|" + "---:|" * len(steps)]
+    for name, points in sorted(curve["curve"].items()):
+        rows.append(f"| {name} | " + " | ".join(f"{points[s]:+.2f}" if s in points else "" for s in steps) + " |")
+    gaps = ", ".join(f"{t} {g:+.3f}" for t, g in curve["gap"].items()) or "none above 0"
+    rule = ("**Stop**: no teacher's OPD recovered 30% of its gap by the last step; run nothing more."
+            if curve["stop"] else f"S = {curve['S']} steps: the first point where OPD recovers at least 30%.")
+    return f"\n## Gap recovery (pilot)\n\nGaps: {gaps}.\n\n" + "\n".join(rows) + f"\n\n{rule}\n"
+
+
+def plot_recovery(curve: dict, path: Path) -> None:
+    """Each arm's gap recovery against its steps (``records.pilot``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, points in sorted(curve["curve"].items()):
+        steps = sorted(points)
+        ax.plot(steps, [points[s] for s in steps], marker="o", label=name)
+    ax.axhline(0.3, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("student steps")
+    ax.set_ylabel("gap recovery (arm - warm) / (teacher - warm)")
+    if curve["curve"]:
+        ax.legend(fontsize=7)
     fig.savefig(path, dpi=110, bbox_inches="tight")
