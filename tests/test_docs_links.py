@@ -3,6 +3,7 @@ that file (GitHub's anchors: the heading in lower case, punctuation but hyphens 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -34,3 +35,16 @@ def test_relative_links_and_their_anchors_resolve():
             elif anchor and path.suffix == ".md" and anchor not in anchors(path):
                 broken.append(f"{doc.name}: {target} (no such heading)")
     assert broken == []
+
+
+def test_cited_result_records_exist_and_parse():
+    """Each ``bench/results/...json`` record that README.md or a doc cites is a committed JSON file."""
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for rel in sorted(set(re.findall(r"bench/results/[\w./-]+\.json", doc.read_text(encoding="utf-8")))):
+            path = ROOT / rel
+            if not path.is_file():
+                missing.append(f"{doc.name}: {rel}")
+            else:
+                json.loads(path.read_text(encoding="utf-8"))
+    assert missing == []
