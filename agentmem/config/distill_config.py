@@ -112,10 +112,10 @@ class LossSection(Frozen):
     temperature: float = Field(1.0, gt=0)
     """Temperature of both distributions in the divergence."""
     kd_weight: float = Field(1.0, ge=0)
-    """Weight of the distillation term (with kd_form advantage: the teacher's coefficient in the advantage)."""
+    """Weight of the distillation term (with --kd-form advantage: the teacher's coefficient in the advantage)."""
     kd_form: KdForm = KdForm.additive
     """additive: the distillation term beside the RL term; advantage: no distillation term, the RL term's advantage
-    minus kd_weight x (log p_sampler - log p_teacher) at each sampled token (needs rl=grpo and a teacher)."""
+    minus --kd-weight x (log p_sampler - log p_teacher) at each sampled token (needs --rl grpo and a teacher)."""
     rl_weight: float = Field(1.0, ge=0)
     """Weight of the policy-gradient term."""
     ce_weight: float = Field(0.0, ge=0)
