@@ -317,6 +317,8 @@ def teacher_keys(plan: Plan) -> list[str]:
     keys |= {"ladder"} if "teacher_ladder" in plan.arms else set()
     keys |= {"ladder-hint"} if "teacher_hint" in plan.arms else set()
     keys |= {f"rl-{s}" for s in range(plan.seeds)} if "teacher_rl" in plan.arms else set()
+    if any(k.startswith(("rl-", "ladder-hint")) for k in keys):  # their gates compare with each seed's T0
+        keys |= {f"t0-{s}" for s in range(plan.seeds)}
     return sorted(keys)
 
 

@@ -45,7 +45,7 @@ def teacher_first_reads(bench, key: str, pick: dict) -> dict[str, float] | None:
     config = bench.validation("ladder")
     tasks = {t.task_id: t for t in build_env(config, models.load_tokenizer(bench.base().path)).tasks(config.episodes)}
     with bench.store.session() as s:
-        calls = repo.stream_invocations(s, run_ids=[pick["eval_run_id"]])
+        calls = list(repo.stream_invocations(s, run_ids=[pick["eval_run_id"]]))  # read inside the session
         task_of = {ep.id: tasks[ep.task_id] for ep in repo.list_episodes(s, pick["eval_run_id"])
                    if ep.task_id in tasks}
     return first_read_skips(calls, task_of)
