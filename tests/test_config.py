@@ -91,12 +91,13 @@ def test_a_distill_config_stored_flat_reads_into_its_sections():
         DistillConfig.model_validate({"lr": 1e-4, "optim": {"lr": 2e-4}})
 
 
-def test_a_rollout_samples_under_two_contexts_only():
-    assert [c.value for c in SamplingContext] == ["aligned", "privileged"]
+def test_a_rollout_samples_under_the_student_and_the_two_teacher_prompts_only():
+    # hint: the teacher's prompt with the one-line chunk hint (validating a hint teacher samples under it)
+    assert [c.value for c in SamplingContext] == ["aligned", "privileged", "hint"]
     assert {c.value for c in SamplingContext} < {c.value for c in TeacherContext}
     for teacher_only in ("persistent", "persistent_chat"):
-        with pytest.raises(ValueError, match="Input should be 'aligned' or 'privileged'"):
+        with pytest.raises(ValueError, match="Input should be 'aligned', 'privileged' or 'hint'"):
             RolloutConfig(context=teacher_only)
-        with pytest.raises(ValueError, match="Input should be 'aligned' or 'privileged'"):
+        with pytest.raises(ValueError, match="Input should be 'aligned', 'privileged' or 'hint'"):
             Invocation(episode_id="e", step=0, kind="answer", prompt_ids=[1], output_ids=[2], output_logprobs=None,
                        sampled_context=teacher_only)
