@@ -9,9 +9,10 @@ Areas and where they live:
 - ``RunError``: a named run cannot be used as asked (wrong kind, nothing to resume) (this module);
 - ``TrainingError``: a training or scoring step cannot proceed (vocabularies differ, calls without
   sampler log-probs, an empty step) (this module);
-- ``StoreError`` (``store.errors``), ``EnvError`` (``envs.errors``), ``ReplayError``
-  (``agentmem.replay.errors``), ``PolicyError`` / ``ModelError`` / ``BackendError``
-  (``agentmem.policy.errors``), ``AgentError`` (this module: a memory policy misbehaved).
+- ``ReplayError``: stored records cannot be rebuilt or packed as asked (this module);
+- ``PolicyError`` / ``ModelError`` / ``BackendError``: a model or a generation backend (this module);
+- ``AgentError``: a memory policy misbehaved (this module);
+- ``StoreError`` (``store.errors``) and ``EnvError`` (``envs.errors``), beside their packages.
 
 The value-like areas also subclass ``ValueError`` so callers that catch ``ValueError`` keep working.
 """
@@ -37,3 +38,19 @@ class TrainingError(AgentmemError, ValueError):
 
 class AgentError(AgentmemError, ValueError):
     """A memory policy or the agent loop was driven into a state it cannot handle."""
+
+
+class ReplayError(AgentmemError, ValueError):
+    """Stored records cannot be rebuilt or packed as asked (bad order, length over budget, missing input)."""
+
+
+class PolicyError(AgentmemError):
+    """Base class for policy-layer errors."""
+
+
+class ModelError(PolicyError, ValueError):
+    """A model could not be found, prepared or loaded (the message is one line a person can act on)."""
+
+
+class BackendError(PolicyError, RuntimeError):
+    """A generation backend could not be built or used (e.g. an optional engine is not installed)."""

@@ -61,7 +61,7 @@ def resolve(store: Store | None, ref: str | None) -> ModelRef:
 def _folder_gone(session, ckpt: Checkpoint):
     """The ``ModelError`` for a trained checkpoint whose folder is missing: pruned by its run's ``--keep-last``
     (naming the run's last checkpoint, which is kept), or removed by hand."""
-    from agentmem.policy.errors import ModelError
+    from agentmem.errors import ModelError
 
     run = repo.get_run(session, ckpt.run_id)
     keep = run.config.get("keep_last")
@@ -108,7 +108,7 @@ def load_tokenizer(path: str):
     """The tokenizer alone (cheap: jobs build environments from it before any weights load)."""
     from transformers import AutoTokenizer
 
-    from agentmem.policy.errors import ModelError
+    from agentmem.errors import ModelError
 
     try:
         return AutoTokenizer.from_pretrained(path)
@@ -133,7 +133,7 @@ def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Run
     from agentmem.policy.backends import make_backend
 
     if str(kind) == BackendKind.openai.value:
-        from agentmem.policy.errors import BackendError
+        from agentmem.errors import BackendError
         from agentmem.policy.openai_backend import OpenAIBackend
 
         if base_url is None:

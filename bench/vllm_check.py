@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentmem.errors import BackendError
 from agentmem.policy import SamplingParams, TransformersBackend, VLLMBackend
-from agentmem.policy.errors import BackendError
 from bench.common.tiny import tiny_model
 
 QUESTIONS = [

@@ -43,7 +43,7 @@ from sqlalchemy.orm import Session
 from agentmem.records import Episode, EpisodeStatus, Invocation, utcnow
 from store import repository as repo
 from store.errors import LeaseLost
-from store.models import EpisodeRow, RunRow
+from store.orm import EpisodeRow, RunRow
 
 RUNNING = EpisodeStatus.running.value
 EXHAUSTED = "lease attempts exhausted"

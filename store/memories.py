@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentmem.records import WorkflowMemory
-from store.models import MemoryRow
+from store.orm import MemoryRow
 from store.repository.rows import get_row, insert_ignore, text_column
 
 

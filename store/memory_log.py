@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentmem.records import LogEntry
-from store.models import MemoryLogRow
+from store.orm import MemoryLogRow
 from store.repository.rows import insert_ignore, text_column
 
 _NAMESPACE = uuid.UUID("5d0c6f38-2a61-4d8e-9a55-6c0f4d7e9b21")

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from agentmem.records import ServeCall
 from store import arrays
 from store.errors import NotFound
-from store.models import EpisodeRow, InvocationRow, ServeCallRow
+from store.orm import EpisodeRow, InvocationRow, ServeCallRow
 
 
 def next_step(session: Session, episode_id: str) -> int:

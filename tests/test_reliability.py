@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from test_cli_store import agentmem
 
-from agentmem.policy.errors import BackendError
+from agentmem.errors import BackendError
 from agentmem.records import utcnow
 from agentmem.testing.store_records import make_run
 from store import repository as repo

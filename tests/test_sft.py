@@ -318,7 +318,7 @@ def test_a_pruned_checkpoint_is_refused_in_one_line_naming_its_run(stored, tmp_p
     the run's last checkpoint; the kept ones still resolve."""
     import shutil
 
-    from agentmem.policy.errors import ModelError
+    from agentmem.errors import ModelError
     from cli.app import main
 
     store, run_id, folder = stored

@@ -24,7 +24,7 @@ from store import repository as repo
 from store.engine import make_engine, open_store
 from store.errors import NotFound, SchemaOutOfDate
 from store.migrations import current_revision, downgrade, head_revision, upgrade
-from store.models import Base
+from store.orm import Base
 
 TABLES = {"runs", "checkpoints", "episodes", "invocations", "teacher_scores", "train_steps", "eval_results",
           "serve_calls"}

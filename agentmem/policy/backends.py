@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentmem.policy.errors import BackendError
+from agentmem.errors import BackendError
 from agentmem.policy.types import Backend
 
 BACKENDS = ("transformers", "vllm")

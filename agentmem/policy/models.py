@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 from filelock import FileLock
 from huggingface_hub import try_to_load_from_cache
 
-from agentmem.policy.errors import ModelError
+from agentmem.errors import ModelError
 
 if TYPE_CHECKING:  # torch and transformers load inside the functions that need them (a fast CLI start)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

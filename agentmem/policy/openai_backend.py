@@ -14,7 +14,7 @@ import time
 
 from transformers import PreTrainedTokenizerBase
 
-from agentmem.policy.errors import BackendError
+from agentmem.errors import BackendError
 from agentmem.policy.http import HttpError, request_json
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason

@@ -76,7 +76,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from agentmem.policy.errors import ModelError
+from agentmem.errors import ModelError
 from agentmem.policy.models import DType, load_model
 from agentmem.policy.shaping import Grammars, Shaper
 from agentmem.policy.static_decode import StaticDecoder, unsupported_reason, version_key

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agentmem.policy.errors import BackendError
+from agentmem.errors import BackendError
 from agentmem.policy.types import Progress, SamplingParams
 from agentmem.policy.vllm_backend import VLLM_MISSING, guidance_backend, structured
 from agentmem.records import FinishReason

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentmem.policy.errors import BackendError
+from agentmem.errors import BackendError
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 

@@ -1,6 +1,6 @@
 """Replay: rebuild stored invocations per teacher context and pack them into rows. Pure numpy, no torch."""
 
-from agentmem.replay.errors import ReplayError
+from agentmem.errors import ReplayError
 from agentmem.replay.pack import OverBudget, PackingStats, Row, pack, shareable_prefix, truncate_left
 from agentmem.replay.rebuild import (
     Sequence,

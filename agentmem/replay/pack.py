@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from agentmem.replay.errors import ReplayError
+from agentmem.errors import ReplayError
 from agentmem.replay.rebuild import Sequence
 
 OverBudget = Literal["error", "skip", "left"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from agentmem.errors import ReplayError
 from agentmem.records import Invocation, TeacherContext
-from agentmem.replay.errors import ReplayError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentmem.errors import ReplayError
 from agentmem.records import Invocation
-from agentmem.replay.errors import ReplayError
 
 
 def branch_probabilities(n: int, kappa: float) -> np.ndarray:

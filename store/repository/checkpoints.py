@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentmem.records import Checkpoint
-from store.models import CheckpointRow
+from store.orm import CheckpointRow
 from store.repository.rows import get_row, insert_ignore
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import Episode, EpisodeStatus
 from store.errors import NotFound
-from store.models import EpisodeRow, InvocationRow
+from store.orm import EpisodeRow, InvocationRow
 from store.repository.rows import get_row, insert_ignore, text_column
 
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentmem.records import EvalResult
-from store.models import EvalResultRow
+from store.orm import EvalResultRow
 from store.repository.rows import insert_ignore
 
 

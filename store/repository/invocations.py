@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import FinishReason, Invocation, InvocationKind, SamplingContext
 from store import arrays
-from store.models import EpisodeRow, InvocationRow
+from store.orm import EpisodeRow, InvocationRow
 from store.repository.rows import insert_ignore, text_column
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import Run, RunKind, utcnow
 from store.errors import NotFound
-from store.models import EpisodeRow, InvocationRow, RunRow
+from store.orm import EpisodeRow, InvocationRow, RunRow
 from store.repository.rows import get_row, insert_ignore, text_column
 
 STALE_AFTER = timedelta(minutes=10)  # a run on another host without a heartbeat for this long is "stale"

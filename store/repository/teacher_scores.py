@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import TeacherContext, TeacherScore
 from store import arrays
-from store.models import EpisodeRow, InvocationRow, TeacherScoreRow
+from store.orm import EpisodeRow, InvocationRow, TeacherScoreRow
 from store.repository.rows import insert_ignore
 
 

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentmem.records import TrainStep
-from store.models import TrainStepRow
+from store.orm import TrainStepRow
 from store.repository.rows import insert_ignore
 
 
