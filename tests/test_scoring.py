@@ -18,7 +18,7 @@ from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
-from agentmem.replay.privileged import privileged_ids
+from agentmem.replay.privileged import hint_ids, privileged_ids
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
 from store import repository as repo
@@ -82,6 +82,8 @@ def test_scores_equal_direct_computation(rolled, model, context):
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             ctx = np.asarray(tok(text, add_special_tokens=False)["input_ids"])
             earlier.append(inv)
+        elif context is TeacherContext.hint:  # each memory update's hint line, nothing before an answer call
+            ctx = np.concatenate([hint_ids(tok, eps[inv.episode_id].evidence, inv.chunk_text), inv.prompt_ids])
         else:
             ctx = np.concatenate([privileged_ids(tok, eps[inv.episode_id]), inv.prompt_ids])
         expected = direct_logprobs(model, ctx, inv.output_ids)
