@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.config import HELD_OUT_SEED, AgentConfig, EvalConfig, PolicySource, RolloutConfig, SftConfig
 from agentmem.jobs.eval import run_eval
 from agentmem.jobs.rollout import run_rollout
@@ -125,7 +125,7 @@ def evaluate(store, arm: str, ckpt: Checkpoint, plan: Plan, state: State, runtim
         config = EvalConfig(env="synthetic", env_knobs={"level": plan.level}, episodes=plan.heldout,
                             chunk_tokens=plan.chunk_tokens, model=ckpt.path,
                             agent=plan.agent(policy, options, 0.0, HELD_OUT_SEED))
-        backend = models.backend("transformers", ckpt.path, "float32", runtime)
+        backend = model_refs.backend("transformers", ckpt.path, "float32", runtime)
         t0 = time.perf_counter()
         row = run_eval(store, config, runtime, backend=backend, policy=ckpt)
         seconds = time.perf_counter() - t0
@@ -189,7 +189,7 @@ def main() -> None:
     state = State(work / "state.json", plan)
     runtime = Runtime.create("cpu", args.threads)
     store = open_store(f"sqlite:///{work / 'memory.db'}", create=True)
-    base = models.register(store, models.resolve(store, plan.model))
+    base = model_refs.register(store, model_refs.resolve(store, plan.model))
     t0 = time.perf_counter()
     results: dict[tuple[str, str], dict] = {}
     for arm in arms:

@@ -45,7 +45,7 @@ import torch
 
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
 from agentmem.config import AgentConfig, Packing
-from agentmem.policy.models import load_model, prepare_default_model
+from agentmem.policy.model_files import load_model, prepare_default_model
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.policy.types import SamplingParams
 from agentmem.records import Invocation

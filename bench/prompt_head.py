@@ -43,8 +43,8 @@ from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
 from agentmem.agent.prompts import answer_prompt
 from agentmem.config import AgentConfig, DType, EvalConfig
 from agentmem.jobs.eval import run_eval
-from agentmem.models import register, resolve
-from agentmem.policy.models import load_model, prepare_default_model
+from agentmem.model_refs import register, resolve
+from agentmem.policy.model_files import load_model, prepare_default_model
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.policy.types import SamplingParams
 from agentmem.runtime import CPU

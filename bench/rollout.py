@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.config import AgentConfig, EvalConfig, RolloutConfig
 from agentmem.jobs.eval import run_eval
 from agentmem.jobs.rollout import StoreSink, run_rollout
-from agentmem.policy.models import prepare_default_model
+from agentmem.policy.model_files import prepare_default_model
 from agentmem.runtime import Runtime
 from bench.common.tiny import tiny_model
 from store.engine import open_store
@@ -59,8 +59,8 @@ def measure(label: str, backend_kind: str, dtype: str, model: str, batch: int, j
     config = cls(env="synthetic", env_knobs=knobs, model=model, dtype=dtype, episodes=args.episodes,
                  chunk_tokens=args.chunk_tokens, seed=args.seed, agent=agent)
     runtime = Runtime.create("cpu", threads=args.threads)
-    backend = models.backend(backend_kind, model, dtype, runtime, static_decode=label != "old")
-    policy = models.register(store, models.ModelRef(model, model, "SmolLM2-135M-Instruct"))
+    backend = model_refs.backend(backend_kind, model, dtype, runtime, static_decode=label != "old")
+    policy = model_refs.register(store, model_refs.ModelRef(model, model, "SmolLM2-135M-Instruct"))
     sink = TimedSink(store)
     t0 = time.perf_counter()
     if job == "rollout":
@@ -100,7 +100,7 @@ def main() -> None:
     model = tiny_model(Path(tempfile.mkdtemp(prefix="rollout-smoke-"))) if args.smoke else str(prepare_default_model())
     new_dtype = args.dtype
     if new_dtype == "auto":
-        choice = models.auto_dtype(None, model)
+        choice = model_refs.auto_dtype(None, model)
         print(f"--dtype auto: {choice.dtype} ({choice.reason})", flush=True)
         new_dtype = choice.dtype
     plan = [("old", "transformers", "float32"), ("new", "transformers", new_dtype)]

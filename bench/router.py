@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.routed_memory import ROUTE, RoutedOptions, RoutedPolicy, p_yes, router_label
 from agentmem.config import HELD_OUT_SEED, AgentConfig
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
             args.model = tiny_model(Path(tempfile.mkdtemp(prefix="router-smoke-")))
 
     runtime = Runtime.create("cpu", threads=args.threads)
-    ref = models.resolve(None, args.model)
-    backend = models.backend("transformers", ref.path, "float32", runtime)
+    ref = model_refs.resolve(None, args.model)
+    backend = model_refs.backend("transformers", ref.path, "float32", runtime)
     tok = backend.tokenizer
     env = load_env("synthetic", seed=HELD_OUT_SEED, chunk_tokens=args.chunk_tokens, level=args.level,
                    count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]))

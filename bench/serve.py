@@ -248,7 +248,7 @@ def main() -> None:
         model = save_tiny(work / "tiny", tiny_llama_vllm() if args.backend == "vllm" else tiny_llama())
         args.calls, args.max_tokens = min(args.calls, 3), min(args.max_tokens, 8)
     elif model == "default":
-        from agentmem.policy.models import resolve_model
+        from agentmem.policy.model_files import resolve_model
 
         model = str(resolve_model(None))
     db = f"sqlite:///{work / 'serve.db'}"

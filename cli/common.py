@@ -30,7 +30,7 @@ def weights_dtype(dtype, model: str, db: str | None, threads: int | None):
         return DType(str(dtype))
     import torch
 
-    from agentmem.models import auto_dtype
+    from agentmem.model_refs import auto_dtype
     from store.engine import open_store
 
     if threads is not None:
@@ -120,7 +120,7 @@ def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | No
         require_file(data)
     if not (runs or resume or any(m not in (None, "default") for m in models)):
         return
-    from agentmem import models as model_refs
+    from agentmem import model_refs
     from agentmem.jobs.runs import check_runs, load_run
     from store.engine import open_store
 

@@ -6,7 +6,7 @@ import typer
 
 from agentmem.records import RunKind
 from cli.job_specs import DISTILL
-from cli.training_job import training_command
+from cli.training_command import training_command
 
 
 def _warnings(result) -> None:

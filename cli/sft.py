@@ -6,7 +6,7 @@ import typer
 
 from agentmem.records import RunKind
 from cli.job_specs import SFT
-from cli.training_job import training_command
+from cli.training_command import training_command
 
 sft = training_command(
     SFT, RunKind.sft, "agentmem.jobs.sft.run_sft", models=lambda config: (config.student,),

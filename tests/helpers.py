@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Checkpoint
 

@@ -14,7 +14,7 @@ from agentmem.agent.registry import memory_policy
 from agentmem.config import RolloutConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, EpisodeStatus, InvocationKind, Task

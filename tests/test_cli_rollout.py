@@ -183,7 +183,7 @@ def _no_db_env(monkeypatch):
 def test_run_id_is_the_first_line_before_the_tokenizer_loads(tmp_path, capsys, monkeypatch):
     """The run's row (and its printed id) comes before the model's tokenizer is loaded, which on a fresh
     machine means before the default model is prepared."""
-    import agentmem.models as policy_models
+    import agentmem.model_refs as policy_models
 
     model = save_tiny(tmp_path / "model")
     db = str(tmp_path / "store.db")
@@ -204,7 +204,7 @@ def test_run_id_is_the_first_line_before_the_tokenizer_loads(tmp_path, capsys, m
 def test_dtype_auto_prints_its_choice_right_after_the_run_id(tmp_path, capsys, monkeypatch):
     """`--dtype auto` measures before the run is written (its config stores the concrete choice) and prints the
     choice on the line after `run_id=`, before the run's tokenizer or weights load."""
-    import agentmem.models as policy_models
+    import agentmem.model_refs as policy_models
     from agentmem.policy.dtype_choice import DTypeChoice
     from store import repository as repo
 

@@ -19,12 +19,12 @@ from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
 from agentmem.replay import ReplayError, pack
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
-from agentmem.training.distill import Models, advantages, step_indices
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, accumulate_step
 from agentmem.training.selection import select, student_sequences
 from agentmem.training.teachers import OnlineTeacher
 from agentmem.training.terms import objective_from_config
+from agentmem.training.trainer import Models, advantages, step_indices
 from store import repository as repo
 
 
@@ -243,7 +243,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
     """A call over the row budget is left out of the step (student and teacher) and counted; the other
     calls' loss equals a step without it. The longer privileged teacher contexts are cut from the left
     (teacher_truncation=left) and counted."""
-    from agentmem.training.distill import Trainer, draw_units
+    from agentmem.training.trainer import Trainer, draw_units
 
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
@@ -275,7 +275,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
 
 
 def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_path):
-    from agentmem.training.distill import Trainer
+    from agentmem.training.trainer import Trainer
 
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
@@ -289,7 +289,7 @@ def test_shared_prefix_steps_draw_whole_sibling_groups(rolled, tmp_path):
     """With shared-prefix packing a step takes whole (run, task, step) groups, so siblings share a step;
     every call is still drawn exactly once per epoch."""
     from agentmem.config import Packing
-    from agentmem.training.distill import draw_units, step_units
+    from agentmem.training.trainer import draw_units, step_units
 
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))

@@ -38,7 +38,7 @@ def test_without_native_bf16_fp32_is_chosen_without_measuring(monkeypatch):
 
 
 def test_auto_loads_no_model_where_there_is_nothing_to_measure(monkeypatch, tmp_path):
-    from agentmem import models
+    from agentmem import model_refs
     from agentmem.testing.tiny_models import save_tiny
 
     folder = save_tiny(tmp_path / "tiny")
@@ -46,12 +46,12 @@ def test_auto_loads_no_model_where_there_is_nothing_to_measure(monkeypatch, tmp_
     def no_load(*a, **k):
         raise AssertionError("loaded")
 
-    monkeypatch.setattr(models, "load_model", no_load)
+    monkeypatch.setattr(model_refs, "load_model", no_load)
     monkeypatch.setattr(dtype_choice, "cpu_flags", lambda: {"avx2"})
-    assert models.auto_dtype(None, folder) == DTypeChoice("float32", "no native bf16 (avx512_bf16/amx_bf16) on this CPU")
+    assert model_refs.auto_dtype(None, folder) == DTypeChoice("float32", "no native bf16 (avx512_bf16/amx_bf16) on this CPU")
     monkeypatch.setattr(dtype_choice, "cpu_flags", lambda: {"amx_bf16"})
     with pytest.raises(AssertionError, match="loaded"):
-        models.auto_dtype(None, folder)
+        model_refs.auto_dtype(None, folder)
 
 
 @pytest.mark.parametrize("fp32,bf16,want", [(1.0, 0.5, "bfloat16"), (1.0, 0.96, "float32"), (0.5, 1.0, "float32")])
@@ -73,12 +73,12 @@ def test_the_measurement_runs_both_dtypes_on_a_copy():
 
 
 def test_cli_auto_stores_the_measured_choice(monkeypatch, tmp_path, capsys):
-    from agentmem import models
+    from agentmem import model_refs
     from cli.common import weights_dtype
     from cli.job_session import print_run_id
 
     asked = []
-    monkeypatch.setattr(models, "auto_dtype",
+    monkeypatch.setattr(model_refs, "auto_dtype",
                         lambda store, ref: asked.append(ref) or DTypeChoice("bfloat16", "measured"))
     db = f"sqlite:///{tmp_path / 'x.db'}"
     assert weights_dtype("float32", "default", db, None) is DType.float32 and asked == []

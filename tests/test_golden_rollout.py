@@ -53,7 +53,7 @@ def _canonical(store, run_id: str) -> dict:
 def _rollout(store):
     from agentmem.config import AgentConfig, RolloutConfig
     from agentmem.jobs.rollout import run_rollout
-    from agentmem.models import ModelRef, register
+    from agentmem.model_refs import ModelRef, register
 
     tok = tiny_tokenizer()
     config = RolloutConfig(model="tiny", episodes=3, group_size=2, chunk_tokens=48, env_knobs=SYNTH, seed=5,

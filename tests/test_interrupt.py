@@ -110,14 +110,14 @@ def test_score_sigint_prints_run_and_resume_line(model, tmp_path):
 
 def test_run_id_is_printed_before_the_model_loads(model, tmp_path, monkeypatch, capsys):
     """The sampler's load fails here: the run id was already printed, and the run is marked failed."""
-    from agentmem import models
+    from agentmem import model_refs
     from agentmem.errors import ConfigError
     from cli.app import main
 
     def no_load(*_args, **_kwargs):
         raise ConfigError("weights refused by the test")
 
-    monkeypatch.setattr(models, "sampler", no_load)
+    monkeypatch.setattr(model_refs, "sampler", no_load)
     db = tmp_path / "store.db"
     monkeypatch.setattr(sys, "argv", ["agentmem", "rollout", "--model", model, "--episodes", "1", *SMALL,
                                       "--db", str(db)])

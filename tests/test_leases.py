@@ -30,7 +30,7 @@ from agentmem.jobs.rollout import (
     run_rollout,
 )
 from agentmem.jobs.worker import run_worker
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, Invocation
 from agentmem.testing.scripted_worker import respond

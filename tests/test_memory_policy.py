@@ -18,7 +18,7 @@ from agentmem.agent.prompts import render
 from agentmem.config import RolloutConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, EpisodeStatus
 from agentmem.testing.tiny_models import tiny_tokenizer

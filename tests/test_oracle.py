@@ -32,8 +32,8 @@ from agentmem.records import Episode, Fact, FinishReason, Invocation, RunKind, T
 from agentmem.replay import rebuild_aligned
 from agentmem.testing.store_records import make_episode, make_invocation, make_run
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
-from agentmem.training.distill import Models
 from agentmem.training.terms import MicroBatch, PolicyGradientTerm
+from agentmem.training.trainer import Models
 from envs.metrics import score_answer
 from store import repository as repo
 from store.engine import make_engine

@@ -25,12 +25,12 @@ from agentmem.records import Episode, Invocation, SamplingContext, TeacherContex
 from agentmem.replay import pack, rebuild_aligned
 from agentmem.replay.privileged import privileged_ids
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
-from agentmem.training.distill import Models, Trainer, advantages, psd_mix
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, accumulate_step
 from agentmem.training.selection import Selection, select, student_sequences, teacher_sequences
 from agentmem.training.teachers import OnlineTeacher
 from agentmem.training.terms import objective_from_config
+from agentmem.training.trainer import Models, Trainer, advantages, psd_mix
 from cli.app import app, error_message
 from store import repository as repo
 

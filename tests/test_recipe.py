@@ -18,9 +18,9 @@ from agentmem.jobs.distill import run_distill
 from agentmem.jobs.train import run_train
 from agentmem.records import Episode, TrainStep
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
-from agentmem.training.distill import episode_reward
 from agentmem.training.dynamics import finish_sums, group_liveness, note, output_stats, round_warnings
 from agentmem.training.schedule import lr_at
+from agentmem.training.trainer import episode_reward
 from agentmem.training.validation import first_token_eos
 from store import repository as repo
 
@@ -64,7 +64,7 @@ def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # 
 
     results = {}
     for carry in (True, False):
-        from agentmem.training.distill import Models
+        from agentmem.training.trainer import Models
 
         student = AutoModelForCausalLM.from_pretrained(ckpts[-1].path).train()  # the last keeps its AdamW state
         m = models(policy)
@@ -197,7 +197,7 @@ def test_each_step_logs_its_dynamics(rolled, tmp_path):  # noqa: F811
     kind and both KLs; the lengths equal the drawn calls' stored lengths."""
     store, run_id, policy = rolled
     m = models(policy)
-    from agentmem.training.distill import Models
+    from agentmem.training.trainer import Models
 
     m = Models(m.student, m.tokenizer, m.student_checkpoint, m.teacher, m.teacher_tokenizer,
                reference=models(policy).student.requires_grad_(False))

@@ -23,7 +23,7 @@ from agentmem.records import EpisodeStatus, Run, RunKind
 from agentmem.replay.reopd import branch_probabilities, draw_branch_steps, state_coverage
 from agentmem.testing.store_records import make_episode, make_invocation
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
-from agentmem.training.distill import Models
+from agentmem.training.trainer import Models
 from cli.app import app, error_message
 from store import repository as repo
 from store.engine import make_engine

@@ -339,7 +339,7 @@ def test_privileged_distill_accepts_a_routed_run(sqlite_store, tmp_path):
     from agentmem.config import DistillConfig, RLKind
     from agentmem.jobs.distill import run_distill
     from agentmem.policy.transformers_backend import TransformersBackend
-    from agentmem.training.distill import Models
+    from agentmem.training.trainer import Models
 
     tok = tiny_tokenizer()
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")

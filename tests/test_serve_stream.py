@@ -152,7 +152,7 @@ def test_tool_call_content_streams_then_the_call(sqlite_store):
 def test_the_tiny_model_streams_before_it_finishes(sqlite_store, tmp_path):
     """The real transformers backend: the first token's chunk arrives while later tokens are still being
     sampled (its step hook is held until then)."""
-    from agentmem import models as model_refs
+    from agentmem import model_refs
     from agentmem.runtime import CPU
 
     path = save_tiny(tmp_path / "tiny")

@@ -10,7 +10,7 @@ import openai
 import pytest
 from serve_helpers import running
 
-from agentmem.policy.models import DEFAULT_MODEL, default_cache_dir
+from agentmem.policy.model_files import DEFAULT_MODEL, default_cache_dir
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.serve.chat_template import TEMPLATES, load
 from agentmem.serve.recorder import episode_row_id

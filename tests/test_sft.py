@@ -22,14 +22,14 @@ from agentmem.config import AgentConfig, RolloutConfig, SftConfig
 from agentmem.errors import TrainingError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.sft import load_student, run_sft
-from agentmem.models import resolve
+from agentmem.model_refs import resolve
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import InvocationKind, Run, RunKind
 from agentmem.runtime import CPU
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from agentmem.training import lora
-from agentmem.training.distill import Trainer
 from agentmem.training.selection import select
+from agentmem.training.trainer import Trainer
 from store import repository as repo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_bad_run_ids_fail_before_any_model_loads(stored, tmp_path, monkeypatch):
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("agentmem.models.load", no_load)
+    monkeypatch.setattr("agentmem.model_refs.load", no_load)
     with pytest.raises(Exception, match="no run with id 'nopenope'"):
         run_sft(store, sft_config("nopenope", folder, tmp_path))
     with pytest.raises(Exception, match="is a rollout run, not a sft run"):

@@ -22,13 +22,13 @@ from agentmem.records import TeacherContext
 from agentmem.replay import Sequence, pack, shareable_prefix
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 from agentmem.training.collate import collate_rows
-from agentmem.training.distill import Models, advantages
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, accumulate_step
 from agentmem.training.packed_attention import action_logits, packed_logits
 from agentmem.training.selection import select, student_sequences
 from agentmem.training.teachers import OnlineTeacher
 from agentmem.training.terms import objective_from_config
+from agentmem.training.trainer import Models, advantages
 from store import repository as repo
 
 torch.set_num_threads(1)

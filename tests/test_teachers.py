@@ -27,10 +27,10 @@ from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay import ReplayError
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
-from agentmem.training.distill import Models
 from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import Selection, select, teacher_sequences
 from agentmem.training.teachers import OnlineTeacher, ShardTeacher, StoredScoresTeacher
+from agentmem.training.trainer import Models
 
 torch.set_num_threads(1)
 

@@ -142,7 +142,7 @@ def test_a_missing_tracker_fails_before_any_model_loads(stored, tmp_path, monkey
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("agentmem.models.load", no_load)
+    monkeypatch.setattr("agentmem.model_refs.load", no_load)
     monkeypatch.setitem(PACKAGES, TrackerKind.wandb, ("no_such_module_xyz", "wandb"))
     with pytest.raises(ConfigError, match=r"--report-to wandb needs the no_such_module_xyz package: "
                                           r"pip install 'agentmem\[wandb\]'"):

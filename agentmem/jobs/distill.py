@@ -5,7 +5,7 @@ bad flag or an unknown id); then the run is opened, the models load onto the run
 step's metrics go to ``train_steps`` as it finishes. Checkpoints are model folders registered in
 ``checkpoints`` with their parent; ``--resume`` continues from the last one and draws exactly the steps an
 uninterrupted run would have drawn. The run, the restore and the steps loop are the shell it shares with
-sft (``agentmem.jobs.training_job``); this module owns distill's checks and its models.
+sft (``agentmem.jobs.training_shell``); this module owns distill's checks and its models.
 
 Several processes (torchrun; ``runtime.world_size > 1``): every rank reads the store, loads the models and
 the same trainer state, and trains on its share of each step; rank 0 alone writes (the run row, the
@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from agentmem import models as model_refs
+from agentmem import model_refs
 from agentmem.agent.registry import check_kinds
 from agentmem.config import DistillConfig, EvalConfig, PolicySource, PsdMode, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.training_job import DistillResult, load_train_run, prepare, register_start, train
-from agentmem.models import ModelRef
+from agentmem.jobs.training_shell import DistillResult, load_train_run, prepare, register_start, train
+from agentmem.model_refs import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, SamplingContext, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
@@ -33,7 +33,7 @@ from store import serve as serve_repo
 from store.engine import Store
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
-    from agentmem.training.distill import Models
+    from agentmem.training.trainer import Models
 
 
 def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Checkpoint | None]:
@@ -53,7 +53,7 @@ def load_models(store: Store, config: DistillConfig, runtime: Runtime = CPU,
     """Student (trainable; from ``resume_from`` when resuming), frozen teacher (when the teacher source is a
     model) and frozen reference (when the anchor term is on), on the runtime's device. ``refs``: the
     references ``resolve_models`` gave (resolved here when absent)."""
-    from agentmem.training.distill import Models
+    from agentmem.training.trainer import Models
 
     start_ref, teacher_ref = refs or resolve_models(store, config)
     start = register_start(store, start_ref, runtime)

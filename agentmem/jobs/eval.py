@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
 from agentmem.agent.oracle import evidence_read
 from agentmem.agent.registry import rewrite_kinds
@@ -161,7 +161,7 @@ def run_eval(
     result = run_rollout(store, config, runtime, kind=RunKind.eval, backend=backend, policy=policy,
                          on_start=on_start, on_round=on_round)
     policy = result.policy
-    tokenizer = backend.tokenizer if backend is not None else models.load_tokenizer(policy.path)
+    tokenizer = backend.tokenizer if backend is not None else model_refs.load_tokenizer(policy.path)
     tasks = {t.task_id: t for t in build_env(config, tokenizer).tasks(config.episodes)}
     task_of = {e.id: tasks[e.task_id] for e in result.episodes if e.task_id in tasks}
     with store.session() as s:  # one read of the run's calls serves every statistic
@@ -218,7 +218,7 @@ def run_sweep(
     configs = sweep_configs(config, knob, values)
     backend = policy = None
     if config.policy is not PolicySource.oracle:
-        policy, backend = models.sampler(store, models.resolve(store, config.model), config.backend,
+        policy, backend = model_refs.sampler(store, model_refs.resolve(store, config.model), config.backend,
                                          config.dtype, runtime)
     rows = []
     for i, (value, cfg) in enumerate(zip(values, configs, strict=True)):

@@ -10,7 +10,7 @@ Writers:
 - ``oracle``: ``oracle_workflow``, a deterministic template over the episode's calls, with the gold answers
   replaced by ``<ANSWER>`` and the question's names (capitalised words after its first) by ``<E1>``,
   ``<E2>``... in order of first appearance (``placeholders``);
-- a model (any reference ``agentmem.models.resolve`` takes): one greedy generation per episode of
+- a model (any reference ``agentmem.model_refs.resolve`` takes): one greedy generation per episode of
   ``WRITER_PROMPT`` (system message ``WRITER_SYSTEM``; ``trace`` lists each call as ``<step>. <kind>:`` and the
   memory after it, or for the final call its output, each cut to ``TRACE_CHARS`` characters), at most
   ``max_new_tokens`` tokens; the memory is the decoded output, stripped, with ``placeholders`` applied too.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.prompts import render
 from agentmem.config import BackendKind, DType, Frozen
 from agentmem.errors import ConfigError
@@ -164,12 +164,12 @@ def build_memories(
         raise ConfigError("the oracle writer runs no model: give no backend")
     source_id, episodes = successful_episodes(store, config.run, config.min_f1)
     writer_name = ORACLE
-    ref = models.resolve(store, config.writer) if not oracle and backend is None else None
+    ref = model_refs.resolve(store, config.writer) if not oracle and backend is None else None
     written: list[WorkflowMemory] = []
     with tracked_run(store, RunKind.memories, config.model_copy(update={"run": source_id})) as run:
         if not oracle:
             if backend is None:  # after the run row: its id is known while weights load
-                policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
+                policy, backend = model_refs.sampler(store, ref, config.backend, config.dtype, runtime)
             writer_name = f"model:{policy.id}"
         for lo in range(0, len(episodes), config.batch):
             batch = episodes[lo : lo + config.batch]

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.registry import memory_policy, policy_class, replayable_policies
 from agentmem.config import AgentConfig, ReplayConfig, RolloutConfig
 from agentmem.errors import ConfigError
@@ -119,15 +119,15 @@ def run_replay(
     config = config.model_copy(update={"teacher_run": teacher_id})
     branches = plan_branches(episodes, config)
     if backend is None:
-        ref = models.resolve(store, config.model)
-        tokenizer = models.load_tokenizer(ref.path)
+        ref = model_refs.resolve(store, config.model)
+        tokenizer = model_refs.load_tokenizer(ref.path)
     else:
         tokenizer = backend.tokenizer
     _check_vocab(branches, len(tokenizer))
     memory: Any = memory_policy(tokenizer, agent)  # replayable: it has ``update``
     with tracked_run(store, RunKind.replay, config, resume=resumed) as run:
         if backend is None:  # after the run row: its id is known while weights load
-            policy, backend = models.sampler(store, ref, config.backend, config.dtype, runtime)
+            policy, backend = model_refs.sampler(store, ref, config.backend, config.dtype, runtime)
         assert policy is not None
         rows = [_episode(run.id, b, config.group_size) for b in branches]
         with store.session() as s:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
 from agentmem.agent.memory import Call, MemoryPolicy
 from agentmem.agent.oracle import OracleWriter
@@ -166,7 +166,7 @@ class RolloutSetup:
     tokenizer: Any
     env: Env
     tasks: list[Task]
-    model: models.ModelRef | None
+    model: model_refs.ModelRef | None
     memory: MemoryPolicy  # built (its options checked) before any run row is written
 
     @property
@@ -193,8 +193,8 @@ def rollout_setup(store: Store, config: RolloutConfig, kind: RunKind = RunKind.r
         require_file(config.data)  # a missing --data file fails before the tokenizer (and transformers) loads
     ref = None
     if backend is None:
-        ref = models.resolve(store, config.model)
-        tokenizer = models.load_tokenizer(ref.path)
+        ref = model_refs.resolve(store, config.model)
+        tokenizer = model_refs.load_tokenizer(ref.path)
     else:
         tokenizer = _main_backend(backend).tokenizer
     memory = memory_for(store, tokenizer, config.agent)
@@ -367,7 +367,7 @@ def run_rollout(
             with run.provisional():
                 setup = rollout_setup(store, config, kind, backend)
         if backend is None and not setup.oracle:  # after the run row: its id is known while weights load
-            policy, backend = models.sampler(store, setup.model, config.backend, config.dtype, runtime,
+            policy, backend = model_refs.sampler(store, setup.model, config.backend, config.dtype, runtime,
                                              base_url=config.base_url)
         with store.session() as s:
             repo.insert_episodes(s, setup.episodes(rid))

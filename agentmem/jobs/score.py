@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agentmem import models as model_refs
+from agentmem import model_refs
 from agentmem.agent.registry import check_kinds
 from agentmem.config import ScoreConfig
 from agentmem.errors import AgentmemError, ConfigError, TrainingError

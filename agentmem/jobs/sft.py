@@ -31,18 +31,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentmem import models as model_refs
+from agentmem import model_refs
 from agentmem.config import SftConfig
 from agentmem.errors import ConfigError
-from agentmem.jobs.training_job import DistillResult, prepare, register_start, train
-from agentmem.models import ModelRef
+from agentmem.jobs.training_shell import DistillResult, prepare, register_start, train
+from agentmem.model_refs import ModelRef
 from agentmem.records import Checkpoint, RunKind, TrainStep
 from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
 from store.engine import Store
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
-    from agentmem.training.distill import Models
+    from agentmem.training.trainer import Models
 
 
 def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRef,
@@ -52,7 +52,7 @@ def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRe
     ``anchor_weight``, also a frozen copy of the starting weights (the anchor's reference)."""
     from agentmem.training import lora
     from agentmem.training.checkpoints import load_adapters
-    from agentmem.training.distill import Models
+    from agentmem.training.trainer import Models
 
     start = register_start(store, ref, runtime)
     reference = model_refs.load(ref.path, config.dtype, runtime)[0] if config.anchor_weight else None

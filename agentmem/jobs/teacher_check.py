@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.config import EvalConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.eval import run_eval
@@ -52,7 +52,7 @@ def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime
     ``empty_after_evidence`` is above that."""
     from agentmem.training.validation import first_token_eos  # torch: after the job's flags are checked
 
-    backend = models.backend(config.backend, teacher.path, config.dtype, runtime)
+    backend = model_refs.backend(config.backend, teacher.path, config.dtype, runtime)
     row = run_eval(store, config.model_copy(update={"model": teacher.path}), runtime, backend=backend,
                    policy=teacher)
     with store.session() as s:
@@ -62,7 +62,7 @@ def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime
     model = getattr(backend, "model", None)
     own = model is None
     if own:
-        model, _ = models.load(teacher.path, config.dtype, runtime)
+        model, _ = model_refs.load(teacher.path, config.dtype, runtime)
     eos = backend.tokenizer.eos_token_id
     eos_first = first_token_eos(model, prompts, eos, runtime.device) if eos is not None else {}
     report = TeacherReport(teacher.id, row.run_id, row.f1, float(row.metrics.get("empty_rate", 0.0)),

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
 from agentmem.agent.registry import check_kinds
 from agentmem.config import HELD_OUT_SEED, DistillConfig, EvalConfig, RolloutConfig, SftConfig, TrainConfig
@@ -93,7 +93,7 @@ def load_train_state(store: Store, run_id: str) -> TrainState:
     """The train run named by ``run_id`` (abbreviations allowed) and its rounds, found in the store."""
     run = load_run(store, run_id, RunKind.train)
     config = load_train_config(run)
-    start = models.register(store, models.resolve(store, config.distill.student))
+    start = model_refs.register(store, model_refs.resolve(store, config.distill.student))
     if config.warm_start is not None:
         warm = warm_start_checkpoint(store, run.id, config)
         if warm is None:
@@ -150,14 +150,14 @@ def run_train(
     for kinds in (config.distill.kinds, config.distill.teacher.aligned_kinds, config.warm_start and config.warm_start.kinds):
         check_kinds(kinds or None)
     check_loss_terms(config.distill.loss.terms)
-    start = models.resolve(store, config.distill.student)
+    start = model_refs.resolve(store, config.distill.student)
     if config.distill.teacher.model:
-        models.resolve(store, config.distill.teacher.model)  # a bad teacher fails before the first rollout
+        model_refs.resolve(store, config.distill.teacher.model)  # a bad teacher fails before the first rollout
     with tracked_run(store, RunKind.train, config, resume=state.run.id if state else None) as run:
         rounds = list(state.finished) if state else []
         pending = state.pending_distill if state else None
         fresh = not rounds and pending is None
-        policy = rounds[-1].checkpoint if rounds else models.register(store, start)
+        policy = rounds[-1].checkpoint if rounds else model_refs.register(store, start)
         if config.warm_start is not None and not rounds:
             policy = warm_start(store, config, run, runtime, say, on_step)
         if fresh and config.teacher_check_episodes and config.distill.teacher.model and config.distill.effective_kd_weight:
@@ -229,7 +229,7 @@ def validate_teacher(store: Store, config: TrainConfig, runtime: Runtime) -> Tea
     """Refuse (ConfigError) a teacher that stops at once on more than ``max_teacher_empty`` of a call kind, or
     writes ``(empty)`` after evidence on more than ``max_teacher_forgot`` of its updates."""
     assert config.distill.teacher.model is not None
-    teacher = models.register(store, models.resolve(store, config.distill.teacher.model))
+    teacher = model_refs.register(store, model_refs.resolve(store, config.distill.teacher.model))
     return check_teacher(store, teacher, teacher_eval_config(config), runtime, config.max_teacher_empty,
                          config.max_teacher_forgot)
 
@@ -261,7 +261,7 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
     rollout_cfg, distill_cfg = config.round_configs(r, policy.id)
     if pending_distill is None:
         say(f"{label}: rollout with {policy.id} ({policy.path})")
-        backend = models.backend(rollout_cfg.backend, policy.path, rollout_cfg.dtype, runtime)
+        backend = model_refs.backend(rollout_cfg.backend, policy.path, rollout_cfg.dtype, runtime)
         rolled = run_rollout(store, rollout_cfg, runtime, backend=backend, policy=policy, on_round=on_round)
         del backend
         run.beat(force=True)

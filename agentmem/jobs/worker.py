@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
 from agentmem.errors import RunError
 from agentmem.jobs.rollout import (
@@ -123,7 +123,7 @@ def _work_one(store: Store, rid: str, runtime: Runtime, lease: LeaseTerms, resul
         key = (setup.model.path, config.backend, config.dtype)
         if key not in samplers:
             samplers.clear()  # one model in memory at a time
-            samplers[key] = retrying(lambda: models.sampler(store, setup.model, config.backend, config.dtype,
+            samplers[key] = retrying(lambda: model_refs.sampler(store, setup.model, config.backend, config.dtype,
                                                             runtime, base_url=config.base_url),
                                      "registering the model")  # the store is touched before any weights load
         policy, backend = samplers[key]

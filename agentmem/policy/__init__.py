@@ -8,17 +8,17 @@ import importlib
 
 # Names load on first use (PEP 562), so importing ``agentmem.policy.types`` does not import torch.
 _WHERE = {
-    "BackendError": "errors", "ModelError": "errors", "PolicyError": "errors",
-    "DEFAULT_MODEL": "models", "load_model": "models", "prepare_default_model": "models", "resolve_model": "models",
-    "ScriptedBackend": "scripted", "TransformersBackend": "transformers_backend",
-    "Backend": "types", "Generation": "types", "SamplingParams": "types", "VLLMBackend": "vllm_backend",
+    "BackendError": "agentmem.errors", "ModelError": "agentmem.errors", "PolicyError": "agentmem.errors",
+    "DEFAULT_MODEL": ".model_files", "load_model": ".model_files", "prepare_default_model": ".model_files",
+    "resolve_model": ".model_files", "ScriptedBackend": ".scripted", "TransformersBackend": ".transformers_backend",
+    "Backend": ".types", "Generation": ".types", "SamplingParams": ".types", "VLLMBackend": ".vllm_backend",
 }
 
 
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'agentmem.policy' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"agentmem.policy.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(_WHERE[name], __name__), name)
 
 
 __all__ = [

@@ -77,7 +77,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.errors import ModelError
-from agentmem.policy.models import DType, load_model
+from agentmem.policy.model_files import DType, load_model
 from agentmem.policy.shaping import Grammars, Shaper
 from agentmem.policy.static_decode import StaticDecoder, unsupported_reason, version_key
 from agentmem.policy.types import Generation, SamplingParams

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentmem import models as model_refs
+from agentmem import model_refs
 from agentmem.config import BackendKind, DType
 from agentmem.policy.types import AsyncEngine, Backend
 from agentmem.runtime import CPU, Runtime

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agentmem.jobs import rollout, worker
 from agentmem.jobs.rollout import LeaseTerms
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import open_store

@@ -2,7 +2,7 @@
 plus the trainer state (optimizer, step, the objective's state across steps) that ``--resume`` needs to give the same
 next step as an uninterrupted run. The optimizer state (twice the model's size under AdamW) is kept only where a
 later step can start from it: ``drop_optimizer_state`` removes it from a run's earlier checkpoints as new ones are
-saved (``jobs.training_job.train_steps``).
+saved (``jobs.training_shell.train_steps``).
 
 A model with LoRA adapters (``training.lora``) is saved merged, so the folder is a plain model folder any
 transformers loader reads; its adapters go into the trainer state (key ``adapter``), for an exact resume."""
@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
-from agentmem.policy.models import quiet_transformers
+from agentmem.policy.model_files import quiet_transformers
 from agentmem.training import lora
 
 TRAINER_STATE = "trainer_state.pt"

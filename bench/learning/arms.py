@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.config import (
     HELD_OUT_SEED,
     DistillConfig,
@@ -106,19 +106,19 @@ class Bench:
         def measure() -> str:
             if self.plan.eval_dtype != "auto":
                 return self.plan.eval_dtype
-            choice = models.auto_dtype(self.store, self.plan.model)
+            choice = model_refs.auto_dtype(self.store, self.plan.model)
             say(f"evaluations in {choice.dtype} ({choice.reason})")
             return choice.dtype
         return self.state.once("eval_dtype", measure)
 
     def fast_dtype(self) -> str:
-        """The faster dtype of the model on this machine (``models.auto_dtype``), measured once: the evaluations'
+        """The faster dtype of the model on this machine (``model_refs.auto_dtype``), measured once: the evaluations'
         measurement when theirs is ``auto``."""
         if self.plan.eval_dtype == "auto":
             return self.eval_dtype()
 
         def measure() -> str:
-            choice = models.auto_dtype(self.store, self.plan.model)
+            choice = model_refs.auto_dtype(self.store, self.plan.model)
             say(f"faster dtype here: {choice.dtype} ({choice.reason})")
             return choice.dtype
         return self.state.once("fast_dtype", measure)
@@ -149,7 +149,7 @@ class Bench:
         return ckpt
 
     def base(self) -> Checkpoint:
-        return models.register(self.store, models.resolve(self.store, self.plan.model))
+        return model_refs.register(self.store, model_refs.resolve(self.store, self.plan.model))
 
     def oracle_runs(self, domain: str) -> list[str]:
         """The oracle rollouts SFT trains on: one per training level (ladder) or one on SQuAD."""
@@ -203,7 +203,7 @@ class Bench:
 
     def rollout(self, policy: Checkpoint, config: RolloutConfig, key: str) -> str:
         def make() -> dict:
-            backend = models.backend("transformers", policy.path, "float32", self.runtime)
+            backend = model_refs.backend("transformers", policy.path, "float32", self.runtime)
             rolled = run_rollout(self.store, config.model_copy(update={"model": policy.path}), self.runtime,
                                  backend=backend, policy=policy)
             mean = float(np.mean([e.f1 or 0.0 for e in rolled.episodes]))
@@ -217,7 +217,7 @@ class Bench:
 
     def reopd_data(self, student: Checkpoint, oracle_run: str, seed: int) -> str:
         def make() -> dict:
-            backend = models.backend("transformers", student.path, "float32", self.runtime)
+            backend = model_refs.backend("transformers", student.path, "float32", self.runtime)
             config = ReplayConfig(teacher_run=oracle_run, model=student.path, group_size=4, kappa=0.6, seed=seed,
                                   max_batch=32)
             replayed = run_replay(self.store, config, self.runtime, backend=backend, policy=student)
@@ -234,7 +234,7 @@ class Bench:
         if not p.coasts:
             return warm_json
         warm = self.kept(warm_json["id"], f"warm/ladder/{seed}")
-        model, tok = models.load(warm.path, "float32", self.runtime, trainable=True)
+        model, tok = model_refs.load(warm.path, "float32", self.runtime, trainable=True)
         params = [q for q in model.parameters() if q.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=p.lr)
         if not carry_trainer_state(Path(warm.path), optimizer):
@@ -337,7 +337,7 @@ class Bench:
             def validate(c=c) -> float:
                 ckpt, dtype = self.ckpt(runs[c][-1]["id"]), self.eval_dtype()
                 config = self.validation("ladder").model_copy(update={"model": ckpt.path, "dtype": DType(dtype)})
-                backend = models.backend("transformers", ckpt.path, dtype, self.runtime)
+                backend = model_refs.backend("transformers", ckpt.path, dtype, self.runtime)
                 return float(run_eval(self.store, config, self.runtime, backend=backend, policy=ckpt).f1)
             scores[c] = self.state.once(f"coef/{arm}/{seed}/{c}/f1", validate)
         best = max(p.teacher_coefs, key=lambda c: (scores[c], -c))
@@ -406,7 +406,7 @@ class Bench:
         def make() -> dict:
             say(f"evaluate {arm} seed {seed}")
             dtype = self.eval_dtype()
-            backend = models.backend("transformers", ckpt.path, dtype, self.runtime)
+            backend = model_refs.backend("transformers", ckpt.path, dtype, self.runtime)
             out: dict = {"scores": {}, "empty": {}, "length": {}, "forgot": {}, "runs": {}}
             for name, config in self.heldout_sets(real):
                 if not ladder and name.startswith("level"):
@@ -468,7 +468,7 @@ class Bench:
         """Per seed's evaluation: ``first_read_skips`` over its held-out ladder calls (every level together),
         read back from the store, so folders evaluated before the metric existed report it too."""
         if not self.heldout_tasks:
-            tok = models.load_tokenizer(self.base().path)
+            tok = model_refs.load_tokenizer(self.base().path)
             self.heldout_tasks.update({name: {t.task_id: t for t in build_env(c, tok).tasks(c.episodes)}
                                        for name, c in self.heldout_sets(False)})
         out = []

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from agentmem import models
+from agentmem import model_refs
 from agentmem.config import (
     DType,
     EvalConfig,
@@ -43,7 +43,7 @@ def teacher_first_reads(bench, key: str, pick: dict) -> dict[str, float] | None:
     if key.startswith("squad") or not pick.get("eval_run_id"):
         return None
     config = bench.validation("ladder")
-    tasks = {t.task_id: t for t in build_env(config, models.load_tokenizer(bench.base().path)).tasks(config.episodes)}
+    tasks = {t.task_id: t for t in build_env(config, model_refs.load_tokenizer(bench.base().path)).tasks(config.episodes)}
     with bench.store.session() as s:
         calls = list(repo.stream_invocations(s, run_ids=[pick["eval_run_id"]]))  # read inside the session
         task_of = {ep.id: tasks[ep.task_id] for ep in repo.list_episodes(s, pick["eval_run_id"])

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from test_worker_kills import ROOT, calls_by_episode, config, respond
 
 from agentmem.jobs.rollout import create_rollout, run_rollout
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import make_engine, open_store

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import create_rollout, run_rollout
-from agentmem.models import ModelRef, register
+from agentmem.model_refs import ModelRef, register
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import tiny_tokenizer

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from agentmem import models as model_refs
+from agentmem import model_refs
 from agentmem.agent.registry import check_kinds
 from agentmem.config import DistillConfig, SftConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
-from agentmem.models import ModelRef
+from agentmem.model_refs import ModelRef
 from agentmem.records import Checkpoint, RunKind, SamplingContext, TrainStep
 from agentmem.runtime import Runtime
 from agentmem.tracking import TrackerKind, reporting, run_folder
@@ -31,8 +31,8 @@ from store import repository as repo
 from store.engine import Store
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
-    from agentmem.training.distill import Models, Trainer
     from agentmem.training.selection import Selection
+    from agentmem.training.trainer import Models, Trainer
 
 JobConfig = TypeVar("JobConfig", DistillConfig, SftConfig)
 
@@ -138,7 +138,7 @@ def train(
         load_objective_state,
         load_trainer_state,
     )
-    from agentmem.training.distill import Trainer
+    from agentmem.training.trainer import Trainer
 
     if resumed.checkpoint is not None and not has_optimizer_state(Path(resumed.checkpoint.path)):
         raise ConfigError(f"run {resumed.run_id} finished and its last checkpoint {resumed.checkpoint.id} kept no "

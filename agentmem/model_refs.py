@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentmem.config import BackendKind, DType
-from agentmem.policy.models import DEFAULT_MODEL, load_model, resolve_model
+from agentmem.policy.model_files import DEFAULT_MODEL, load_model, resolve_model
 from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint
 from agentmem.runtime import Runtime

@@ -1,6 +1,6 @@
 """Distillation from stored invocations: the ``Trainer`` (the job around it, with run bookkeeping, model
 loading and resume, is ``agentmem.jobs.distill``, on the shell it shares with sft:
-``agentmem.jobs.training_job``).
+``agentmem.jobs.training_shell``).
 
 Each step takes ``invocations_per_step`` stored calls in a seeded order that depends only on
 (seed, step) (with several processes, each takes every ``world_size``-th of them), rebuilds them for
