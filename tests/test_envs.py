@@ -371,6 +371,11 @@ def locomo(tmp_path, chunk_tokens=40, **knobs):
     return load_env("locomo", data_path=path, count_tokens=words, chunk_tokens=chunk_tokens, seed=0, **knobs)
 
 
+def locomo_header(number: int, date: str) -> str:
+    """The line a LoCoMo chunk starts with: its session's number and date."""
+    return f"Session {number}, {date}:\n"
+
+
 def test_locomo_sessions_in_order_with_dates_and_categories(tmp_path):
     env = locomo(tmp_path)
     tasks = {t.task_id: t for t in env.tasks()}
@@ -384,8 +389,8 @@ def test_locomo_sessions_in_order_with_dates_and_categories(tmp_path):
     ]
     dog = tasks["conv-a/qa0"]
     assert dog.chunks == [
-        "Session 1, 1:56 pm on 8 May, 2023:\nAna: Hi Ben! I started painting.\nBen: Great, what do you paint?",
-        "Session 2, 2:00 pm on 9 May, 2023:\nAna: I adopted a dog named Rex.\nBen: Lovely! What breed?\n"
+        locomo_header(1, "1:56 pm on 8 May, 2023") + "Ana: Hi Ben! I started painting.\nBen: Great, what do you paint?",
+        locomo_header(2, "2:00 pm on 9 May, 2023") + "Ana: I adopted a dog named Rex.\nBen: Lovely! What breed?\n"
         "Ana: A beagle. [shares a photo of a beagle]",
     ]
     assert (
@@ -406,7 +411,7 @@ def test_locomo_sessions_in_order_with_dates_and_categories(tmp_path):
 def test_locomo_splits_a_long_session_on_turns_each_chunk_dated(tmp_path):
     task = next(t for t in locomo(tmp_path, chunk_tokens=16).tasks() if t.task_id == "conv-b/qa0")
     assert len(task.chunks) == 4 and all(
-        c.startswith("Session 1, 9:00 am on 1 March, 2022:\n") for c in task.chunks
+        c.startswith(locomo_header(1, "9:00 am on 1 March, 2022")) for c in task.chunks
     )
     assert task.evidence_chunks == [0]
 

@@ -89,7 +89,7 @@ def test_locomo_real(shared_data):
     assert sum(bool(t.evidence_chunks) for t in tasks) / len(tasks) > 0.95
     first = next(t for t in tasks if t.task_id == "conv-26/qa0")
     assert first.evidence == ["D1:3"] and first.answers == ["7 May 2023"]
-    assert first.chunks[first.evidence_chunks[0]].startswith("Session 1, 1:56 pm on 8 May, 2023:\n")
+    assert first.chunks[first.evidence_chunks[0]].startswith(f"Session {1}, 1:56 pm on 8 May, 2023:\n")
     assert "LGBTQ support group" in first.chunks[first.evidence_chunks[0]]
     assert {
         t.category
