@@ -15,12 +15,14 @@ over a GEMM's on the decoder's shapes measured in the same process, ``gemm_peak`
 
   python -m bench.sft_speed --threads 2                 # the full 10k tokens per dtype
   python -m bench.sft_speed --threads 2 --max-steps 4   # a short run
+  python -m bench.sft_speed --max-steps 3 --profile 20  # and the second step's top 20 ops (left out of the figure)
   python -m bench.sft_speed --smoke                     # a tiny random model, 2 steps: every phase runs
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shutil
 import tempfile
@@ -81,15 +83,38 @@ def step_flops(model_path: str, tokens: float, actions: float) -> float:
     return 6 * c.num_hidden_layers * layer * tokens + 6 * c.hidden_size * c.vocab_size * actions
 
 
+@contextlib.contextmanager
+def step_profile(top: int, what: str):
+    """With ``top`` > 0: ``torch.profiler`` over the second step (the first steady one; the caller calls the
+    yielded function after each step), then its ``top`` ops by self CPU time, grouped by op name."""
+    if top <= 0:
+        yield lambda: None
+        return
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, acc_events=True,
+                   schedule=schedule(wait=0, warmup=1, active=1))  # step 1 warms the profiler up
+    prof.start()
+    try:
+        yield prof.step
+    finally:
+        prof.stop()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"profile of {what}: {total / 1e6:.2f} s of self CPU time over the ops; the top {top}:", flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=48), flush=True)
+
+
 def measure(store, run_id: str, dtype: DType, steps: int, args, work: Path, runtime: Runtime) -> dict:
     history: list[TrainStep] = []
     t0 = time.perf_counter()
     config = SftConfig(run_ids=[run_id], student=args.model, steps=steps, invocations_per_step=args.calls_per_step,
                        row_tokens=args.row_tokens, lr=1e-5, dtype=dtype, lora_rank=args.lora_rank,
                        out=str(work / f"ckpt-{dtype}"))
-    result = run_sft(store, config, runtime, on_step=history.append)
+    with step_profile(args.profile if steps > 1 else 0, f"{dtype} step 2") as on_step:
+        result = run_sft(store, config, runtime, on_step=lambda h: (history.append(h), on_step()))
     wall = time.perf_counter() - t0
-    steady = history[1:] or history
+    steady = [h for k, h in enumerate(history) if k > (1 if args.profile else 0)] or history  # not the profiled
     seconds, actions = sum(h.seconds for h in steady), sum(h.metrics["actions"] for h in steady)
     tokens = sum(h.tokens for h in steady)
     per_10k = seconds / actions * 10_000
@@ -120,6 +145,8 @@ def main() -> None:
     ap.add_argument("--lora-rank", type=int, default=None)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--work", type=Path, default=None, help="folder for the store and checkpoints (default: temp)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile each dtype's second step (torch.profiler) and print its top N ops by self CPU time")
     ap.add_argument("--smoke", action="store_true", help="a tiny random model, 2 steps per dtype: every phase runs")
     args = ap.parse_args()
     runtime = Runtime.create(device="cpu", threads=1 if args.smoke else args.threads)

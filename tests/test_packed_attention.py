@@ -170,7 +170,8 @@ def test_segment_groups_exact():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_cpu_segment_groups_keep_logits_and_gradients(packed, name, monkeypatch):
-    """The CPU fast path runs a row as several forwards of whole segments: same logits and gradients."""
+    """The CPU fast path runs a row as several forwards of whole segments: same logits and gradients, and the
+    embedding looked up once for the row (each lookup's backward is a dense [vocab, hidden] gradient)."""
     import agentmem.training.packed_attention as pa
 
     by_id, batch = packed
@@ -178,7 +179,11 @@ def test_cpu_segment_groups_keep_logits_and_gradients(packed, name, monkeypatch)
     whole = packed_logits(model, batch, "fast")
     monkeypatch.setattr(pa, "CPU_GROUP_TOKENS", 8)  # forces several groups per row
     assert len(pa.segment_groups(batch.cu_seqlens, 8)) > 2
+    lookups = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: lookups.append(out.shape))
     grouped = packed_logits(model, batch, "fast")
+    hook.remove()
+    assert lookups == [(batch.num_tokens, model.config.hidden_size)]
     assert (grouped - whole).abs().max().item() <= 1e-5
     expected = unpacked_logits(model, by_id, batch)
     token_logprob_sum(grouped[:-1], batch.input_ids[batch.token_mask][1:]).backward()

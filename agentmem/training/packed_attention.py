@@ -277,12 +277,14 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
     if batch.prefix_blocks is not None:
         return _shared_prefix_hidden(model, batch)
     cu = batch.cu_seqlens
-    ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
+    pos = batch.position_ids[batch.token_mask]
+    groups = segment_groups(cu, CPU_GROUP_TOKENS if cu.device.type == "cpu" else None)
+    embeds = _group_embeddings(base, batch, cu.tolist(), groups)
     parts = []
     name = fast_attention_implementation(cu.device, model.dtype)
     with attention_implementation(model, name):
-        for lo, hi in segment_groups(cu, CPU_GROUP_TOKENS if cu.device.type == "cpu" else None):
-            start, end = int(cu[lo]), int(cu[hi])
+        for (lo, hi), embedded in zip(groups, embeds, strict=True):
+            start = int(cu[lo])
             sub = (cu[lo : hi + 1] - start).to(torch.int32)
             if name == FLEX_ATTENTION:
                 bounds: dict = {"agentmem_layout": BlockLayout(tuple(sub.tolist()), (-1,) * (hi - lo))}
@@ -290,10 +292,19 @@ def packed_hidden(model: PreTrainedModel, batch: PackedBatch, path: Path = "fast
                 longest = int((sub[1:] - sub[:-1]).max())
                 bounds = {"cu_seq_lens_q": sub, "cu_seq_lens_k": sub, "max_length_q": longest,
                           "max_length_k": longest}
-            out = base(input_ids=ids[start:end][None], position_ids=pos[start:end][None], use_cache=False,
-                       **bounds)
+            out = base(inputs_embeds=embedded[None], position_ids=pos[start : start + len(embedded)][None],
+                       use_cache=False, **bounds)
             parts.append(out.last_hidden_state[0])
     return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _group_embeddings(base: torch.nn.Module, batch: PackedBatch, bounds: list[int],
+                      groups: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+    """The input embeddings of the real tokens, looked up once for the whole row and split by group: an
+    embedding's backward makes a dense ``[vocab, hidden]`` gradient per call, so one lookup per group would
+    fill and add that (113 MB for the default model) once per group."""
+    embedded = base.get_input_embeddings()(batch.input_ids[batch.token_mask])
+    return embedded.split([bounds[hi] - bounds[lo] for lo, hi in groups])
 
 
 def _shared_prefix_hidden(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
@@ -304,16 +315,17 @@ def _shared_prefix_hidden(model: PreTrainedModel, batch: PackedBatch) -> torch.T
     if batch.prefix_blocks is None:
         raise ValueError("the shared-prefix path needs a batch with prefix blocks (Packing.shared_prefix)")
     bounds, prefixes = cu.tolist(), batch.prefix_blocks.tolist()
-    ids, pos = batch.input_ids[batch.token_mask], batch.position_ids[batch.token_mask]
+    pos = batch.position_ids[batch.token_mask]
     parts = []
     name = shared_attention_implementation(cu.device, model.dtype)
     limit = CPU_GROUP_TOKENS if cu.device.type == "cpu" else None
+    groups = segment_groups(cu, limit, [c < 0 for c in prefixes])
     with attention_implementation(model, name):
-        for lo, hi in segment_groups(cu, limit, [c < 0 for c in prefixes]):
+        for (lo, hi), embedded in zip(groups, _group_embeddings(base, batch, bounds, groups), strict=True):
             start, end = bounds[lo], bounds[hi]
             layout = BlockLayout(tuple(b - start for b in bounds[lo : hi + 1]),
                                  tuple(c - lo if c >= 0 else -1 for c in prefixes[lo:hi]))
-            out = base(input_ids=ids[start:end][None], position_ids=pos[start:end][None], use_cache=False,
+            out = base(inputs_embeds=embedded[None], position_ids=pos[start:end][None], use_cache=False,
                        agentmem_layout=layout)
             parts.append(out.last_hidden_state[0])
     return torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -199,8 +199,11 @@ class Trainer:
                                 if config.loss.teacher_centering is not TeacherCentering.none else None)
         self.eos_id = models.tokenizer.eos_token_id
         self.temperature_of = {i.id: (i.temperature if i.temperature > 0 else 1.0) for i in self.selection.invocations}
+        # the fused kernel: one pass per parameter, where torch's CPU default loops over several (0.07 s against
+        # 0.35 s a step for the default model's 135M weights); FSDP2's sharded parameters keep torch's choice
         self.optimizer = torch.optim.AdamW([p for p in models.student.parameters() if p.requires_grad],
-                                           lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+                                           lr=config.optim.lr, weight_decay=config.optim.weight_decay,
+                                           fused=None if runtime.fsdp else True)
 
     def step(self, step: int) -> TrainStep:
         t0 = time.perf_counter()
