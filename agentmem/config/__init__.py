@@ -18,39 +18,11 @@ Every fixed choice is an Enum (``choices``). Device and threads are not here: th
 the job (``agentmem.runtime``).
 """
 
+from agentmem.config import choices, distill_config
 from agentmem.config.agent_config import AgentConfig
 from agentmem.config.base import KIND_ALIASES, SERVE_KINDS, Frozen, kind_names
-from agentmem.config.choices import (
-    AttentionPath,
-    BackendKind,
-    Choice,
-    Device,
-    DistillTarget,
-    Divergence,
-    DType,
-    KdForm,
-    LrSchedule,
-    Oversize,
-    Packing,
-    PlotBy,
-    PolicySource,
-    PromptLayout,
-    PsdMode,
-    RewardKind,
-    RLKind,
-    TeacherCentering,
-    TeacherSourceKind,
-    TeacherTruncation,
-    Weighting,
-)
-from agentmem.config.distill_config import (
-    BatchSection,
-    DistillConfig,
-    LossSection,
-    OptimSection,
-    RLSection,
-    TeacherSection,
-)
+from agentmem.config.choices import *  # noqa: F403 (every Enum: the names of choices.__all__)
+from agentmem.config.distill_config import *  # noqa: F403 (DistillConfig and its sections)
 from agentmem.config.replay_config import ReplayConfig
 from agentmem.config.rollout_config import HELD_OUT_SEED, EvalConfig, RolloutConfig
 from agentmem.config.score_config import ScoreConfig
@@ -58,10 +30,7 @@ from agentmem.config.sft_config import LORA_TARGETS, SftConfig, WarmStartConfig
 from agentmem.config.train_config import TrainConfig
 
 __all__ = [
-    "HELD_OUT_SEED", "KIND_ALIASES", "LORA_TARGETS", "SERVE_KINDS", "AgentConfig", "AttentionPath", "BackendKind",
-    "BatchSection", "Choice", "DType", "Device", "DistillConfig", "DistillTarget", "Divergence", "EvalConfig",
-    "Frozen", "KdForm", "LossSection", "LrSchedule", "OptimSection", "Oversize", "Packing", "PlotBy", "PolicySource",
-    "PromptLayout", "PsdMode", "RLKind", "RLSection", "ReplayConfig", "RewardKind", "RolloutConfig", "ScoreConfig",
-    "SftConfig", "TeacherCentering", "TeacherSection", "TeacherSourceKind", "TeacherTruncation", "TrainConfig",
-    "WarmStartConfig", "Weighting", "kind_names",
+    *choices.__all__, *distill_config.__all__, "HELD_OUT_SEED", "KIND_ALIASES", "LORA_TARGETS", "SERVE_KINDS",
+    "AgentConfig", "EvalConfig", "Frozen", "ReplayConfig", "RolloutConfig", "ScoreConfig", "SftConfig",
+    "TrainConfig", "WarmStartConfig", "kind_names",
 ]

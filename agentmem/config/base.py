@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
-from agentmem.config.choices import DType
-from agentmem.records import InvocationKind
+from agentmem.config.choices import AttentionPath, DType, Packing
+from agentmem.records import CallKind, InvocationKind
 
 
 class Frozen(BaseModel):
@@ -33,7 +33,6 @@ def kind_names(value: Any) -> Any:
     return [KIND_ALIASES.get(v, v) if isinstance(v, str) else v for v in value]
 
 
-
 def mixed_over_float32(value: bool, info: ValidationInfo) -> bool:
     dtype = info.data.get("dtype")
     if value and dtype is not None and DType(dtype) is not DType.float32:
@@ -41,3 +40,14 @@ def mixed_over_float32(value: bool, info: ValidationInfo) -> bool:
                          f"dtype=float32, got dtype={DType(dtype).value} (give one of the two)")
     return value
 
+
+# The field types that several jobs share, each with its check or its help (a field's docstring, where it
+# has one, replaces the help given here)
+Kinds = Annotated[list[CallKind] | None, BeforeValidator(kind_names)]
+MixedPrecision = Annotated[bool, AfterValidator(mixed_over_float32)]  # after the model's dtype field: reads it
+PackedPath = Annotated[AttentionPath, Field(description=(
+    "Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D\n"
+    "block mask)."))]
+RowLayout = Annotated[Packing, Field(description=(
+    "Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt\n"
+    "prefix placed and computed once; exact)."))]

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import enum
 
+__all__ = [
+    "AttentionPath", "BackendKind", "Choice", "DType", "Device", "DistillTarget", "Divergence", "KdForm",
+    "LrSchedule", "Oversize", "Packing", "PlotBy", "PolicySource", "PromptLayout", "PsdMode", "RLKind", "RewardKind",
+    "TeacherCentering", "TeacherSourceKind", "TeacherTruncation", "Weighting",
+]
+
 
 class Choice(str, enum.Enum):
     """A str Enum whose ``str()`` is its value (so f-strings and typer print ``fast``, not ``Path.fast``)."""

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, NonNegativeFloat, ValidationInfo, field_validator, model_validator
 
-from agentmem.config.base import Frozen, kind_names, mixed_over_float32
+from agentmem.config.base import Frozen, Kinds, MixedPrecision, PackedPath, RowLayout
 from agentmem.config.choices import (
     AttentionPath,
     DistillTarget,
@@ -29,7 +29,9 @@ from agentmem.config.choices import (
     TeacherTruncation,
     Weighting,
 )
-from agentmem.records import CallKind, TeacherContext
+from agentmem.records import TeacherContext
+
+__all__ = ["BatchSection", "DistillConfig", "LossSection", "OptimSection", "RLSection", "TeacherSection"]
 
 _SCORES_ONLY = ("teacher.source=scores stores only the sampled token's log-prob (use teacher.source model or "
                 "shards)")
@@ -54,7 +56,7 @@ class TeacherSection(Frozen):
     prompt)."""
     # call kinds the teacher scores in the aligned context whatever ``context`` is: e.g. ``[answer]`` with
     # ``persistent`` measures the persistent context on update calls alone (source=model only)
-    aligned_kinds: list[CallKind] | None = None
+    aligned_kinds: Kinds = None
     """Call kinds the teacher scores in the aligned context whatever --teacher-context is, e.g. answer with
     persistent (--teacher-source model only). Default: none."""
     temperature: float = Field(1.0, gt=0)
@@ -75,11 +77,6 @@ class TeacherSection(Frozen):
     psd_mix: float = Field(0.5, ge=0, le=1)
     """PSD mixed: m, the off-policy part's share of the step loss (each part's tokens weighted within the
     part; each step draws half its calls from each)."""
-
-    @field_validator("aligned_kinds", mode="before")
-    @classmethod
-    def _kind_names(cls, value: Any) -> Any:
-        return kind_names(value)
 
     @field_validator("temperature", "min_confidence")
     @classmethod
@@ -226,12 +223,8 @@ class BatchSection(Frozen):
     """Stored calls per optimizer step."""
     row_tokens: int = Field(4096, ge=16)
     """Tokens per packed row."""
-    packing: Packing = Packing.segments
-    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
-    prefix placed and computed once; exact)."""
-    path: AttentionPath = AttentionPath.fast
-    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
-    block mask)."""
+    packing: RowLayout = Packing.segments
+    path: PackedPath = AttentionPath.fast
     oversize: Oversize = Oversize.error
     """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
 
@@ -268,7 +261,7 @@ class DistillConfig(Frozen):
     """Run id(s) to train on (a train run's rounds set it themselves)."""
     student: str = "default"
     """Student: model folder, checkpoint id or 'default'."""
-    kinds: list[CallKind] | None = None
+    kinds: Kinds = None
     """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
     event_view, log_search, ...). Default: all."""
     seed: int = 0
@@ -279,7 +272,7 @@ class DistillConfig(Frozen):
     """Save a checkpoint every N steps (and at the end)."""
     dtype: DType = DType.float32
     """Weights dtype of training: the student's and the teacher's."""
-    mixed_precision: bool = False
+    mixed_precision: MixedPrecision = False
     """The student's, the teacher's and the reference's decoders run under bfloat16 autocast (matmuls and
     attention in bf16) while the weights, gradients, AdamW state and the output head stay in float32: a 1.6x
     (8 short calls) to 2x (a 2,048-token row) faster training step on CPUs with AMX or AVX512-BF16, slower where
@@ -298,16 +291,6 @@ class DistillConfig(Frozen):
     """AdamW: steps, learning rate and schedule, weight decay, gradient clip, the state carried in."""
     batch: BatchSection = Field(default_factory=BatchSection)
     """Calls per step and their layout in packed rows."""
-
-    @field_validator("kinds", mode="before")
-    @classmethod
-    def _kind_names(cls, value: Any) -> Any:
-        return kind_names(value)
-
-    @field_validator("mixed_precision")
-    @classmethod
-    def _mixed_over_float32(cls, value: bool, info: ValidationInfo) -> bool:
-        return mixed_over_float32(value, info)
 
     @model_validator(mode="before")
     @classmethod

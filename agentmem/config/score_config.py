@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from agentmem.config.base import Frozen, kind_names
+from agentmem.config.base import Frozen, Kinds, PackedPath, RowLayout
 from agentmem.config.choices import AttentionPath, DType, Packing, TeacherTruncation
-from agentmem.records import CallKind, TeacherContext
+from agentmem.records import TeacherContext
 
 
 class ScoreConfig(Frozen):
@@ -25,7 +25,7 @@ class ScoreConfig(Frozen):
     context: TeacherContext = TeacherContext.aligned
     """Teacher context: aligned (the student's own state) | persistent (earlier calls concatenated as stored)
     | persistent_chat (the episode as one multi-turn chat) | privileged."""
-    kinds: list[CallKind] | None = None
+    kinds: Kinds = None
     """Only these call kinds (e.g. memory_update, answer, or a memory policy's own kinds). Default: all."""
     row_tokens: int = Field(4096, ge=16)
     """Tokens per packed row (hard cap)."""
@@ -35,13 +35,9 @@ class ScoreConfig(Frozen):
     """Also write the teacher's top-K log-probs to safetensors shards."""
     topk_dir: str = "agentmem_topk"
     """Folder for the top-K shards."""
-    path: AttentionPath = AttentionPath.fast
-    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
-    block mask)."""
+    path: PackedPath = AttentionPath.fast
     # shared_prefix: the same scores (exact up to float round-off, tested), a group's prefix computed once
-    packing: Packing = Packing.shared_prefix
-    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
-    prefix placed and computed once; exact)."""
+    packing: RowLayout = Packing.shared_prefix
     teacher_truncation: TeacherTruncation = TeacherTruncation.error
     """A teacher context longer than --row-tokens: error, or left (cut from the left; counted and shown)."""
     dtype: DType = DType.float32
@@ -52,11 +48,6 @@ class ScoreConfig(Frozen):
     privileged_file: str | None = None
     """With --context privileged: a JSONL of {"task_id", "answers", "text"} giving the privileged context of
     episodes stored without one (e.g. an `agentmem serve` run)."""
-
-    @field_validator("kinds", mode="before")
-    @classmethod
-    def _kind_names(cls, value: Any) -> Any:
-        return kind_names(value)
 
     @model_validator(mode="after")
     def _privileged_file(self) -> ScoreConfig:

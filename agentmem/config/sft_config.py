@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, ValidationInfo, field_validator
 
-from agentmem.config.base import Frozen, kind_names, mixed_over_float32
+from agentmem.config.base import Frozen, Kinds, MixedPrecision, PackedPath, RowLayout
 from agentmem.config.choices import AttentionPath, DType, LrSchedule, Oversize, Packing, RLKind, Weighting
 from agentmem.config.distill_config import (
     BatchSection,
@@ -17,7 +15,7 @@ from agentmem.config.distill_config import (
     RLSection,
     TeacherSection,
 )
-from agentmem.records import CallKind, SamplingContext
+from agentmem.records import SamplingContext
 
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -38,7 +36,7 @@ class SftConfig(Frozen):
     """Student: model folder, checkpoint id or 'default'."""
     min_f1: float | None = Field(None, ge=0, le=1)
     """Train only on calls of episodes with F1 >= this (e.g. a student's own successful episodes)."""
-    kinds: list[CallKind] | None = None
+    kinds: Kinds = None
     """Call kinds to train on: memory_update (alias update), answer, or a memory policy's own (route,
     event_view, log_search, ...). Default: all."""
     lora_rank: int | None = Field(None, ge=1)
@@ -84,17 +82,13 @@ class SftConfig(Frozen):
     job always keeps it in its latest checkpoint, so a killed run resumes exactly."""
     weighting: Weighting = Weighting.token
     """Token averaging over the global step: every token, every call or every episode equal."""
-    path: AttentionPath = AttentionPath.fast
-    """Packed attention path: fast (per-segment attention, flash-attn varlen on CUDA) or reference (a 4-D
-    block mask)."""
-    packing: Packing = Packing.segments
-    """Row layout: segments (each call whole) or shared_prefix (a (run, task, step) group's common prompt
-    prefix placed and computed once; exact)."""
+    path: PackedPath = AttentionPath.fast
+    packing: RowLayout = Packing.segments
     oversize: Oversize = Oversize.error
     """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
     dtype: DType = DType.float32
     """Weights dtype of training (bf16 is faster on most CPUs)."""
-    mixed_precision: bool = False
+    mixed_precision: MixedPrecision = False
     """The student's (and the anchor reference's) decoder under bfloat16 autocast, the weights, gradients,
     AdamW state and the output head in float32 (as in distill). Needs --train-dtype float32."""
     anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
@@ -117,16 +111,6 @@ class SftConfig(Frozen):
     teacher for `distill --context privileged`, which reads the same splice) or hint (before each memory
     update, one line saying whether its chunk holds a fact about the question's entity: the hint teacher's SFT
     for `distill --context hint`)."""
-
-    @field_validator("kinds", mode="before")
-    @classmethod
-    def _kind_names(cls, value: Any) -> Any:
-        return kind_names(value)
-
-    @field_validator("mixed_precision")
-    @classmethod
-    def _mixed_over_float32(cls, value: bool, info: ValidationInfo) -> bool:
-        return mixed_over_float32(value, info)
 
     @field_validator("carry_optimizer")
     @classmethod

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from agentmem.config import distill_config as distill
 from agentmem.config.agent_config import AgentConfig
 from agentmem.config.base import Frozen
 from agentmem.config.choices import Divergence, LrSchedule, Oversize, Packing, RewardKind, TeacherTruncation
-from agentmem.config.distill_config import (
-    BatchSection,
-    DistillConfig,
-    LossSection,
-    OptimSection,
-    RLSection,
-    TeacherSection,
-)
+from agentmem.config.distill_config import DistillConfig
 from agentmem.config.rollout_config import RolloutConfig
 from agentmem.config.sft_config import WarmStartConfig
 from agentmem.records import TeacherContext
@@ -36,11 +30,12 @@ def _train_distill() -> DistillConfig:
     # moved from its warm start)
     return DistillConfig(
         monitor_start_kl=True,
-        teacher=TeacherSection(context=TeacherContext.privileged, truncation=TeacherTruncation.left),
-        loss=LossSection(divergence=Divergence.forward_kl), rl=RLSection(reward=RewardKind.max_f1_sub_em),
-        optim=OptimSection(steps=2, lr=5e-5, warmup_steps=1, schedule=LrSchedule.cosine, carry_optimizer=True,
-                           carry_first_moment=False),
-        batch=BatchSection(oversize=Oversize.skip, packing=Packing.shared_prefix))
+        teacher=distill.TeacherSection(context=TeacherContext.privileged, truncation=TeacherTruncation.left),
+        loss=distill.LossSection(divergence=Divergence.forward_kl),
+        rl=distill.RLSection(reward=RewardKind.max_f1_sub_em),
+        optim=distill.OptimSection(steps=2, lr=5e-5, warmup_steps=1, schedule=LrSchedule.cosine,
+                                   carry_optimizer=True, carry_first_moment=False),
+        batch=distill.BatchSection(oversize=Oversize.skip, packing=Packing.shared_prefix))
 
 
 class TrainConfig(Frozen):
