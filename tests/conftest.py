@@ -108,6 +108,28 @@ def sqlite_store(tmp_path):
 
 
 @pytest.fixture
+def captured(monkeypatch) -> dict:
+    """Every job the CLI starts patched to keep its config under the job's name here and raise
+    ``helpers.Called``; no store is opened or checked."""
+    from helpers import Called
+
+    seen: dict = {}
+
+    def job(name):
+        def fake(store, config, *args, **kwargs):
+            seen[name] = config
+            raise Called
+
+        return fake
+
+    for name in ("distill", "train", "score", "sft", "rollout", "replay"):
+        monkeypatch.setattr(f"agentmem.jobs.{name}.run_{name}", job(name))
+    monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
+    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
+    return seen
+
+
+@pytest.fixture
 def tokenizer_folder(tmp_path) -> str:
     """A model folder with a config and a tokenizer but no weights: an oracle rollout loads only these, and
     anything that loads weights fails."""

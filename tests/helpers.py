@@ -61,3 +61,7 @@ def run_main(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
         code = exc.code if isinstance(exc.code, int) else 1
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+class Called(Exception):
+    """Raised by a job the ``captured`` fixture patched, with what it was given: the CLI got that far."""

@@ -5,7 +5,7 @@ about the question's entity (no answer text). The hint teacher reads it and is f
 from __future__ import annotations
 
 import pytest
-from helpers import register_policy
+from helpers import Called, register_policy
 from test_psd import RecordingBackend, rollout_config, stored
 from typer.testing import CliRunner
 
@@ -70,30 +70,14 @@ def test_a_hint_rollout_samples_updates_under_their_hint_line(store):
     assert sorted(map(tuple, backend.seen)) == sorted(tuple(i.sampled_prompt_ids.tolist()) for i in invocations)
 
 
-def test_sft_and_rollout_take_the_hint_context_from_the_command_line(monkeypatch):
-    seen = {}
-
-    class Called(Exception):
-        pass
-
-    def fake(name):
-        def job(store, config, *a, **k):
-            seen[name] = config
-            raise Called
-
-        return job
-
-    monkeypatch.setattr("agentmem.jobs.sft.run_sft", fake("sft"))
-    monkeypatch.setattr("agentmem.jobs.rollout.run_rollout", fake("rollout"))
-    monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
-    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)
+def test_sft_and_rollout_take_the_hint_context_from_the_command_line(captured):
     runner = CliRunner()
     result = runner.invoke(app, ["sft", "--run", "a", "--context", "hint", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert seen["sft"].context is SamplingContext.hint
+    assert captured["sft"].context is SamplingContext.hint
     result = runner.invoke(app, ["rollout", "--context", "hint", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert seen["rollout"].context is SamplingContext.hint
+    assert captured["rollout"].context is SamplingContext.hint
 
 
 def test_the_oracle_reads_no_hint():

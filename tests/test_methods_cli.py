@@ -5,36 +5,13 @@ inconsistent method option fails validation naming its flag, before any store or
 from __future__ import annotations
 
 import pytest
+from helpers import Called
 from typer.testing import CliRunner
 
 from agentmem.config import DistillConfig, DistillTarget, TeacherSourceKind
 from agentmem.errors import ConfigError
 from agentmem.records import TeacherContext
 from cli.app import app, error_message
-
-
-class Called(Exception):
-    """Raised by a patched job with what it was given: the CLI got that far."""
-
-
-@pytest.fixture
-def captured(monkeypatch):
-    seen = {}
-
-    def job(name):
-        def fake(store, config, *args, **kwargs):
-            seen[name] = config
-            raise Called
-
-        return fake
-
-    monkeypatch.setattr("agentmem.jobs.distill.run_distill", job("distill"))
-    monkeypatch.setattr("agentmem.jobs.train.run_train", job("train"))
-    monkeypatch.setattr("agentmem.jobs.score.run_score", job("score"))
-    monkeypatch.setattr("agentmem.jobs.sft.run_sft", job("sft"))
-    monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
-    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
-    return seen
 
 
 def invoke(*args: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
+from helpers import Called, register_policy
 from test_agent import SYNTH
 from typer.testing import CliRunner
 
@@ -310,30 +310,14 @@ def test_mixed_steps_draw_from_both_parts(runs, tmp_path):
 # --- the CLI --------------------------------------------------------------------------------------------
 
 
-def test_cli_flags_reach_the_configs(monkeypatch):
-    seen = {}
-
-    class Called(Exception):
-        pass
-
-    def fake(name):
-        def job(store, config, *a, **k):
-            seen[name] = config
-            raise Called
-
-        return job
-
-    monkeypatch.setattr("agentmem.jobs.distill.run_distill", fake("distill"))
-    monkeypatch.setattr("agentmem.jobs.rollout.run_rollout", fake("rollout"))
-    monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
-    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
+def test_cli_flags_reach_the_configs(captured):
     runner = CliRunner()
     result = runner.invoke(app, ["distill", "--run", "a", "--run", "b", "--context", "privileged", "--psd", "mixed",
                                  "--psd-mix", "0.25", "--rl", "none", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert (seen["distill"].teacher.psd, seen["distill"].teacher.psd_mix) == (PsdMode.mixed, 0.25)
+    assert (captured["distill"].teacher.psd, captured["distill"].teacher.psd_mix) == (PsdMode.mixed, 0.25)
     result = runner.invoke(app, ["rollout", "--context", "privileged", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert seen["rollout"].context is SamplingContext.privileged
+    assert captured["rollout"].context is SamplingContext.privileged
     bad = runner.invoke(app, ["distill", "--run", "a", "--psd", "off_policy", "--device", "cpu"])
     assert error_message(bad.exception).startswith("--psd off_policy distils")

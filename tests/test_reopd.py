@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from helpers import register_policy
+from helpers import Called, register_policy
 from test_agent import SYNTH
 from typer.testing import CliRunner
 
@@ -201,24 +201,12 @@ def test_state_coverage_is_exact_on_a_constructed_example(sqlite_store):
 # --- the CLI --------------------------------------------------------------------------------------------
 
 
-def test_rollout_replay_flags_reach_the_config(monkeypatch):
-    seen = {}
-
-    class Called(Exception):
-        pass
-
-    def fake(store, config, *a, **k):
-        seen["config"] = config
-        raise Called
-
-    monkeypatch.setattr("agentmem.jobs.replay.run_replay", fake)
-    monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
-    monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
+def test_rollout_replay_flags_reach_the_config(captured):
     runner = CliRunner()
     result = runner.invoke(app, ["rollout", "--replay-from", "abc123", "--kappa", "0.8", "--group-size", "4",
                                  "--model", "m", "--seed", "2", "--temperature", "0.7", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
-    assert seen["config"] == ReplayConfig(teacher_run="abc123", kappa=0.8, group_size=4, model="m", seed=2,
+    assert captured["replay"] == ReplayConfig(teacher_run="abc123", kappa=0.8, group_size=4, model="m", seed=2,
                                           temperature=0.7)
     bad = runner.invoke(app, ["rollout", "--replay-from", "abc123", "--episodes", "3", "--chunk-tokens", "64"])
     assert error_message(bad.exception) == ("--replay-from takes the tasks, prompts and token limits from the teacher "
