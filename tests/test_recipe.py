@@ -357,12 +357,12 @@ def test_teacher_check_refuses_a_teacher_that_writes_empty_after_evidence(sqlite
         return lambda *a, **k: ScriptedBackend(
             tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else update)
 
-    monkeypatch.setattr(teacher_check.models, "backend", scripted("(empty)"))
+    monkeypatch.setattr(teacher_check.model_refs, "backend", scripted("(empty)"))
     with pytest.raises(ConfigError, match="empty memory on 100% of its updates made after a fact was read"):
         teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5)
     report = teacher_check.check_teacher(sqlite_store, teacher, tiny_config())
     assert report.empty_after_evidence == 1.0 and "(empty) after evidence 1.00" in report.line()
-    monkeypatch.setattr(teacher_check.models, "backend", scripted("Ann lives in Oslo."))
+    monkeypatch.setattr(teacher_check.model_refs, "backend", scripted("Ann lives in Oslo."))
     assert teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5).empty_after_evidence == 0.0
 
 
@@ -381,7 +381,7 @@ def test_teacher_check_under_the_privileged_prompt_measures_eos_on_what_the_teac
     tok = tiny_tokenizer()
     folder = save_tiny(tmp_path / "teacher")
     teacher = register_policy(sqlite_store, folder, "tiny")
-    monkeypatch.setattr(teacher_check.models, "backend", lambda *a, **k: ScriptedBackend(
+    monkeypatch.setattr(teacher_check.model_refs, "backend", lambda *a, **k: ScriptedBackend(
         tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else "Ann lives in Oslo."))
     report = teacher_check.check_teacher(sqlite_store, teacher,
                                          tiny_config().model_copy(update={"context": SamplingContext.privileged}))
