@@ -46,8 +46,8 @@ class SteppedScript:
             steps = [Step(row, said[k], -k / 10) for row in sorted(live)]
             for row in live:
                 ids[row].append(said[k])
+            self.steps += 1  # counted before the step is handed on: its chunk may reach the client at once
             ended = set(on_step(steps) or ()) if on_step is not None else set()
-            self.steps += 1
             if self.steps == 1:
                 assert self.release.wait(30), "the test never saw the first token"
             live -= ended
