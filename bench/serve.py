@@ -7,10 +7,11 @@ then kills: no call whose response a client received may be missing from the sto
 
 1. Direct: the backend in this process generates the K clients' prompts as one batch per round, ``--calls``
    rounds (what the server's batching can at best do; ``--backend vllm``: one offline ``LLM.generate`` per
-   round). Served: ``agentmem serve --backend B`` (the real CLI, a child process; on vLLM continuous
-   batching) and K threads each making ``--calls`` calls with the ``openai`` client, same prompts, greedy.
+   round). Served: ``agentmem serve --backend B`` (the real CLI, a child process; continuous batching on
+   both backends) and K threads each making ``--calls`` calls with the ``openai`` client, same prompts, greedy.
    ``serve_vs_direct`` = served calls/s over direct calls/s, measured in this one run; p50/p99 are the
-   served calls' latencies as the clients saw them.
+   served calls' latencies as the clients saw them. On transformers the same load first runs on a server with
+   ``--static-batching`` (batches fixed when they start), printed beside it.
 2. Kills: ``--client-kills`` client processes are SIGKILLed at random moments mid-stream of their calls, and
    the server (its process group: vLLM's engine process too) is SIGKILLed once under load and restarted
    with the same ``--run-name``; clients retry
@@ -71,11 +72,13 @@ def messages(client: int, call: int) -> list[dict]:
                                         "Where does Bob live?"}]
 
 
-def start_server(model: str, db: str, port: int, window_ms: float, backend: str) -> subprocess.Popen:
+def start_server(model: str, db: str, port: int, window_ms: float, backend: str, *, static: bool = False,
+                 run_name: str = "bench") -> subprocess.Popen:
+    batching = ["--static-batching"] if static else []
     proc = subprocess.Popen([sys.executable, "-m", "cli.app", "serve", "--model", model, "--db", db, "--port", str(port),
-                             "--run-name", "bench", "--dtype", "float32", "--batch-window-ms", str(window_ms),
-                             "--device", "cpu", "--backend", backend], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                             "--run-name", run_name, "--dtype", "float32", "--batch-window-ms", str(window_ms),
+                             "--device", "cpu", "--backend", backend, *batching], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -256,6 +259,14 @@ def main() -> None:
     rng = random.Random(args.seed)
 
     direct_rate = direct(model, args.clients, args.calls, args.max_tokens, args.backend)
+    static_rate = None
+    if args.backend == "transformers":  # the same load on a server whose batches are fixed when they start
+        server = start_server(model, db, port, args.window_ms, args.backend, static=True, run_name="bench-static")
+        try:
+            static_rate = served(f"http://127.0.0.1:{port}", model, args.clients, args.calls, args.max_tokens)[0]
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=60)
     server = start_server(model, db, port, args.window_ms, args.backend)
     try:
         served_rate, latencies, done = served(f"http://127.0.0.1:{port}", model, args.clients, args.calls,
@@ -272,8 +283,10 @@ def main() -> None:
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
     print(f"model {model}  K={args.clients} clients x {args.calls} calls, {args.max_tokens} tokens, greedy")
     print(f"direct   {direct_rate:8.2f} calls/s  (one backend batch of K prompts per round)")
-    how = "continuous batching" if args.backend == "vllm" else f"window {args.window_ms} ms"
-    print(f"served   {served_rate:8.2f} calls/s  ({args.backend}, {how})")
+    print(f"served   {served_rate:8.2f} calls/s  ({args.backend}, continuous batching, window {args.window_ms} ms)")
+    if static_rate is not None:
+        print(f"static   {static_rate:8.2f} calls/s  (--static-batching: continuous/static "
+              f"{served_rate / static_rate:.2f}x)")
     print(f"kills    {args.client_kills} clients, {args.server_kills} server (restarted with the same run); "
           f"{len(done | received)} responses received, {stored} calls stored")
     print(f"stream   first token {ttft * 1000:.0f} ms of {total * 1000:.0f} ms for {args.stream_tokens} tokens "

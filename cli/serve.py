@@ -40,8 +40,13 @@ def serve(
     max_n: Annotated[int, typer.Option(help="Largest `n` (samples per call) a request may ask.", min=1)] = 16,
     max_tokens: Annotated[int, typer.Option(help="Output tokens of a request that gives no max_tokens.",
                                             min=1)] = 256,
-    batch_window_ms: Annotated[float, typer.Option(help="How long a request waits for others to share its "
-                                                        "backend call (transformers).", min=0)] = 5.0,
+    batch_window_ms: Annotated[float, typer.Option(help="transformers, when no batch runs: a request waits until "
+                                                        "none has arrived for this long (at most 10 times it) for "
+                                                        "others to start a batch with.", min=0)] = 5.0,
+    continuous_batching: Annotated[bool, typer.Option(
+        "--continuous-batching/--static-batching",
+        help="transformers: requests of plain sampling join the running batch between decoding steps; "
+             "static: each batch is fixed when it starts, later requests wait for it to end.")] = True,
     upstream: Annotated[list[str] | None, typer.Option(
         help="Gateway mode: forward generation to this vLLM or agentmem OpenAI server (e.g. "
              "http://127.0.0.1:8002/v1) instead of loading the model; --model then gives only the tokenizer and "
@@ -74,7 +79,8 @@ def serve(
 
     config = ServeConfig(model=model, served_model_name=served_model_name, backend=backend, dtype=dtype,
                          run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,
-                         batch_window_ms=batch_window_ms, upstream=upstream, upstream_text=upstream_text,
+                         batch_window_ms=batch_window_ms, continuous_batching=continuous_batching,
+                         upstream=upstream, upstream_text=upstream_text,
                          upstream_wait_s=upstream_wait, chat_template=chat_template)
     key = api_key or os.environ.get(API_KEY_VAR) or None
     setup_logging()

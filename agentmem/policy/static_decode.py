@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -150,6 +150,70 @@ class StaticDecoder:
         self.bias = first.new_full((batch, 1, 1, width + new_tokens), low)
         self.bias[:, 0, 0, :width].masked_fill_(mask.bool(), 0.0)
         self.column = width
+
+    @property
+    def rows(self) -> int:
+        """Rows (slots) in the buffers."""
+        return self.bias.shape[0] if self.bias.dim() == 4 else 0
+
+    def admit(self, cache: Any, mask: torch.Tensor, new_tokens: int, free: Sequence[int] = (),
+              slack: int = 64) -> list[int]:
+        """Put the rows of a prefilled transformers cache into the buffers (continuous batching) and return their
+        slots: the ``free`` ones first (rows that left, written in place: nothing else moves), then new slots.
+        Their prompt's columns end just before the current column, so their first decode step writes the same
+        column as the rows already here. The buffers grow on the left when the prompt is wider than the columns
+        before the current one, and on the right (by ``slack`` more) when ``new_tokens`` need more columns than
+        are left; other rows never see the new rows' columns, nor the new rows theirs."""
+        first = cache.layers[0].keys
+        batch, _, width, _ = first.shape
+        left = max(0, width - self.column)
+        right = max(0, self.column + new_tokens - self.values.shape[3])
+        if left or right:
+            self._grow(left, right and right + slack)
+        col, total = self.column, self.values.shape[3]
+        slots = list(free[:batch])
+        if len(slots) < batch:
+            n, extra = self.rows, batch - len(slots)
+            self.keys = torch.cat([self.keys, self.keys.new_zeros((self.keys.shape[0], extra, *self.keys.shape[2:]))], 1)
+            self.values = torch.cat([self.values, self.values.new_zeros((self.values.shape[0], extra,
+                                                                         *self.values.shape[2:]))], 1)
+            self.bias = torch.cat([self.bias, self.bias.new_zeros((extra, *self.bias.shape[1:]))])
+            slots += range(n, n + extra)
+        bias = first.new_full((batch, total), torch.finfo(first.dtype).min)
+        bias[:, col - width : col].masked_fill_(mask.bool(), 0.0)
+        index = torch.tensor(slots, device=first.device)
+        self.bias[index] = bias[:, None, None]
+        for i, layer in enumerate(cache.layers):
+            for j, slot in enumerate(slots):
+                self.keys[i, slot, :, :, col - width : col] = layer.keys[j].transpose(-1, -2)
+                self.values[i, slot, :, col - width : col] = layer.values[j]
+        return slots
+
+    def _grow(self, left: int, right: int) -> None:
+        """``left`` hidden columns before the first and ``right`` after the last; the current column moves with
+        the left ones."""
+        low = torch.finfo(self.bias.dtype).min
+        self.keys = F.pad(self.keys, (left, right))
+        self.values = F.pad(self.values, (0, 0, left, right))
+        self.bias = F.pad(self.bias, (left, right), value=low)
+        self.column += left
+
+    def trim(self, slack: int = 64, rows: torch.Tensor | None = None) -> int:
+        """Drop the leading columns that none of ``rows`` (default: all) sees, once there are at least ``slack``
+        of them (so that a batch rows keep joining does not attend over ever more columns); return how many were
+        dropped."""
+        if self.rows == 0:
+            return 0
+        bias = self.bias[:, 0, 0, : self.column] if rows is None else self.bias[rows, 0, 0, : self.column]
+        seen = (bias == 0).any(0).nonzero()
+        first = int(seen[0]) if len(seen) else self.column
+        if first < slack:
+            return 0
+        self.keys = self.keys[..., first:].contiguous()
+        self.values = self.values[:, :, :, first:].contiguous()
+        self.bias = self.bias[..., first:].contiguous()
+        self.column -= first
+        return first
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices into the current batch), in that order."""

@@ -234,26 +234,12 @@ class TransformersBackend:
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
-
-        head, n, computed_head = self._head_for(prompts, device) if self.keep_head else (None, 0, 0)
-        rest = [p[n:] for p in prompts]
-        plan = plan_shared_prefixes(rest) if self.share_prefix else None
-        if plan is None:
-            out, mask, next_pos, stats = self._prefill(rest, device, head, n)
-        else:
-            out, mask, next_pos, stats = self._prefill_shared(rest, plan, device, head, n)
-        total = sum(len(p) for p in prompts)
-        self._count(replace(stats, prefill_tokens_total=total,
-                            prefill_tokens_computed=stats.prefill_tokens_computed + computed_head,
-                            prefill_tokens_padded=stats.prefill_tokens_padded + computed_head,
-                            head_reused=int(n > 0 and not computed_head)))
-        cache = out.past_key_values
-        logits = out.logits[:, -1, :].float()
+        cache, mask, next_pos, logits = self.prefill(prompts)
         rows = torch.arange(len(prompts), device=device)  # original index of each live row
         decoder = self.decoder if params.max_new_tokens > 1 else None
         if decoder is not None:
             decoder.start(cache, mask, params.max_new_tokens - 1)
-            del cache, out  # the static buffers hold the prompt's keys and values now
+            del cache  # the static buffers hold the prompt's keys and values now
 
         ids: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
@@ -318,6 +304,26 @@ class TransformersBackend:
             first_token - start, time.perf_counter() - first_token, time.process_time() - first_cpu, decoded
         )
         return results  # type: ignore[return-value]  # every row was filled before the loop ended
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompts' forward pass, reusing the kept prompt head and sharing common prefixes (its work counted
+        in ``last_stats``): (transformers cache, attention mask [rows, width], each row's next position, float32
+        logits [rows, vocab] of each row's first output token)."""
+        device = self.model.device
+        head, n, computed_head = self._head_for(prompts, device) if self.keep_head else (None, 0, 0)
+        rest = [p[n:] for p in prompts]
+        plan = plan_shared_prefixes(rest) if self.share_prefix else None
+        if plan is None:
+            out, mask, next_pos, stats = self._prefill(rest, device, head, n)
+        else:
+            out, mask, next_pos, stats = self._prefill_shared(rest, plan, device, head, n)
+        total = sum(len(p) for p in prompts)
+        self._count(replace(stats, prefill_tokens_total=total,
+                            prefill_tokens_computed=stats.prefill_tokens_computed + computed_head,
+                            prefill_tokens_padded=stats.prefill_tokens_padded + computed_head,
+                            head_reused=int(n > 0 and not computed_head)))
+        return out.past_key_values, mask, next_pos, out.logits[:, -1, :].float()
 
     def _grammars(self, vocab: int) -> Grammars:
         """llguidance's view of the tokenizer, built at the first constrained call (``SamplingParams.grammar``)."""

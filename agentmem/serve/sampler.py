@@ -1,10 +1,17 @@
 """Batch the generation requests of concurrent clients into backend calls.
 
-One worker thread owns the backend (a transformers model is not thread-safe). A request waits at most
-``window_s`` after the first pending request arrived, then every pending request with the same sampling
-parameters (``SamplingParams``: temperature, top_p, max tokens, the shaping options) goes to the backend in
-one ``generate`` call; requests that arrive while a batch runs form the next one. A request with a ``seed`` is generated alone, so that the same
-request with the same seed gives the same output whatever else the server is doing.
+One worker thread owns the backend (a transformers model is not thread-safe). When nothing runs, the first
+request waits until no other has arrived for ``window_s`` (at most ``WINDOWS`` windows), then every pending
+request that samples alike starts one batch.
+
+- **Continuous** (plain sampling on a model with the static decode step: ``policy.decode_batch``): requests that
+  arrive while the batch runs join it at the next decoding step, whatever their ``max_tokens``, and each leaves
+  as soon as its rows finish. A waiting request of another kind stops the joining, so the batch drains and that
+  request runs next.
+- **Static** (shaping options, a grammar, a ``seed``, or a model without the static step): every pending request
+  with the same ``SamplingParams`` goes to the backend in one ``generate`` call; requests that arrive while it runs
+  form the next one. A request with a ``seed`` is generated alone, so that the same request with the same seed
+  gives the same output whatever else the server is doing.
 
 On a backend with a step hook (``TransformersBackend.generate(..., on_step=...)``), ``stream(job)`` yields each
 sampled token (``Tokens``) as the backend samples it, then the request's choices; and a row whose output has
@@ -29,6 +36,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
+from agentmem.policy.decode_batch import DecodeBatch, batch_params, joinable
 from agentmem.policy.transformers_backend import Step
 from agentmem.policy.types import Backend, Generation, SamplingParams
 from agentmem.records import FinishReason
@@ -90,6 +98,8 @@ class _Pending:
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
     emit: Callable[[Tokens], None] | None = None  # a streaming request's: each token as it is sampled
+    gens: list[Generation | None] = field(default_factory=list)  # continuous batching: its rows' outputs so far
+    left: int = 0  # continuous batching: its rows still decoding
 
 
 def cut_at_stop(tokenizer, ids: list[int], stops: Sequence[str]) -> tuple[int, str] | None:
@@ -121,15 +131,26 @@ def to_choice(tokenizer, prompt: list[int], gen: Generation, stops: Sequence[str
     return Choice(list(prompt), ids, None if lps is None else list(lps), reason, text, gen.latency_s, top)
 
 
-class Sampler:
-    """Serves ``submit(job)`` futures from one worker thread that batches pending jobs."""
+# the longest a first request waits for others, in batch windows: clients that call together reach the server
+# spread out by their own HTTP handling and by the previous calls' recording (8 clients: about 75 ms)
+WINDOWS = 10
 
-    def __init__(self, backend: Backend, *, window_s: float = 0.005, max_batch: int = 64):
+
+class Sampler:
+    """Serves ``submit(job)`` futures from one worker thread that batches pending jobs; with ``continuous`` (a
+    backend with the static decode step, ``policy.decode_batch``), jobs of plain sampling join the running batch
+    between decoding steps instead of waiting for it to end."""
+
+    def __init__(self, backend: Backend, *, window_s: float = 0.005, max_batch: int = 64, continuous: bool = True):
         self.backend, self.window_s, self.max_batch = backend, window_s, max_batch
+        self.continuous = continuous
         self._pending: list[_Pending] = []
         self._cv = threading.Condition()
         self._closed = False
-        self.batches = 0  # backend calls made (a test checks that concurrent requests shared one)
+        self.batches = 0  # backend batches started (a test checks that concurrent requests shared one)
+        self._batch: DecodeBatch | None = None  # the running continuous batch
+        self._owners: dict[int, tuple[_Pending, int]] = {}  # its row ids -> (request, index of the row in it)
+        self._hook = _Steps(getattr(backend, "tokenizer", None), self._owners)  # its step hook
         # whether the backend reports each decoding step (TransformersBackend's on_step): tokens then stream as
         # sampled, and a row ends as soon as a stop string completes
         self.steps = "on_step" in inspect.signature(backend.generate).parameters
@@ -171,30 +192,109 @@ class Sampler:
                 self._cv.wait()
             if self._closed and not self._pending:
                 return None
-            wait = self._pending[0].arrived + self.window_s - time.monotonic()
-        if wait > 0:
+        while True:  # the window: until none has arrived for window_s, at most WINDOWS x window_s after the first
+            with self._cv:
+                until = min(self._pending[-1].arrived + self.window_s,
+                            self._pending[0].arrived + WINDOWS * self.window_s)
+            if (wait := until - time.monotonic()) <= 0:
+                break
             time.sleep(wait)
         with self._cv:
             first = self._pending[0]
-            key = _batch_key(first.job)
+            key = self._key(first.job)
             taken, rows = [], 0
             for item in self._pending:
-                if _batch_key(item.job) == key and (not taken or rows + len(item.job.rows) <= self.max_batch):
+                if self._key(item.job) == key and (not taken or rows + len(item.job.rows) <= self.max_batch):
                     taken.append(item)
                     rows += len(item.job.rows)
-                    if key.seed is not None:  # a seeded job runs alone
+                    if first.job.params.seed is not None:  # a seeded job runs alone
                         break
             self._pending = [p for p in self._pending if p not in taken]
             return taken
 
+    def _key(self, job: Job) -> tuple:
+        """Jobs with the same key share a batch: a static one samples alike (the same ``SamplingParams``); a
+        continuous one differs at most in each row's budget of new tokens."""
+        if self.continuous and joinable(self.backend, job.params):
+            return ("continuous", batch_params(job.params))
+        return ("static", job.params)  # frozen: jobs that sample alike share a batch
+
+    def _joining(self, key: tuple, live: int) -> list[_Pending]:
+        """Pending jobs that join the running batch now (no wait): those of its key, in order, while the batch
+        holds at most ``max_batch`` rows. None once an older job of another kind waits, so the batch drains and
+        that job runs next."""
+        with self._cv:
+            taken, rows = [], live
+            for item in self._pending:
+                if self._key(item.job) != key:
+                    break
+                if rows + len(item.job.rows) > self.max_batch:
+                    break
+                taken.append(item)
+                rows += len(item.job.rows)
+            self._pending = self._pending[len(taken):]
+            return taken
+
     def _work(self) -> None:
-        while (taken := self._take()) is not None:
+        while True:
+            if self._batch is not None:
+                self._continue(self._batch)
+                continue
+            if (taken := self._take()) is None:
+                return
+            if self._key(taken[0].job)[0] == "continuous":
+                self.batches += 1
+                self._batch = DecodeBatch(self.backend, taken[0].job.params)  # type: ignore[arg-type]
+                self._continue(self._batch, taken)
+                continue
             try:
                 self._run(taken)
             except BaseException as exc:  # noqa: BLE001  every waiting request gets the error, the server lives on
-                for item in taken:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
+                _fail(taken, exc)
+
+    def _continue(self, batch: DecodeBatch, joining: list[_Pending] | None = None) -> None:
+        """One step of the running batch, after the pending jobs that may join it have joined."""
+        try:
+            joining = joining if joining is not None else self._joining(("continuous", batch.params), len(batch))
+            if joining:
+                self._join(batch, joining)
+            owners = self._owners
+            tops = {row: item.job.top_logprobs for row, (item, _) in owners.items() if item.job.top_logprobs}
+            hook = self._hook if any(item.emit is not None or item.job.stops for item, _ in owners.values()) else None
+            for row, gen in batch.step(tops, hook).items():
+                item, index = owners.pop(row)
+                self._hook.ids.pop(row, None)
+                item.gens[index] = gen
+                item.left -= 1
+                if item.left == 0:
+                    self._answer(item, item.gens)  # type: ignore[arg-type]  # every row has finished
+        except BaseException as exc:  # noqa: BLE001  every request of the batch gets the error, the server lives on
+            _fail([item for item, _ in self._owners.values()] + (joining or []), exc)
+            self._owners.clear()
+            self._hook.ids.clear()
+            self._batch = None
+            return
+        if not len(batch):
+            self._batch = None
+
+    def _join(self, batch: DecodeBatch, items: list[_Pending]) -> None:
+        prompts = [row for item in items for row in item.job.rows]
+        budgets = [item.job.params.max_new_tokens for item in items for _ in item.job.rows]
+        ids = iter(batch.join(prompts, budgets))
+        for item in items:
+            item.gens, item.left = [None] * len(item.job.rows), len(item.job.rows)
+            for index in range(len(item.job.rows)):
+                self._owners[next(ids)] = (item, index)
+
+    def _answer(self, item: _Pending, gens: Sequence[Generation]) -> None:
+        """A finished job's choices, cut at its stop strings (and its prompt's log-probs when asked)."""
+        job = item.job
+        choices = [to_choice(self.backend.tokenizer, row, gen, job.stops, job.top_logprobs)
+                   for row, gen in zip(job.rows, gens, strict=True)]
+        model = getattr(self.backend, "model", None)
+        if job.prompt_logprobs and model is not None:
+            choices = [replace(c, prompt_logprobs=score_prompt(model, c.prompt_ids)) for c in choices]
+        item.future.set_result(choices)
 
     def _run(self, taken: list[_Pending]) -> None:
         rows = [r for item in taken for r in item.job.rows]
@@ -203,28 +303,29 @@ class Sampler:
         # only a backend that lists alternatives is asked for them (the app checks before submitting)
         extra: dict = {"top_logprobs": k} if k else {}
         if self.steps and any(item.emit is not None or item.job.stops for item in taken):
-            extra["on_step"] = _Steps(self.backend.tokenizer, taken)
+            owner = dict(enumerate((item, i) for item in taken for i in range(len(item.job.rows))))
+            extra["on_step"] = _Steps(self.backend.tokenizer, owner)
         gens = self.backend.generate(rows, params, **extra)
         self.batches += 1
         at = 0
         for item in taken:
-            job, mine = item.job, gens[at : at + len(item.job.rows)]
-            at += len(job.rows)
-            choices = [to_choice(self.backend.tokenizer, row, gen, job.stops, job.top_logprobs)
-                       for row, gen in zip(job.rows, mine, strict=True)]
-            model = getattr(self.backend, "model", None)
-            if job.prompt_logprobs and model is not None:
-                choices = [replace(c, prompt_logprobs=score_prompt(model, c.prompt_ids)) for c in choices]
-            item.future.set_result(choices)
+            self._answer(item, gens[at : at + len(item.job.rows)])
+            at += len(item.job.rows)
+
+
+def _fail(items: list[_Pending], exc: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(exc)
 
 
 class _Steps:
-    """The step hook of one batch: sends each streaming request its tokens, and ends a row whose output has
-    completed one of its request's stop strings."""
+    """The step hook of a batch: sends each streaming request its tokens, and ends a row whose output has
+    completed one of its request's stop strings. ``owner``: batch row -> (request, index of the row in it)."""
 
-    def __init__(self, tokenizer, taken: list[_Pending]):
+    def __init__(self, tokenizer, owner: dict[int, tuple[_Pending, int]]):
         self.tokenizer = tokenizer
-        self.owner = [(item, i) for item in taken for i in range(len(item.job.rows))]  # batch row -> (request, index)
+        self.owner = owner
         self.ids: dict[int, list[int]] = {}
 
     def __call__(self, steps: list[Step]) -> set[int]:
@@ -240,10 +341,6 @@ class _Steps:
                 if cut_at_stop(self.tokenizer, ids, item.job.stops) is not None:
                     ended.add(step.row)
         return ended
-
-
-def _batch_key(job: Job) -> SamplingParams:
-    return job.params  # frozen: jobs that sample alike share a batch
 
 
 async def drain(queue: asyncio.Queue) -> AsyncIterator:

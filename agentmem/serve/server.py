@@ -45,6 +45,9 @@ class ServeConfig(BaseModel):
     default_max_tokens: int = Field(256, ge=1)
     batch_window_ms: float = Field(5.0, ge=0)
     max_batch: int = Field(64, ge=1)
+    # transformers: plain-sampling requests join the running batch between decoding steps (policy.decode_batch);
+    # False: each batch is fixed when it starts
+    continuous_batching: bool = True
     context_length: int | None = Field(None, ge=2)  # default: the model's
     # gateway mode: OpenAI servers' /v1 URLs (vLLM, agentmem serve) generate instead of a local model
     upstream: tuple[str, ...] | None = None
@@ -152,7 +155,8 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
         return Server(create_app(live, recorder, with_template(live.tokenizer, template), settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
-    sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch)
+    sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch,
+                      continuous=config.continuous_batching)
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
                              config.default_max_tokens, api_key,
                              top_logprobs=getattr(backend, "lists_top_logprobs", False),
