@@ -264,3 +264,22 @@ def test_migration_0008_marks_stored_calls_replayable(tmp_path):
     downgrade(engine, "0007")
     assert "replayable" not in {c["name"] for c in sa.inspect(engine).get_columns("serve_calls")}
     engine.dispose()
+
+
+def test_a_groups_choices_route_where_the_group_went():
+    """Choice i of an n > 1 call is episode E.i: its later calls go to E's upstream (rendezvous by E), other
+    episodes spread over the upstreams."""
+    from agentmem.serve.upstream import UpstreamSampler, affinity
+
+    assert [affinity(e) for e in ("e7", "e7.0", "e7.12", "a.b", "v1.2.3", "x.")] == ["e7", "e7", "e7", "a.b", "v1.2",
+                                                                                    "x."]
+    sampler = UpstreamSampler([f"http://127.0.0.1:{9000 + i}/v1" for i in range(4)], tiny_tokenizer())
+    try:
+        for u in sampler.upstreams:
+            u.up = True
+        picked = {ep: sampler._pick(ep, set()).url for ep in [f"g{k}" for k in range(12)]}
+        assert len(set(picked.values())) > 1
+        for ep, url in picked.items():
+            assert {sampler._pick(f"{ep}.{i}", set()).url for i in range(5)} == {url}
+    finally:
+        sampler.close()

@@ -15,7 +15,10 @@ temperature-scaled ones every agentmem backend stores (``policy.types``).
   log-probs reach the client as they arrive (``stream`` yields ``Tokens``, then the choices).
 - Several upstreams: the calls of one episode go to one upstream, the one ranked first for the episode by
   rendezvous hashing (``sha256(episode, url)``) among the upstreams that are up, so an upstream going down
-  moves only its own episodes; a call without an episode goes to the next one up in turn. A call whose
+  moves only its own episodes; a call without an episode goes to the next one up in turn. The choices of an
+  ``n > 1`` call become episodes ``E.0``, ``E.1``, ... (``recorder.Recorder.plan``), and their later calls go
+  where ``E`` went (``affinity``: a name's trailing ``.digits`` are not hashed), so the upstream's prefix cache
+  holds their shared history. A call whose
   upstream refuses the connection goes to the next one.
 - Health: ``connect`` probes each upstream's ``/models`` and, while none answers, probes again with backoff
   (0.5 s, doubling to 8 s) up to ``wait_s``; then a thread re-probes the upstreams that are down, each with
@@ -34,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -86,6 +90,12 @@ def _upstream_error(url: str, status: int, text: str) -> ApiError:
         detail = text
     return ApiError(status if 400 <= status < 500 else 502, f"upstream {url}: HTTP {status}: {str(detail)[:500]}",
                     type="upstream_error")
+
+
+def affinity(episode: str) -> str:
+    """What an episode is routed by: its name less a trailing ``.digits`` (choice ``i`` of a group call ``E`` is
+    episode ``E.i``, and goes where ``E`` went)."""
+    return re.sub(r"\.\d+$", "", episode)
 
 
 class UpstreamSampler:
@@ -169,6 +179,7 @@ class UpstreamSampler:
                                type="upstream_error")
             if key is None:
                 return live[next(self._turn) % len(live)]
+            key = affinity(key)
             return max(live, key=lambda u: hashlib.sha256(f"{key}\x00{u.url}".encode()).digest())
 
     # generation
