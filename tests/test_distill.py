@@ -274,6 +274,22 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
         refusing.step(0)
 
 
+@pytest.mark.parametrize("context", [TeacherContext.aligned, TeacherContext.privileged])
+def test_a_step_counts_the_tokens_the_teacher_read(rolled, tmp_path, context):
+    """``teacher_tokens``: every drawn call under the teacher's context, once; aligned, the student's own."""
+    from agentmem.training.selection import teacher_sequences
+    from agentmem.training.trainer import Trainer
+
+    store, run_id, policy = rolled
+    selection = select(store, [run_id])
+    every = len(student_sequences(selection))
+    step = Trainer(store, config(run_id, tmp_path, invocations_per_step=every, context=context), models(policy),
+                   context.value).step(0)
+    read = sum(len(s) for s in teacher_sequences(selection, context, tiny_tokenizer()))
+    assert step.metrics["teacher_tokens"] == read
+    assert (read == step.tokens) if context is TeacherContext.aligned else (read > step.tokens)
+
+
 def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_path):
     from agentmem.training.trainer import Trainer
 

@@ -54,12 +54,14 @@ from store.engine import Store
 @dataclass(frozen=True)
 class TeacherTargets:
     """Per-invocation teacher targets: ``[O, V]`` logits (``full_vocab``) or ``[O]`` sampled-token
-    log-probs, and the teacher contexts cut from the left to fit (calls and tokens)."""
+    log-probs, the teacher contexts cut from the left to fit (calls and tokens), and the tokens the teacher read
+    for them (``tokens``: an online teacher's forward pass; 0 where the targets were read from the store)."""
 
     full_vocab: bool
     values: dict[str, torch.Tensor]
     truncated_calls: int = 0
     truncated_tokens: int = 0
+    tokens: int = 0
 
 
 class TeacherSource(Protocol):
@@ -103,7 +105,7 @@ class OnlineTeacher:
         over: OverBudget = "left" if self.truncation == TeacherTruncation.left else "error"
         batches = plan([self.sequences[i] for i in invocation_ids], self.row_tokens, 1, over, self.packing)
         return TeacherTargets(True, self.model.logits_by_invocation(batches.batches),
-                              batches.stats.truncated_sequences, batches.stats.truncated_tokens)
+                              batches.stats.truncated_sequences, batches.stats.truncated_tokens, batches.stats.tokens)
 
 
 @dataclass(frozen=True)

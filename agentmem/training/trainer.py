@@ -230,7 +230,8 @@ class Trainer:
                                              reference=self.reference, step_episodes=step_episodes)
         counts = {"skipped_calls": float(stats.skipped_sequences), "skipped_tokens": float(stats.skipped_tokens),
                   "teacher_truncated_calls": float(targets.truncated_calls if targets else 0),
-                  "teacher_truncated_tokens": float(targets.truncated_tokens if targets else 0)}
+                  "teacher_truncated_tokens": float(targets.truncated_tokens if targets else 0),
+                  "teacher_tokens": float(targets.tokens if targets else 0)}
         result, counts = self._reduce(result, counts)
         self.objective.end_step(result.metrics)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.optim.max_grad_norm)

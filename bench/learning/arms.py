@@ -451,10 +451,10 @@ class Bench:
             rollout_tokens = sum(i.prompt_tokens + i.output_tokens
                                  for i in repo.stream_invocations(s, run_ids=sampled)) if sampled else 0
         student_tokens = sum(st.tokens for st in train_steps)
-        distils = bool(ON_POLICY.get(arm, {}).get("kd"))
         ledger = {"steps": len(train_steps), "rollout_tokens": rollout_tokens,
-                  # the teacher reads each trained call once per step (its splice, where it has one, uncounted)
-                  "teacher_forward_tokens": student_tokens if distils else 0, "student_tokens": student_tokens,
+                  # what the online teacher read: each trained call under its context (hint line, history, splice)
+                  "teacher_forward_tokens": int(sum(st.metrics.get("teacher_tokens", 0) for st in train_steps)),
+                  "student_tokens": student_tokens,
                   "wall_seconds": trained.get("seconds")}
         teacher = teacher_name(teacher_key(p, arm, seed)) if uses_teacher(arm) else None
         extra = {"empty": evaluation.get("empty", {}), "empty_after_evidence": evaluation.get("forgot", {}),
