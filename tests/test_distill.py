@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.distill import check_rl_runs, load_distill_run, run_distill
+from agentmem.jobs.distill import check_psd_runs, check_rl_runs, load_distill_run, run_distill
 from agentmem.jobs.rollout import run_rollout
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
@@ -392,7 +392,7 @@ def test_anchor_is_zero_at_the_start_and_grows_after_a_step(rolled, tmp_path):
 
 def test_distill_reads_the_stored_sampling_context_and_policy_through_the_config(sqlite_store):
     runs = {"privileged": OLD_ROLLOUT, "oracle": {**OLD_ROLLOUT, "context": "aligned", "policy": "oracle"},
-            "plain": {**OLD_ROLLOUT, "context": "aligned"}}
+            "plain": {**OLD_ROLLOUT, "context": "aligned"}, "hint": {**OLD_ROLLOUT, "context": "hint"}}
     ids = {}
     with sqlite_store.session() as s:
         for name, config in runs.items():
@@ -405,3 +405,9 @@ def test_distill_reads_the_stored_sampling_context_and_policy_through_the_config
         check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["privileged"]], teacher=None, kd_weight=0))
     with pytest.raises(ConfigError, match=f"run {ids['oracle']} is an oracle rollout"):
         check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["oracle"]], teacher=None, kd_weight=0))
+    # a hint teacher's samples are not the student's either: no RL term, no on-policy PSD
+    with pytest.raises(ConfigError, match=f"run {ids['hint']} was sampled under the hint prompt"):
+        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["hint"]], teacher=None, kd_weight=0))
+    with pytest.raises(ConfigError, match=f"but run {ids['hint']} was sampled under the hint prompt"):
+        check_psd_runs(sqlite_store, DistillConfig(run_ids=[ids["hint"]], psd="on_policy", context="privileged",
+                                                  rl="none"))
