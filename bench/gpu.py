@@ -17,6 +17,9 @@ to ``OUT/gpu_check.log``):
                FSDP2 step of the packed student (NCCL; gloo in a dry run) whose gradients must equal the
                unwrapped step's. (A one-process ``distill`` wraps nothing, and refuses ``--fsdp``: with one
                GPU the wrappers are checked on the module ``distill`` wraps, ``PackedModel.module``.)
+  serve_batch  continuous batching (``policy/decode_batch.py``: rows joining a running decode batch, the
+               static decode step's buffers growing, slots reused) on the device in float32: each row's sampled
+               log-probs against a fresh forward pass over its prompt and output
   store        the SQLite store under OUT that rollout, eval and distill wrote: its rows and integrity
 
   bash scripts/gpu_check.sh           # on the GPU machine (installs .gpu_wheels/, runs this, OUT=$OUT)
@@ -246,6 +249,47 @@ def rollout_part(check: Check, folder: Path, episodes: int, batch: int) -> Calla
     return run
 
 
+def serve_batch_part(check: Check, folder: Path) -> Callable[[Callable[[], float]], dict]:
+    def run(left):
+        from transformers import AutoModelForCausalLM
+
+        from agentmem.policy import SamplingParams, TransformersBackend
+        from agentmem.policy.decode_batch import DecodeBatch
+
+        dev, tok = check.device, tiny_tokenizer()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(dev).eval()
+        backend = TransformersBackend.from_model(model, tok)
+        texts = ["Hi", "Where does Bob live?", "Alice was born in Lyon and works in Berlin; Bob lives in Oslo. " * 4,
+                 "Update the memory.", "The capital of France is Paris.", "Question: who lives in Oslo?"]
+        prompts = [tok.encode(t) for t in texts]
+        # start with two short rows; a long prompt joins later (the buffers grow left), a large budget (right),
+        # and rows join after others left (their slots are reused)
+        joins = {0: [(0, 12), (1, 40)], 2: [(2, 10)], 5: [(3, 64)], 14: [(4, 8), (5, 16)]}
+        batch = DecodeBatch(backend, SamplingParams(temperature=1.0, max_new_tokens=1))
+        torch.manual_seed(0)
+        got, key, step = {}, {}, 0
+        while step in joins or len(batch) or any(s > step for s in joins):
+            if step in joins:
+                rows = batch.join([prompts[i] for i, _ in joins[step]], [b for _, b in joins[step]])
+                key.update(zip(rows, [i for i, _ in joins[step]], strict=True))
+            got.update({key[r]: g for r, g in batch.step().items()})
+            step += 1
+        worst = 0.0
+        with torch.inference_mode():
+            for i, gen in got.items():
+                ids = torch.tensor([prompts[i] + gen.output_ids], device=dev)
+                logits = model(ids).logits[0, len(prompts[i]) - 1 : -1].float()
+                ref = logits.log_softmax(-1).gather(-1, torch.tensor(gen.output_ids, device=dev)[:, None])[:, 0]
+                worst = max(worst, (torch.tensor(gen.logprobs, device=dev) - ref).abs().max().item())
+        out = {"decode_path": backend.decode_path, "rows": len(got), "joins": batch.joins, "steps": step,
+               "tokens": sum(len(g.output_ids) for g in got.values()), "max_abs_logprob_vs_forward": worst}
+        check.log(json.dumps(out))
+        if worst > 1e-3:
+            raise AssertionError(f"a joined row's log-probs are off by {worst:.3g}")
+        return out
+    return run
+
+
 def distributed_part(check: Check, folder: Path, shape: str, layers: int) -> Callable[[Callable[[], float]], dict]:
     def run(left):
         out: dict = {}
@@ -398,6 +442,7 @@ def main() -> None:
         check.part("speed", 130, speed_part(check, configs, (1024, 8192), 16384, args.reps))
         check.part("rollout", 75, rollout_part(check, folder, 32, 32))
         check.part("distributed", 110, distributed_part(check, folder, "smollm2-135m", 4))
+    check.part("serve_batch", 20, serve_batch_part(check, folder))
     check.part("store", 5, store_part(check))
     failed = [k for k, v in check.results.items() if not v["ok"]]
     check.log(f"done in {time.perf_counter() - check.started:.0f} s; failed parts: {', '.join(failed) or 'none'}")
