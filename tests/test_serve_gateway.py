@@ -76,7 +76,9 @@ def test_gateway_records_once_with_prompt_logprobs_sticky_and_streamed(tmp_path,
     gated = _Gated(model_dir, dtype="float32")
     gated.released.set()
     ups = [build_server(stores[0], ServeConfig(model=model_dir, run_name="up0"), api_key="k0"),
-           build_server(stores[1], ServeConfig(model="gated", run_name="up1"), backend=gated, api_key="k0")]
+           # static batching: its steps go through the gated generate
+           build_server(stores[1], ServeConfig(model="gated", run_name="up1", continuous_batching=False),
+                        backend=gated, api_key="k0")]
     seen: list[list[tuple[int, list]]] = [[], []]
     for i, up in enumerate(ups):
         @up.app.middleware("http")

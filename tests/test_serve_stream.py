@@ -182,3 +182,37 @@ def test_the_tiny_model_streams_before_it_finishes(sqlite_store, tmp_path):
                 release.set()
     server.close("finished")
     assert at_first == 1 and len(seen) == 6
+
+
+def test_a_continuous_batch_streams_before_it_finishes(sqlite_store, tmp_path, monkeypatch):
+    """Plain sampling on the continuous path (``policy.decode_batch``): the first token's chunk arrives while the
+    batch still holds its second step."""
+    from agentmem import model_refs
+    from agentmem.policy.decode_batch import DecodeBatch
+    from agentmem.runtime import CPU
+
+    path = save_tiny(tmp_path / "tiny")
+    inner = model_refs.backend("transformers", path, "float32", CPU)
+    release, seen = threading.Event(), []
+    step = DecodeBatch.step
+
+    def held(self, *args, **kwargs):
+        seen.append(time.monotonic())
+        if len(seen) == 2:
+            release.wait(30)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecodeBatch, "step", held)
+    server = build_server(sqlite_store, ServeConfig(model=path, batch_window_ms=0), backend=inner)
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0, timeout=20)
+        at_first, pieces = None, []
+        for chunk in client.chat.completions.create(model=path, messages=QUESTION, stream=True, max_tokens=6,
+                                                    logprobs=True, temperature=0):
+            if at_first is None and chunk.choices and chunk.choices[0].logprobs:
+                at_first = len(seen)
+                release.set()
+            pieces += [e.logprob for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    server.close("finished")
+    # the first token left before the held second step ended (whole answers would come after all 6 steps)
+    assert at_first in (1, 2) and len(seen) == len(pieces) >= 3
