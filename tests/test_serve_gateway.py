@@ -7,6 +7,7 @@ refuses them)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from fastapi import FastAPI, Request
 from serve_helpers import free_port, running
 
 from agentmem.errors import ConfigError
@@ -285,3 +287,45 @@ def test_a_groups_choices_route_where_the_group_went():
             assert {sampler._pick(f"{ep}.{i}", set()).url for i in range(5)} == {url}
     finally:
         sampler.close()
+
+
+def test_a_text_providers_tool_calls_are_stored_as_the_template_writes_them(tmp_path, model_dir):
+    """--upstream-text with tools: the tools and tool_choice go to the provider; its tool calls come back to the
+    client as tool_calls and are stored as the served template's assistant turn (Hermes <tool_call>), tokenized
+    here and not replayable."""
+    provider, bodies = FastAPI(), []
+
+    @provider.get("/v1/models")
+    def models() -> dict:
+        return {"data": [{"id": "hosted"}]}
+
+    @provider.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        bodies.append(await request.json())
+        call = {"id": "p1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "hosted",
+                "choices": [{"index": 0, "finish_reason": "tool_calls",
+                             "message": {"role": "assistant", "content": None, "tool_calls": [call]}}]}
+
+    weather = {"type": "function", "function": {"name": "weather", "description": "The weather in a city.",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"}}, "required": ["city"]}}}
+    store = _store(tmp_path / "gw.db")
+    with running(provider) as up:
+        gw = build_server(store, ServeConfig(model=model_dir, served_model_name="hosted", upstream=f"{up}/v1",
+                                             upstream_text=True, run_name="tools", chat_template="chatml_tools"))
+        with running(gw.app) as root:
+            client = openai.OpenAI(base_url=f"{root}/episodes/w/v1", api_key="unused", max_retries=0)
+            r = client.chat.completions.create(model="hosted", messages=_ask("Bob"), tools=[weather],
+                                               tool_choice="auto", max_tokens=30)
+        gw.close("finished")
+    assert bodies[0]["tools"] == [weather] and bodies[0]["tool_choice"] == "auto"
+    (call,) = r.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("weather", {"city": "Oslo"})
+    assert r.choices[0].finish_reason == "tool_calls"
+    stored = _calls(store, gw.run_id)[r.id]
+    assert stored.output_text == '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    tok = tiny_tokenizer()
+    assert stored.output_ids.tolist() == tok(stored.output_text, add_special_tokens=False)["input_ids"]
+    with store.session() as s:
+        assert serve_repo.get_serve_call(s, r.id).replayable is False

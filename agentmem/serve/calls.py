@@ -118,7 +118,7 @@ class Calls:
         if ctx.record:
             await asyncio.to_thread(self.recorder.check_call, ctx, planned)
         job = Job(prompts, req.n, params, tuple(req.stops), top_k, getattr(req, "prompt_logprobs", None) is not None,
-                  ctx.episode, sent.messages, sent.tools)
+                  ctx.episode, sent.messages, sent.tools, sent.sampling.get("tool_choice"))
         return Prepared(prompts, sent, job, ctx, planned)
 
     async def respond(self, request: Request, req, prep: Prepared, *, chat: bool, logprobs: bool,

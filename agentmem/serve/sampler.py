@@ -55,8 +55,9 @@ class Job:
     top_logprobs: int = 0
     prompt_logprobs: bool = False  # also each prompt token's log-prob (vLLM's prompt_logprobs; a gateway asks)
     route: str | None = None  # the episode: a gateway sends an episode's calls to one upstream
-    messages: list[dict] | None = None  # the chat as sent, and its tools: a text-only upstream takes these
+    messages: list[dict] | None = None  # the chat as sent, its tools and tool_choice: a text-only upstream takes these
     tools: list[dict] | None = None
+    tool_choice: str | None = None
 
     @property
     def rows(self) -> list[list[int]]:

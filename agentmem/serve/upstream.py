@@ -24,9 +24,11 @@ temperature-scaled ones every agentmem backend stores (``policy.types``).
   (0.5 s, doubling to 8 s) up to ``wait_s``; then a thread re-probes the upstreams that are down, each with
   its own backoff, and those up every 5 s. ``health()`` reports each one (``/health``).
 - Text upstreams (``text=True``: a hosted API that returns no token ids): a chat goes to the upstream's
-  ``/chat/completions`` (a text prompt to ``/completions``) under the served model name; the reply's text
-  is tokenized with the local tokenizer and stored without log-probs, marked not replayable
-  (``serve_calls.replayable``): SFT trains on such calls, ``distill`` refuses them.
+  ``/chat/completions`` (a text prompt to ``/completions``) under the served model name, with its tools and
+  ``tool_choice``; the reply's text (a reply with tool calls: its assistant turn as the served model's chat
+  template writes it, ``_reply_text``, parsed back into ``tool_calls`` for the client) is tokenized with the
+  local tokenizer and stored without log-probs, marked not replayable (``serve_calls.replayable``): SFT trains
+  on such calls, ``distill`` refuses them.
 
 ``UpstreamSampler`` has the ``submit(job) -> Future[list[Choice]]`` and ``stream(job)`` interface of
 ``sampler.Sampler``.
@@ -344,7 +346,7 @@ class UpstreamSampler:
         """A text upstream's call: the chat (or the decoded prompts) under the served name; the replies'
         text tokenized here, stored without log-probs and not replayable."""
         p = job.params
-        refused = [k for k in p.shaping if k not in TEXT_OPTIONS] + (["tools"] if job.tools else [])
+        refused = [k for k in p.shaping if k not in TEXT_OPTIONS]
         if refused:
             raise ApiError(400, f"{refused[0]} is not supported with a text upstream (--upstream-text): its "
                                 "tokens are not this tokenizer's", param=refused[0], code="unsupported_parameter")
@@ -358,6 +360,10 @@ class UpstreamSampler:
         chat = job.messages is not None
         if chat:
             body["messages"] = [_as_sent(m) for m in job.messages or []]
+            if job.tools:
+                body["tools"] = job.tools
+            if job.tool_choice is not None:
+                body["tool_choice"] = job.tool_choice
         else:
             body["prompt"] = [self.tokenizer.decode(row, skip_special_tokens=True) for row in job.prompts]
         start = time.perf_counter()
@@ -369,11 +375,42 @@ class UpstreamSampler:
             raise ApiError(502, f"upstream answered {len(choices)} choices for {len(job.rows)}", type="upstream_error")
         out = []
         for row, c in zip(job.rows, choices, strict=True):
-            text = ((c.get("message") or {}).get("content") if chat else c.get("text")) or ""
+            message = c.get("message") or {}
+            text = (message.get("content") if chat else c.get("text")) or ""
+            if chat and message.get("tool_calls"):
+                text = _reply_text(self.tokenizer, job, message)
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
             finish = FinishReason.length if c.get("finish_reason") == "length" else FinishReason.stop
             out.append(Choice(list(row), ids, None, finish, text, latency, replayable=False))
         return out
+
+
+def _reply_text(tokenizer, job: Job, message: dict) -> str:
+    """A provider's reply with tool calls as the served model's chat template writes that assistant turn (what
+    this model would have sampled to make those calls): the chat rendered with the reply, less the chat rendered
+    for generation, up to the end-of-turn token. The reply's calls are parsed back from it for the client."""
+    calls = [{**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}}
+             for call in message["tool_calls"]]
+    turn = {"role": "assistant", "content": message.get("content") or "", "tool_calls": calls}
+    messages = job.messages or []
+    asked = tokenizer.apply_chat_template(messages, tools=job.tools, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template([*messages, turn], tools=job.tools, tokenize=False)
+    if not whole.startswith(asked) or calls[0]["function"]["name"] not in whole[len(asked):]:
+        raise ApiError(502, "the upstream's tool calls cannot be written in the served model's chat template "
+                            "(--chat-template FILE gives one that can)", type="upstream_error")
+    reply = whole[len(asked):]
+    end = tokenizer.eos_token
+    return reply[: reply.index(end)] if end and end in reply else reply
+
+
+def _arguments(value: Any) -> Any:
+    """Tool-call arguments as the template reads them: an object (a provider sends a JSON string)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _as_sent(message: dict) -> dict:
