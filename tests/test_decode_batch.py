@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from test_prefix_rollout import chat
+from test_static_decode import sample_prompts
 
 from agentmem.policy import SamplingParams, TransformersBackend
 from agentmem.policy.decode_batch import DecodeBatch, joinable
@@ -16,7 +16,7 @@ from agentmem.records import FinishReason
 from agentmem.serve.sampler import Job, Sampler
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 
-MEMORIES = ["none", "Bob lives in Oslo.", "Alice was born in Lyon"]
+HI, SIBLING, SIBLING2, SIBLING3, FRANCE, UPDATE = 0, 1, 2, 3, 5, 6  # in sample_prompts
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +26,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def prompts(tok):
-    """Short, long (wider than the batch's columns when it joins) and siblings sharing a prefix."""
-    siblings = [chat(tok, "where does Bob live?", "Alice was born in Lyon and works in Berlin.", m) for m in MEMORIES]
-    return [tok.encode("Hi"), tok.encode("Update"), *siblings, tok.encode("The capital of France is Paris.")]
+    return sample_prompts(tok)
 
 
 def alone(backend, prompt, params, **kw):
@@ -58,8 +56,8 @@ def test_joined_rows_sample_what_they_would_alone(make, temperature, tok, prompt
     params = SamplingParams(temperature=temperature, max_new_tokens=12)
     # short prompts start the batch; a long one joins at step 2 (buffers grow left), a large budget at step 5
     # (they grow right), siblings join after rows have left; trim_slack 1 drops unseen columns at once
-    joins = {0: [("a", prompts[0], 6), ("b", prompts[1], 12)], 2: [("c", prompts[2], 9)],
-             5: [("d", prompts[5], 20)], 8: [("e", prompts[3], 4), ("f", prompts[4], 7)]}
+    joins = {0: [("a", prompts[HI], 6), ("b", prompts[UPDATE], 12)], 2: [("c", prompts[SIBLING], 9)],
+             5: [("d", prompts[FRANCE], 20)], 8: [("e", prompts[SIBLING2], 4), ("f", prompts[SIBLING3], 7)]}
     batch = DecodeBatch(backend, params, trim_slack=1)
     if temperature:
         torch.manual_seed(0)
@@ -89,30 +87,30 @@ def test_joined_rows_sample_what_they_would_alone(make, temperature, tok, prompt
 def test_slots_are_reused_and_columns_grow_and_trim(tok, prompts):
     backend = TransformersBackend.from_model(tiny_llama(), tok)
     batch = DecodeBatch(backend, SamplingParams(temperature=0, max_new_tokens=1), trim_slack=1)
-    a, x = batch.join(prompts[:2], [30, 30])
+    a, x = batch.join([prompts[HI], prompts[UPDATE]], [30, 30])
     dec = backend.decoder
-    width = max(len(prompts[0]), len(prompts[1]))
+    width = max(len(prompts[HI]), len(prompts[UPDATE]))
     assert (dec.column, dec.values.shape[3]) == (width, width + 29)
     batch.step()
-    batch.join([prompts[5]], [3])  # wider than the columns before the current one: grows on the left
-    assert dec.column == len(prompts[5]) and dec.rows == 3
+    batch.join([prompts[FRANCE]], [3])  # wider than the columns before the current one: grows on the left
+    assert dec.column == len(prompts[FRANCE]) and dec.rows == 3
     for _ in range(3):
         batch.step()
     assert batch.slots == [a, x, None] and dec.rows == 3  # the long row left its slot (a third free: kept)
-    (c,) = batch.join([prompts[2]], [60])  # takes the free slot; grows on the left and (past the last column) right
+    (c,) = batch.join([prompts[SIBLING]], [60])  # takes the free slot; grows on the left and (past the last column) right
     assert batch.slots == [a, x, c] and dec.rows == 3 and dec.values.shape[3] >= dec.column + 59
     while a in batch.rows or x in batch.rows:
         assert c not in batch.step(), "the tiny model ended the last row first"
     # a and x left: compacted to one slot, and the columns before c's prompt, seen by no row, are gone
     assert batch.slots == [c] and dec.rows == 1
-    assert dec.column == len(prompts[2]) + len(batch.rows[c].ids)
+    assert dec.column == len(prompts[SIBLING]) + len(batch.rows[c].ids)
 
 
 def test_top_logprobs_and_ended_rows(tok, prompts):
     backend = TransformersBackend.from_model(tiny_llama(), tok)
     params = SamplingParams(temperature=0, max_new_tokens=8)
     batch = DecodeBatch(backend, params)
-    rows = batch.join(prompts[:2], [8, 8])
+    rows = batch.join([prompts[HI], prompts[UPDATE]], [8, 8])
     seen = []
 
     def hook(steps):
@@ -122,7 +120,7 @@ def test_top_logprobs_and_ended_rows(tok, prompts):
     got = {}
     while len(batch):
         got.update(batch.step({rows[0]: 3}, hook))
-    want = alone(backend, prompts[0], params, top_logprobs=3)
+    want = alone(backend, prompts[HI], params, top_logprobs=3)
     assert got[rows[0]].output_ids == want.output_ids
     assert [[t for t, _ in step] for step in got[rows[0]].top] == [[t for t, _ in step] for step in want.top]
     assert got[rows[1]].top is None
@@ -147,23 +145,23 @@ def test_a_late_request_joins_the_running_batch(tok, prompts, monkeypatch):
     batch in all), a seeded one waits for the batch to drain and runs alone; each gets what it would alone."""
     backend = TransformersBackend.from_model(tiny_llama(), tok)
     greedy = SamplingParams(temperature=0, max_new_tokens=16)
-    want = {i: alone(backend, prompts[i], replace_budget(greedy, b)) for i, b in ((0, 16), (5, 6))}
+    want = {i: alone(backend, prompts[i], replace_budget(greedy, b)) for i, b in ((HI, 16), (FRANCE, 6))}
     seeded = SamplingParams(temperature=1.0, max_new_tokens=5, seed=7)
-    want_seeded = alone(backend, prompts[1], seeded)
+    want_seeded = alone(backend, prompts[UPDATE], seeded)
     widths = []
     original = StaticDecoder.step
     monkeypatch.setattr(StaticDecoder, "step", lambda self, t, p: widths.append(len(t)) or original(self, t, p))
     sampler = Sampler(backend, window_s=0)
     started = threading.Event()
     try:
-        first = sampler.submit(Job([prompts[0]], 1, greedy), emit=lambda tokens: started.set())
+        first = sampler.submit(Job([prompts[HI]], 1, greedy), emit=lambda tokens: started.set())
         assert started.wait(30)
-        late = sampler.submit(Job([prompts[5]], 1, replace_budget(greedy, 6)))
-        alone_too = sampler.submit(Job([prompts[1]], 1, seeded))
+        late = sampler.submit(Job([prompts[FRANCE]], 1, replace_budget(greedy, 6)))
+        alone_too = sampler.submit(Job([prompts[UPDATE]], 1, seeded))
         (a,), (b,), (c,) = first.result(60), late.result(60), alone_too.result(60)
     finally:
         sampler.close()
-    assert a.output_ids == want[0].output_ids and b.output_ids == want[5].output_ids
+    assert a.output_ids == want[HI].output_ids and b.output_ids == want[FRANCE].output_ids
     assert c.output_ids == want_seeded.output_ids and c.logprobs == pytest.approx(want_seeded.logprobs, abs=1e-5)
     assert sampler.batches == 2  # the greedy pair shared one batch; the seeded request ran alone
     assert 2 in widths  # steps decoded both greedy rows together

@@ -22,11 +22,16 @@ def tok():
     return tiny_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def prompts(tok):
-    """Four siblings sharing a long prefix (the shared-prefix prefill) and three unrelated prompts."""
+def sample_prompts(tok) -> list[list[int]]:
+    """Four siblings sharing a long prefix (the shared-prefix prefill) and three unrelated prompts:
+    [Hi, siblings x 4, "The capital of France is Paris.", Update]."""
     siblings = [chat(tok, "where does Bob live?", "Alice was born in Lyon and works in Berlin.", m) for m in MEMORIES]
     return [tok.encode("Hi"), *siblings, tok.encode("The capital of France is Paris."), tok.encode("Update")]
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return sample_prompts(tok)
 
 
 def pair(model, tok, **kw):
