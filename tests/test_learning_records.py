@@ -144,3 +144,28 @@ def test_the_pilot_fixes_s_at_the_first_step_with_30_percent_recovery():
     assert (out["S"], out["stop"]) == (24, False)
     slow = [r if r["arm"] != "opd_rl" else along("opd_rl", {8: 0.21, 24: 0.25, 64: 0.31}) for r in recs]
     assert (records.pilot(slow, [8, 24, 64])["S"], records.pilot(slow, [8, 24, 64])["stop"]) == (64, True)
+
+
+def test_each_teachers_best_arm_on_the_ladder_goes_to_real_text():
+    recs = [_arm("opd_rl", 0, {"level1": [0.4, 0.6], "level2": [0.5, 0.5]}, "rl"),
+            _arm("opd_rl", 1, {"level1": [0.2, 0.2], "level2": [0.2, 0.2]}, "rl"),  # opd_rl: 0.35 over seeds
+            _arm("seqkd_rl", 0, {"level1": [0.3, 0.3], "level2": [0.4, 0.4]}, "rl"),  # 0.35 -> 0.3 with seed 1
+            _arm("seqkd_rl", 1, {"level1": [0.3, 0.3], "level2": [0.2, 0.2]}, "rl"),
+            _arm("opd_hint", 0, {"level1": [0.1, 0.1], "level2": [0.1, 0.1]}, "hint"),
+            _arm("opd_hint@real", 0, {"hotpotqa": [0.9, 0.9]}, "hint"),  # an evaluation, never a candidate
+            _arm("sft_more", 0, {"level1": [0.9, 0.9], "level2": [0.9, 0.9]})]  # no teacher
+    assert records.best_arms(recs) == {"hint": "opd_hint", "rl": "opd_rl"}
+
+
+def test_the_real_text_table_pairs_the_best_arms_with_sft_more_and_base():
+    real = {"hotpotqa": [0.5, 0.0, 1.0, 0.5], "ruler10": [0.25, 0.25, 0.0, 0.5]}
+    recs = [_arm("base", 0, {"level1": [0.0] * 4, **{c: [x - 0.25 for x in v] for c, v in real.items()}}, once=True),
+            _arm("sft_more", 0, {"level1": [0.2] * 4, **real}),
+            _arm("opd_rl", 0, {"level1": [0.5] * 4}, "rl"),
+            _arm("opd_rl@real", 0, {c: [x + 0.125 for x in v] for c, v in real.items()}, "rl")]
+    base, sft_more, best = records.real_text(recs, n=200)
+    assert [r["arm"] for r in (base, sft_more, best)] == ["base", "sft_more", "opd_rl@real"]
+    assert best["teacher"] == "rl" and best["f1"] == {"hotpotqa": 0.625, "ruler10": 0.375}
+    assert sft_more["f1"] == {"hotpotqa": 0.5, "ruler10": 0.25} and sft_more["minus_sft_more"] is None
+    assert best["minus_sft_more"] == pytest.approx((0.125, 0.125, 0.125))  # the same shift on every question
+    assert best["minus_base"] == pytest.approx((0.375, 0.375, 0.375)) and base["minus_base"] is None

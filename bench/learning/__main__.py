@@ -165,8 +165,14 @@ def main() -> None:
         empty = max((v for e in evals for c in e["empty"].values() for v in c.values()), default=0.0)
         if empty > EMPTY_WARN:
             say(f"warning: {arm} writes end-of-sequence-only outputs on {empty:.0%} of some call kind (collapsed)")
+    this_config = records.config_hash(records.config_of(asdict(plan)))
+    if not (args.report_partial or plan.pilot_steps):  # each teacher's best arm on the ladder, then on real text
+        for arm in records.best_arms(records.load(records_dir, this_config)).values():
+            if arm in plan.arms and arm not in refused:
+                for seed in arm_seeds(plan, arm):
+                    bench.real_text(arm, seed)
     text, _ = report(bench, results)
-    kept = records.load(records_dir, records.config_hash(records.config_of(asdict(plan))))
+    kept = records.load(records_dir, this_config)
     summary = records.summarize(kept)
     last = records.last_line(summary)
     text += records_section(summary, kept)

@@ -438,6 +438,18 @@ class Bench:
         self.write_record(self.record(arm, seed, trained, evaluation, along))
         return trained, evaluation
 
+    def real_text(self, arm: str, seed: int) -> dict:
+        """A teacher's best arm (``records.best_arms``, picked on the held-out ladder) on real text: its final
+        checkpoint's evaluation there, recorded as ``ARM@real``. An arm evaluated on real text already reuses it."""
+        trained = self.train(arm, seed)
+        real_already = arm_flags(arm)[1]
+        evaluation = self.evaluate(arm, seed, self.ckpt(trained["final"]["id"]), real_already, True)
+        teacher = teacher_name(teacher_key(self.plan, arm, seed)) if uses_teacher(arm) else None
+        scores = {c: v for c, v in evaluation["scores"].items() if not c.startswith("level")}
+        self.write_record(records.arm_record(asdict(self.plan), arm + records.REAL, seed, teacher=teacher,
+                                             scores=scores, dynamics={}, ledger={}))
+        return evaluation
+
     def record(self, arm: str, seed: int, trained: dict, evaluation: dict, along: dict) -> dict:
         """The arm-seed's record (``records.arm_record``): held-out scores, the dynamics summary of its training
         steps and the ledger (steps; rollout, teacher-forward and student tokens; wall seconds)."""

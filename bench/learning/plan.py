@@ -79,7 +79,8 @@ ON_POLICY: dict[str, dict] = {
 }
 RL_ARMS = ("grpo", "opd_grpo", "opd_privileged_grpo", "opd_grpo_centered", "opd_grpo_centered_memory",
            "opd_privileged_grpo_centered_memory", "opd_grpo_hint", "grpo_long")
-REAL_ARMS = ("base", "warm", "opd_aligned", "squad_warm", "squad_opd")  # evaluated on real text too
+# evaluated on real text too (and each teacher's best arm, once the ladder has picked it: Bench.real_text)
+REAL_ARMS = ("base", "warm", "sft_more", "opd_aligned", "squad_warm", "squad_opd")
 ONCE = ("base", "teacher_ladder", "teacher_hint")  # models no training seed changes: evaluated once
 SHARED = ROOT.parent / "shared" / "data"
 HOTPOT = SHARED / "hotpotqa" / "hotpot_dev_distractor_v1_first103.json"

@@ -125,10 +125,11 @@ def _by_arm(records: Iterable[dict]) -> dict[str, dict[int, dict]]:
     return out
 
 
-def _matrix(arm: dict[int, dict], seeds: list[int]) -> dict[str, np.ndarray]:
-    """[seeds, questions] per held-out ladder component; one row for a model evaluated once."""
+def _matrix(arm: dict[int, dict], seeds: list[int], real: bool = False) -> dict[str, np.ndarray]:
+    """[seeds, questions] per held-out ladder component (``real``: per real-text component); one row for a model
+    evaluated once."""
     rows = [next(iter(arm.values()))] if _once(arm) else [arm[s] for s in seeds]
-    comps = sorted(c for c in rows[0]["scores"] if c.startswith("level"))
+    comps = sorted(c for c in rows[0]["scores"] if c.startswith("level") != real)
     return {c: np.array([r["scores"][c] for r in rows], dtype=np.float64) for c in comps}
 
 
@@ -136,16 +137,50 @@ def _once(arm: dict[int, dict]) -> bool:
     return any(r.get("once") for r in arm.values())
 
 
-def paired(arms: dict[str, dict[int, dict]], a: str, b: str, n: int = 2000) -> Interval | None:
+def paired(arms: dict[str, dict[int, dict]], a: str, b: str, n: int = 2000, real: bool = False) -> Interval | None:
     """``a - b`` over the seeds both have (a model evaluated once pairs with every seed), paired by question
-    and seed (``cluster_bootstrap``); None when either arm has no record."""
+    and seed (``cluster_bootstrap``), on the held-out ladder (``real``: on real text); None when either arm has no
+    record."""
     if a not in arms or b not in arms:
         return None
     once_a, once_b = _once(arms[a]), _once(arms[b])
     seeds = sorted(arms[b] if once_a else arms[a]) if once_a != once_b else sorted(set(arms[a]) & set(arms[b]))
     if not seeds:
         return None
-    return cluster_bootstrap(_matrix(arms[a], seeds), _matrix(arms[b], seeds), n=n)
+    return cluster_bootstrap(_matrix(arms[a], seeds, real), _matrix(arms[b], seeds, real), n=n)
+
+
+REAL = "@real"  # the record of an arm's real-text evaluation: ARM@real (its ladder record stays ARM)
+
+
+def best_arms(records: Iterable[dict]) -> dict[str, str]:
+    """Per teacher, the arm that learns from it with the highest held-out ladder F1 (mean over its seeds and
+    questions): the one evaluated on real text for that teacher."""
+    scored: dict[str, list[tuple[float, str]]] = {}
+    for arm, seeds in _by_arm(records).items():
+        teacher = next(iter(seeds.values())).get("teacher")
+        means = [m for r in seeds.values()
+                 if (m := _mean({c: v for c, v in r["scores"].items() if c.startswith("level")})) is not None]
+        if teacher is not None and not arm.endswith(REAL) and means:
+            scored.setdefault(teacher, []).append((float(np.mean(means)), arm))
+    return {t: max(v)[1] for t, v in sorted(scored.items())}
+
+
+def real_text(records: Iterable[dict], n: int = 2000) -> list[dict]:
+    """The real-text table: base, ``sft_more`` and each teacher's best arm (``best_arms``), each with its mean F1
+    per real-text component and its difference to ``sft_more`` and to base (paired, with intervals)."""
+    records = list(records)
+    arms = _by_arm(records)
+    rows = []
+    for name, teacher in [("base", None), ("sft_more", None), *((a + REAL, t) for t, a in best_arms(records).items())]:
+        if name not in arms:
+            continue
+        seeds = sorted(arms[name])
+        means = {c: float(m.mean()) for c, m in _matrix(arms[name], seeds, real=True).items()}
+        rows.append({"arm": name, "teacher": teacher, "seeds": len(seeds), "f1": means,
+                     "minus_sft_more": None if name == "sft_more" else paired(arms, name, "sft_more", n, real=True),
+                     "minus_base": None if name == "base" else paired(arms, name, "base", n, real=True)})
+    return rows
 
 
 def _passed(records: Iterable[dict], teacher: str) -> bool:

@@ -252,14 +252,22 @@ def records_section(summary: dict, kept: list[dict]) -> str:
         if r["kind"] == "arm":
             arms.setdefault(r["arm"], []).append(r["ledger"])
     for arm, ls in sorted(arms.items()):
+        if arm.endswith(records.REAL):  # an evaluation, no training
+            continue
         mean = {k: np.mean([x[k] or 0 for x in ls]) for k in ("steps", "rollout_tokens", "teacher_forward_tokens",
                                                                 "student_tokens", "wall_seconds")}
         ledger.append(f"| {arm} | {len(ls)} | {mean['steps']:.0f} | {mean['rollout_tokens']:.0f} | "
                       f"{mean['teacher_forward_tokens']:.0f} | {mean['student_tokens']:.0f} | "
                       f"{mean['wall_seconds']:.0f} |")
+    real = ["| arm | teacher | seeds | F1 per real-text set | minus sft_more | minus base |", "|---|---|---:|---|---|---|"]
+    for row in records.real_text(kept):
+        f1 = ", ".join(f"{c} {v:.3f}" for c, v in row["f1"].items())
+        real.append(f"| {row['arm']} | {row['teacher'] or '-'} | {row['seeds']} | {f1} | {cell(row['minus_sft_more'])} "
+                    f"| {cell(row['minus_base'])} |")
     best = summary.get("best") or "none (no T_rl or T_hint passed its gate with OPD records)"
     return (f"\n## From the records ({len(kept)} of this config)\n\nThe comparisons use the teacher {best}.\n\n"
             f"{terms}\n\n### Teachers: the gate per seed\n\n" + "\n".join(gates)
+            + "\n\n### Real text: each teacher's best arm on the ladder\n\n" + "\n".join(real)
             + "\n\n### Ledgers (means per arm-seed)\n\n" + "\n".join(ledger) + "\n")
 
 
