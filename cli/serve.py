@@ -23,7 +23,7 @@ def serve(
     model: Annotated[str | None, typer.Option(help="Model to serve: a checkpoint id, a model folder or `default`.",
                                               show_default=False)] = None,
     backend: Annotated[BackendKind, typer.Option(
-        help="Generation backend (vllm: continuous batching on its async engine).")] = BackendKind.transformers,
+        help="Generation backend (vllm: its async engine, in this process).")] = BackendKind.transformers,
     db: DbOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (8001: `agentmem view` keeps 8000).", min=1,
