@@ -171,3 +171,27 @@ def replace_budget(params: SamplingParams, budget: int) -> SamplingParams:
     from dataclasses import replace
 
     return replace(params, max_new_tokens=budget)
+
+
+def test_one_requests_error_after_decoding_is_its_own(tok, prompts, monkeypatch):
+    """A request whose answer fails once its rows finished (here: its prompt log-probs) gets the error; the
+    request decoded beside it gets its choices."""
+    import agentmem.serve.sampler as sampler_module
+
+    def broken(model, ids):
+        raise RuntimeError("prompt scoring failed")
+
+    monkeypatch.setattr(sampler_module, "score_prompt", broken)
+    backend = TransformersBackend.from_model(tiny_llama(), tok)
+    greedy = SamplingParams(temperature=0, max_new_tokens=5)
+    sampler = Sampler(backend, window_s=0.05)
+    try:
+        scored = sampler.submit(Job([prompts[HI]], 1, greedy, prompt_logprobs=True))
+        plain = sampler.submit(Job([prompts[FRANCE]], 1, greedy))
+        with pytest.raises(RuntimeError, match="prompt scoring failed"):
+            scored.result(60)
+        (choice,) = plain.result(60)
+    finally:
+        sampler.close()
+    assert choice.output_ids == alone(backend, prompts[FRANCE], greedy).output_ids
+    assert sampler.batches == 1

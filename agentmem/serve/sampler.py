@@ -245,7 +245,11 @@ class Sampler:
                 return
             if self._key(taken[0].job)[0] == "continuous":
                 self.batches += 1
-                self._batch = DecodeBatch(self.backend, taken[0].job.params)  # type: ignore[arg-type]
+                try:
+                    self._batch = DecodeBatch(self.backend, taken[0].job.params)  # type: ignore[arg-type]
+                except BaseException as exc:  # noqa: BLE001
+                    _fail(taken, exc)
+                    continue
                 self._continue(self._batch, taken)
                 continue
             try:
@@ -267,8 +271,11 @@ class Sampler:
                 self._hook.ids.pop(row, None)
                 item.gens[index] = gen
                 item.left -= 1
-                if item.left == 0:
-                    self._answer(item, item.gens)  # type: ignore[arg-type]  # every row has finished
+                if item.left == 0:  # every row has finished; an error here is this request's alone
+                    try:
+                        self._answer(item, item.gens)  # type: ignore[arg-type]
+                    except BaseException as exc:  # noqa: BLE001
+                        _fail([item], exc)
         except BaseException as exc:  # noqa: BLE001  every request of the batch gets the error, the server lives on
             _fail([item for item, _ in self._owners.values()] + (joining or []), exc)
             self._owners.clear()
