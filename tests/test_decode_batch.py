@@ -195,3 +195,25 @@ def test_one_requests_error_after_decoding_is_its_own(tok, prompts, monkeypatch)
         sampler.close()
     assert choice.output_ids == alone(backend, prompts[FRANCE], greedy).output_ids
     assert sampler.batches == 1
+
+
+def test_a_batch_that_never_drains_keeps_its_columns_bounded(tok, prompts):
+    """A row joins every other step and each decodes 8 (4 slots, never half free, so never compacted): the leading
+    columns no live row sees are trimmed every few steps, and the rows still sample what they would alone."""
+    backend = TransformersBackend.from_model(tiny_llama(), tok)
+    greedy = SamplingParams(temperature=0, max_new_tokens=1)
+    batch = DecodeBatch(backend, greedy, trim_slack=4)
+    order = [HI, UPDATE, FRANCE, SIBLING]
+    key, got, widths = {}, {}, []
+    for step in range(100):
+        if step % 2 == 0:
+            (row,) = batch.join([prompts[order[step // 2 % 4]]], [8])
+            key[row] = (step, order[step // 2 % 4])
+        got.update({key[r]: g for r, g in batch.step().items()})
+        widths.append(backend.decoder.values.shape[3])
+    assert len(got) >= 45 and len(batch.slots) == 4
+    assert max(widths) <= max(map(len, prompts)) + 8 + 3 * 4  # without trimming: one more column every step
+    for (_, i), gen in got.items():
+        want = alone(backend, prompts[i], replace_budget(greedy, len(gen.output_ids)))
+        assert gen.output_ids == want.output_ids
+        assert gen.logprobs == pytest.approx(want.logprobs, abs=1e-5, rel=0)

@@ -69,7 +69,10 @@ class DecodeBatch:
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)
         self._next_id = 0
         self.joins = 0  # prefills made (one per join)
-        self.trim_slack = trim_slack  # leading columns no row sees that are dropped at once (StaticDecoder.trim)
+        # leading columns no live row sees are dropped once there are this many (StaticDecoder.trim), checked at
+        # least every trim_slack steps
+        self.trim_slack = trim_slack
+        self._since_trim = 0
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -156,8 +159,13 @@ class DecodeBatch:
             0, index, tokens)  # a free slot decodes token 0, unused
         self.logits = self.decoder.step(feed, self.next_pos).float()
         self.next_pos = self.next_pos + 1
+        self._since_trim += 1
         if 2 * len(self.rows) <= len(self.slots):
             self._compact()
+        elif self._since_trim >= self.trim_slack:  # a batch that never drains must not attend over ever more columns
+            live_slots = torch.tensor([i for i, row in enumerate(self.slots) if row is not None], device=self.device)
+            self.decoder.trim(self.trim_slack, live_slots)
+            self._since_trim = 0
         return done
 
     def _compact(self) -> None:
@@ -169,3 +177,4 @@ class DecodeBatch:
         self.logits = self.logits[index] if self.logits is not None else None
         self.decoder.keep(index)
         self.decoder.trim(self.trim_slack)
+        self._since_trim = 0
