@@ -77,16 +77,14 @@ def _sampled(run: Run) -> RolloutConfig | None:
     return None
 
 
-def _privileged_rollout(run: Run) -> bool:
-    """A rollout whose calls were sampled under a prompt the student does not see: the privileged message
-    (PSD's off-policy samples) or the hint lines (a hint teacher's samples, ``rollout --context hint``)."""
+def _privileged_rollout(run: Run) -> str | None:
+    """For a rollout whose calls were sampled under a prompt the student does not see, that prompt ("the
+    privileged prompt": PSD's off-policy samples; "the hint prompt": a hint teacher's, ``rollout --context
+    hint``); None for any other run."""
     sampled = _sampled(run)
-    return run.kind is RunKind.rollout and sampled is not None and sampled.context is not SamplingContext.aligned
-
-
-def _sampled_under(run: Run) -> str:
-    sampled = _sampled(run)
-    return f"the {sampled.context.value} prompt" if sampled is not None else "another prompt"
+    if run.kind is not RunKind.rollout or sampled is None or sampled.context is SamplingContext.aligned:
+        return None
+    return f"the {sampled.context.value} prompt"
 
 
 def check_rl_runs(store: Store, config: DistillConfig) -> None:
@@ -102,9 +100,9 @@ def check_rl_runs(store: Store, config: DistillConfig) -> None:
             sampled = _sampled(run)
             if sampled is not None and sampled.policy is PolicySource.oracle:
                 raise ConfigError(f"run {rid} is an oracle rollout (no sampler log-probs): {fix}, or agentmem sft")
-            if _privileged_rollout(run):
-                raise ConfigError(f"run {rid} was sampled under {_sampled_under(run)} (its log-probs are not the "
-                                  f"student's): {fix}")
+            if (prompt := _privileged_rollout(run)) is not None:
+                raise ConfigError(f"run {rid} was sampled under {prompt} (its log-probs are not the student's): "
+                                  f"{fix}")
             if run.kind is RunKind.replay:
                 raise ConfigError(f"run {rid} is a replay run (single calls branched from a teacher's episodes carry "
                                   f"no reward): {fix}")
@@ -129,13 +127,12 @@ def check_psd_runs(store: Store, config: DistillConfig) -> None:
     if config.teacher.psd is PsdMode.none:
         return
     with store.session() as s:
-        runs = {rid: repo.get_run(s, rid) for rid in config.run_ids}
-    privileged = {rid: _privileged_rollout(run) for rid, run in runs.items()}
+        privileged = {rid: _privileged_rollout(repo.get_run(s, rid)) for rid in config.run_ids}
     names = {True: [r for r, p in privileged.items() if p], False: [r for r, p in privileged.items() if not p]}
     hint = "(`agentmem rollout --context privileged` samples under the privileged prompt)"
     if config.teacher.psd is PsdMode.on_policy and names[True]:
         raise ConfigError(f"psd=on_policy scores the student's own samples, but run {names[True][0]} was sampled "
-                          f"under {_sampled_under(runs[names[True][0]])}: use --psd off_policy or mixed")
+                          f"under {privileged[names[True][0]]}: use --psd off_policy or mixed")
     if config.teacher.psd is PsdMode.off_policy and names[False]:
         raise ConfigError(f"psd=off_policy scores the privileged sampler's tokens, but run {names[False][0]} is "
                           f"not a privileged rollout {hint}")

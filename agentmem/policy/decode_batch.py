@@ -4,7 +4,7 @@ Why: a static batch is fixed when it starts, so a request that arrives one step 
 finish, and a server whose clients call at slightly different moments runs many small batches (on a CPU a decode
 step costs about the same for one row as for eight). Here a request's prompts are prefilled (with the backend's
 prompt head and shared prefixes, ``TransformersBackend.prefill``) and enter the static decode step's buffers
-(``StaticDecoder.append``) at the next step boundary; finished rows leave at once.
+(``StaticDecoder.admit``, into a finished row's slot) at the next step boundary; finished rows leave at once.
 
 Each row's output is what a batch of its own would sample, to float round-off: its keys and values, positions and
 attention mask are its own (a row attends only to its prompt's columns and its own outputs), and its token and
@@ -121,7 +121,7 @@ class DecodeBatch:
         the rows that finished (end-of-sequence, budget spent, or ended), which leave the batch."""
         if not self.rows or self.logits is None:
             return {}
-        live = [i for i, row in enumerate(self.slots) if row is not None]
+        live = self._live()
         ids = [row for row in self.slots if row is not None]
         index = torch.tensor(live, device=self.device)
         whole = len(live) == len(self.slots)
@@ -163,14 +163,17 @@ class DecodeBatch:
         if 2 * len(self.rows) <= len(self.slots):
             self._compact()
         elif self._since_trim >= self.trim_slack:  # a batch that never drains must not attend over ever more columns
-            live_slots = torch.tensor([i for i, row in enumerate(self.slots) if row is not None], device=self.device)
-            self.decoder.trim(self.trim_slack, live_slots)
+            self.decoder.trim(self.trim_slack, torch.tensor(self._live(), device=self.device))
             self._since_trim = 0
         return done
 
+    def _live(self) -> list[int]:
+        """The slots that hold a row."""
+        return [i for i, row in enumerate(self.slots) if row is not None]
+
     def _compact(self) -> None:
         """Drop the free slots from the buffers (and the leading columns no live row sees)."""
-        live = [i for i, row in enumerate(self.slots) if row is not None]
+        live = self._live()
         index = torch.tensor(live, dtype=torch.long, device=self.device)
         self.slots = [self.slots[i] for i in live]
         self.next_pos = self.next_pos[index]

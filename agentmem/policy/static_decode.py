@@ -184,9 +184,8 @@ class StaticDecoder:
         index = torch.tensor(slots, device=first.device)
         self.bias[index] = bias[:, None, None]
         for i, layer in enumerate(cache.layers):
-            for j, slot in enumerate(slots):
-                self.keys[i, slot, :, :, col - width : col] = layer.keys[j].transpose(-1, -2)
-                self.values[i, slot, :, col - width : col] = layer.values[j]
+            self.keys[i, index, :, :, col - width : col] = layer.keys.transpose(-1, -2)
+            self.values[i, index, :, col - width : col] = layer.values
         return slots
 
     def _grow(self, left: int, right: int) -> None:

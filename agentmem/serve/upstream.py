@@ -52,7 +52,7 @@ import httpx
 from agentmem.errors import ConfigError
 from agentmem.records import FinishReason
 from agentmem.serve.gateway import RECORD_HEADER
-from agentmem.serve.protocol import ApiError
+from agentmem.serve.protocol import ApiError, ChatMessage
 from agentmem.serve.sampler import Choice, Job, Tokens, cut_at_stop, whole
 
 BACKOFF_S = (0.5, 8.0)  # first and longest wait between probes of an upstream that is down
@@ -389,28 +389,16 @@ def _reply_text(tokenizer, job: Job, message: dict) -> str:
     """A provider's reply with tool calls as the served model's chat template writes that assistant turn (what
     this model would have sampled to make those calls): the chat rendered with the reply, less the chat rendered
     for generation, up to the end-of-turn token. The reply's calls are parsed back from it for the client."""
-    calls = [{**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}}
-             for call in message["tool_calls"]]
-    turn = {"role": "assistant", "content": message.get("content") or "", "tool_calls": calls}
+    turn = ChatMessage(role="assistant", content=message.get("content"), tool_calls=message["tool_calls"]).as_template()
     messages = job.messages or []
     asked = tokenizer.apply_chat_template(messages, tools=job.tools, add_generation_prompt=True, tokenize=False)
     whole = tokenizer.apply_chat_template([*messages, turn], tools=job.tools, tokenize=False)
-    if not whole.startswith(asked) or calls[0]["function"]["name"] not in whole[len(asked):]:
+    if not whole.startswith(asked) or turn["tool_calls"][0]["function"]["name"] not in whole[len(asked):]:
         raise ApiError(502, "the upstream's tool calls cannot be written in the served model's chat template "
                             "(--chat-template FILE gives one that can)", type="upstream_error")
     reply = whole[len(asked):]
     end = tokenizer.eos_token
     return reply[: reply.index(end)] if end and end in reply else reply
-
-
-def _arguments(value: Any) -> Any:
-    """Tool-call arguments as the template reads them: an object (a provider sends a JSON string)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _as_sent(message: dict) -> dict:
