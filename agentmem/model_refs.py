@@ -38,6 +38,16 @@ class ModelRef:
     base_model: str
     checkpoint: Checkpoint | None = None
 
+    @property
+    def adapter_base(self) -> str:
+        """How LoRA adapters trained on this model name it (``adapter_config.json``): the default model by its
+        name, wherever it was prepared, so the adapters load on another machine; any other model by its
+        absolute folder (or hub name)."""
+        if self.ref in ("default", DEFAULT_MODEL) and self.checkpoint is None:
+            return DEFAULT_MODEL
+        local = Path(self.path).expanduser()
+        return str(local.resolve()) if local.is_dir() else self.path
+
 
 def resolve(store: Store | None, ref: str | None) -> ModelRef:
     """Resolve ``ref`` without loading weights. A registered checkpoint id wins over a same-named hub

@@ -5,6 +5,7 @@ before any model loads."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -137,6 +138,42 @@ def test_lora_trains_only_adapters_and_saves_a_plain_merged_model(stored, tmp_pa
     models.student.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, models.student(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_a_lora_checkpoint_keeps_its_adapter_in_peft_format_and_the_folder_loads_as_a_model(stored, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("AGENTMEM_CACHE", str(tmp_path / "cache"))
+    store, run_id, folder = stored
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, lora_rank=4, lr=1e-2))
+    adapter = Path(result.last_checkpoint.path) / lora.ADAPTER_DIR
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["base_model_name_or_path"]) == (4, str(Path(folder).resolve()))
+    shared = tmp_path / "shared-adapter"  # the two files alone, as a teacher is committed
+    shared.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (shared / name).write_bytes((adapter / name).read_bytes())
+    ref = resolve(store, str(shared))
+    assert Path(ref.path).parent == tmp_path / "cache" / "models" / "adapters"
+    assert resolve(store, str(shared)).path == ref.path  # merged once, then reused
+    ids = torch.tensor(select(store, [run_id]).invocations[0].prompt_ids)[None]
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(ref.path)(ids).logits
+        trained = AutoModelForCausalLM.from_pretrained(result.last_checkpoint.path)(ids).logits
+    torch.testing.assert_close(merged, trained, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(folder)(ids).logits
+    assert (merged - base).abs().max() > 1e-3  # the adapter changed the model
+
+
+def test_an_adapter_that_names_no_base_is_refused_naming_its_config(tmp_path):
+    from agentmem.errors import ModelError
+    from agentmem.policy.model_files import resolve_model
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "adapter_config.json").write_text('{"r": 4}')
+    with pytest.raises(ModelError, match="adapter_config.json: base_model_name_or_path is missing"):
+        resolve_model(str(tmp_path / "a"), tmp_path / "cache")
 
 
 @pytest.mark.parametrize("lora_rank", [None, 4])

@@ -62,7 +62,7 @@ def load_student(store: Store, config: SftConfig, runtime: Runtime, ref: ModelRe
         return Models(model, tokenizer, start, reference=reference)
     base, tokenizer = model_refs.load(ref.path, config.dtype, runtime, trainable=True)
     model = lora.wrap(base, config.lora_rank, config.lora_alpha, config.lora_dropout, config.lora_targets,
-                      config.seed)
+                      config.seed, base_ref=ref.adapter_base)
     if resume_from is not None:
         load_adapters(Path(resume_from.path), model)
     return Models(model, tokenizer, start, reference=reference)

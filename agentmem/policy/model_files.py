@@ -78,6 +78,8 @@ def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Pa
     """Map a user's model choice to something ``from_pretrained`` accepts.
 
     None, "default" or ``DEFAULT_MODEL`` -> the prepared default folder (prepared on first use);
+    a LoRA adapter folder (peft's format) -> the folder of the adapter merged into the base it names
+    (``adapters.merged_folder``, made once in the cache);
     an existing local folder -> itself (``ModelError`` if it holds no model); a path-like reference
     (``looks_like_path``) that does not exist -> ``ModelError``; anything else is a hub name, returned
     as-is for transformers to try, except that with ``hub_offline()`` a name the local hub cache lacks
@@ -87,6 +89,10 @@ def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Pa
         return prepare_default_model(cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        from agentmem.policy import adapters
+
+        if adapters.is_adapter_folder(path):
+            return adapters.merged_folder(path, Path(cache_dir or default_cache_dir()).expanduser())
         _check_model_folder(path)
         return path
     if looks_like_path(name_or_path):
@@ -189,7 +195,7 @@ def load_model(
         raise ModelError(f"unknown dtype {dtype!r}: choose one of {', '.join(_DTYPES)}")
     local = Path(path).expanduser()
     if local.is_dir():
-        _check_model_folder(local)
+        local = Path(resolve_model(str(local)))  # an adapter folder: its merged model
     elif looks_like_path(str(path)):  # a path, never a hub name: say so, not the hub's "Repo id must be ..."
         raise _not_a_folder(local)
     source = str(local) if local.is_dir() else str(path)

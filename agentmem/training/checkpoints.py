@@ -5,7 +5,8 @@ later step can start from it: ``drop_optimizer_state`` removes it from a run's e
 saved (``jobs.training_shell.train_steps``).
 
 A model with LoRA adapters (``training.lora``) is saved merged, so the folder is a plain model folder any
-transformers loader reads; its adapters go into the trainer state (key ``adapter``), for an exact resume."""
+transformers loader reads; its adapters go into the trainer state (key ``adapter``), for an exact resume, and
+into ``adapter/`` in peft's format, to share on their own (``lora.save_adapter``)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def save_checkpoint(folder: Path, model: PreTrainedModel | torch.nn.Module, toke
         state["objective"] = dict(objective)
     if lora.is_lora(model):
         state["adapter"] = lora.adapter_state(model)
+        lora.save_adapter(model, tmp / lora.ADAPTER_DIR)
         model = lora.merged(model)
     with quiet_transformers():  # no "Writing model shards" bar between a job's own lines
         if model_state is not None:
