@@ -244,29 +244,32 @@ HELP_ALL = "help_all"
 HelpAllFlag = Annotated[bool, HelpAllOption]
 ConfigFileOption = Annotated[str | None, typer.Option(
     "--config", help="Experiment file (YAML, or TOML by its .toml suffix) that sets any config field, nested "
-    "sections included (`agentmem config show JOB` prints one); flags given on the command line override it.",
+    "sections included (`agentmem config show JOB` prints one); `extends: BASE.yaml` in it starts from another "
+    "file; flags given on the command line override it.",
     show_default=False)]
 
 
 @dataclass(frozen=True)
 class ConfigFile:
-    """A ``--config`` file: its mapping and the line of each key (dotted path -> 1-based line)."""
+    """A ``--config`` file: its mapping and the line of each key (dotted path -> 1-based line); ``files``: the
+    file a key came from when it is not ``path`` (a key of the file it ``extends``)."""
 
     path: str
     data: dict
     lines: Mapping[str, int]
+    files: Mapping[str, str] = field(default_factory=dict)
 
     def where(self, key: str) -> str:
         """``FILE, line N`` of dotted ``key`` (or of its nearest section that has a line)."""
         while key and key not in self.lines:
             key = key.rpartition(".")[0]
-        return f"{self.path}, line {self.lines[key]}" if key else self.path
+        return f"{self.files.get(key, self.path)}, line {self.lines[key]}" if key else self.path
 
     def nested(self, model: type[BaseModel]) -> ConfigFile:
         """The file with the flat keys a model still reads (its ``FLAT_FIELDS``: fields written at the model's
         level that now live in one of its sections, as in files written before the sections) moved into their
         sections, their lines with them; the same field given twice is an error naming both lines."""
-        lines = dict(self.lines)
+        lines, files = dict(self.lines), dict(self.files)
 
         def walk(data: dict, model: type[BaseModel], prefix: str) -> dict:
             flat = _flat_fields(model)
@@ -288,9 +291,11 @@ class ConfigFile:
                 old = f"{prefix}{key}"
                 for line_key in [k for k in lines if k == old or k.startswith(old + ".")]:
                     lines[prefix + path + line_key[len(old):]] = lines.pop(line_key)
+                    if line_key in files:
+                        files[prefix + path + line_key[len(old):]] = files.pop(line_key)
             return out
 
-        return ConfigFile(self.path, walk(self.data, model, ""), lines)
+        return ConfigFile(self.path, walk(self.data, model, ""), lines, files)
 
     def check_keys(self, model: type[BaseModel]) -> None:
         """A ``ConfigError`` for the first key that is no field of ``model`` (sections nested), naming the
@@ -350,8 +355,39 @@ def _toml_lines(text: str) -> dict[str, int]:
     return out
 
 
-def read_config_file(path: str) -> ConfigFile:
-    """A ``--config`` file (YAML, or TOML by suffix); a syntax error names the line and column."""
+EXTENDS = "extends"
+
+
+def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> ConfigFile:
+    """A ``--config`` file (YAML, or TOML by suffix); a syntax error names the line and column. A top-level
+    ``extends: BASE`` (a path relative to the file) starts from that file: this file's keys override it, a
+    section merged key by key, any other value (a list too) replaced whole."""
+    own = _read_one(path)
+    base_ref = own.data.pop(EXTENDS, None)
+    if base_ref is None:
+        return own
+    if not isinstance(base_ref, str) or not base_ref:
+        raise CommandLineError(f"--config {own.where(EXTENDS)}: extends names a file, got {base_ref!r}")
+    base_path = str(Path(path).parent / base_ref)
+    if str(Path(base_path).resolve()) in _seen + (str(Path(path).resolve()),):
+        raise CommandLineError(f"--config {own.where(EXTENDS)}: extends {base_ref} makes a cycle")
+    if not Path(base_path).is_file():
+        raise CommandLineError(f"--config {own.where(EXTENDS)}: extends {base_ref}, which is no file "
+                               f"({base_path})")
+    base = read_config_file(base_path, _seen + (str(Path(path).resolve()),))
+    lines = {k: v for k, v in own.lines.items() if k != EXTENDS}
+    files = {k: base.files.get(k, base.path) for k in base.lines if k not in lines}
+    return ConfigFile(path, _deep_merge(base.data, own.data), {**base.lines, **lines}, files)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_one(path: str) -> ConfigFile:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--config {path}: no such file")  # found in the world, as a missing --data

@@ -172,6 +172,25 @@ def test_bad_files_and_values_are_one_line(tmp_path):
         assert result.exit_code != 0 and (needle in result.output or needle in str(result.exception)), result.output
 
 
+def test_a_file_extends_another_and_its_keys_override_key_by_key(tmp_path):
+    (tmp_path / "base.yaml").write_text("rounds: 3\nrollout:\n  episodes: 4\n  group_size: 8\n"
+                                        "distill:\n  optim: {lr: 2.0e-05, steps: 2}\n")
+    (tmp_path / "arms").mkdir()
+    arm = tmp_path / "arms" / "arm.yaml"
+    arm.write_text("extends: ../base.yaml\nrollout: {group_size: 2}\ndistill: {optim: {lr: 1.0e-05}}\n")
+    train = show("train", "--config", str(arm))
+    assert (train["rounds"], train["rollout"]["episodes"], train["rollout"]["group_size"]) == (3, 4, 2)
+    assert train["distill"]["optim"]["lr"] == 1e-5 and train["distill"]["optim"]["steps"] == 2
+    (tmp_path / "base.yaml").write_text("rounds: 3\nrollout:\n  episodez: 4\n")  # a bad key of the base ...
+    result = CliRunner().invoke(app, ["config", "show", "train", "--config", str(arm)])
+    assert f"{tmp_path / 'arms' / '../base.yaml'}, line 3: unknown key rollout.episodez" in str(result.exception)
+    for text, needle in [("extends: nothere.yaml\n", "extends nothere.yaml, which is no file"),
+                         ("extends: arm.yaml\n", "makes a cycle"), ("extends: [a]\n", "extends names a file")]:
+        arm.write_text(text)
+        result = CliRunner().invoke(app, ["config", "show", "train", "--config", str(arm)])
+        assert needle in str(result.exception) and f"{arm}, line 1" in str(result.exception), result.exception
+
+
 def test_schema_has_every_field_with_its_description():
     result = CliRunner().invoke(app, ["config", "schema", "distill"])
     schema = json.loads(result.output)
