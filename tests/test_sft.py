@@ -377,3 +377,38 @@ def test_a_pruned_checkpoint_is_refused_in_one_line_naming_its_run(stored, tmp_p
     shutil.rmtree(last.path)  # removed by hand: the last checkpoint was not pruned, so the line says only that
     with pytest.raises(ModelError, match=rf"^checkpoint {last.id} of run {result.run_id}: its folder .* is gone$"):
         resolve(store, last.id)
+
+
+def test_coasting_moves_the_weights_by_the_carried_adamw_state_alone(stored, tmp_path):
+    """``optim.coast``: a distill step with zero gradients from an SFT checkpoint's AdamW state lands exactly
+    where AdamW stepped on that state with zero gradients lands (the learning plan's null method)."""
+    from agentmem.config import LossSection, OptimSection, RLKind, RLSection, TeacherSection
+    from agentmem.config.distill_config import DistillConfig
+    from agentmem.jobs.distill import run_distill
+    from agentmem.training.checkpoints import carry_trainer_state
+
+    store, run_id, folder = stored
+    start = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1)).last_checkpoint
+    config = DistillConfig(run_ids=[run_id], student=start.id, out=str(tmp_path / "coast"),
+                           teacher=TeacherSection(model=None), rl=RLSection(kind=RLKind.none),
+                           loss=LossSection(kd_weight=0.0, rl_weight=0.0),
+                           optim=OptimSection(steps=1, lr=1e-3, warmup_steps=0, schedule="constant",
+                                              carry_optimizer=True, coast=True))
+    coasted = run_distill(store, config)
+    assert coasted.history[0].loss == 0.0 and coasted.history[0].tokens == 0
+    model = AutoModelForCausalLM.from_pretrained(start.path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    assert carry_trainer_state(Path(start.path), optimizer, model)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    moved = AutoModelForCausalLM.from_pretrained(coasted.last_checkpoint.path).state_dict()
+    before = AutoModelForCausalLM.from_pretrained(start.path).state_dict()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(moved[name], value, atol=1e-7, rtol=0, msg=name)
+    assert sum(not torch.equal(moved[n], before[n]) for n in before) > len(before) // 2  # momentum moved them
+    with pytest.raises(ValueError, match="optim.coast takes every step with zero gradients"):
+        DistillConfig.model_validate({**config.model_dump(), "loss": {"kd_weight": 0.0, "ce_weight": 1.0}})
+    with pytest.raises(ValueError, match="needs optim.carry_optimizer"):
+        DistillConfig.model_validate({**config.model_dump(), "optim": {**config.optim.model_dump(),
+                                                                       "carry_optimizer": False}})

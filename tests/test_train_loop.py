@@ -6,9 +6,21 @@ from __future__ import annotations
 import pytest
 from test_agent import SYNTH
 
-from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TrainConfig
+from agentmem.config import (
+    AgentConfig,
+    DistillConfig,
+    LossSection,
+    Oversize,
+    PolicySource,
+    RLKind,
+    RLSection,
+    RolloutConfig,
+    RoundData,
+    TeacherSection,
+    TrainConfig,
+)
 from agentmem.jobs.train import run_train
-from agentmem.records import TeacherContext
+from agentmem.records import SamplingContext, TeacherContext
 from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
 
@@ -63,5 +75,51 @@ def test_train_config_composes_rollout_and_distill():
     assert config.distill.batch.oversize is Oversize.skip  # the loop never cuts a call
     rollout, distill = config.round_configs(1, "ckpt-1")
     assert (rollout.model, rollout.seed, distill.student, distill.seed) == ("ckpt-1", 1, "ckpt-1", 1)
+    rollout, distill = config.model_copy(update={"seed": 3}).round_configs(1, "ckpt-1")
+    assert (rollout.seed, distill.seed) == (3001, 3001)  # seeds 1000 apart: no two seeds share a round's tasks
     with pytest.raises(ValueError, match="set by each round"):
         TrainConfig(distill=DistillConfig(run_ids=["r"]))
+
+
+def test_each_round_has_its_seed_knobs_and_writer():
+    config = TrainConfig(seed=2, round_knobs=[{"level": 1}, {"level": 3}],
+                         rollout=RolloutConfig(env_knobs={"forms": "mixed", "level": 2}))
+    rollouts = [config.round_rollout(r, "ckpt") for r in range(3)]
+    assert [(r.seed, r.agent.seed, r.env_knobs["level"]) for r in rollouts] == [(2000, 2000, 1), (2001, 2001, 3),
+                                                                                (2002, 2002, 1)]
+    assert all(r.env_knobs["forms"] == "mixed" and r.policy is PolicySource.model for r in rollouts)
+    oracle = config.model_copy(update={"round_data": RoundData.oracle}).round_rollout(0, "ckpt")
+    assert (oracle.policy, oracle.model) == (PolicySource.oracle, "ckpt")  # the model gives the tokenizer alone
+    hint = TrainConfig(round_data=RoundData.teacher, distill=DistillConfig(
+        teacher=TeacherSection(model="/t", context=TeacherContext.hint), loss=LossSection(kd_weight=0, ce_weight=1),
+        rl=RLSection(kind=RLKind.none)))
+    assert (hint.round_rollout(0, "ckpt").model, hint.round_rollout(0, "ckpt").context) == ("/t", SamplingContext.hint)
+    with pytest.raises(ValueError, match="round_data=teacher samples each round with the teacher"):
+        TrainConfig(round_data=RoundData.teacher, distill=DistillConfig(
+            teacher=TeacherSection(model=None), loss=LossSection(ce_weight=1), rl=RLSection(kind=RLKind.none)))
+    with pytest.raises(ValueError, match="the RL term needs the student's own samples"):
+        TrainConfig(round_data=RoundData.oracle, distill=DistillConfig(loss=LossSection(ce_weight=1, rl_weight=1),
+                                                                       rl=RLSection(kind=RLKind.grpo)))
+
+
+def test_oracle_and_teacher_rounds_train_on_their_writers_calls(sqlite_store, tmp_path):
+    folder = save_tiny(tmp_path / "tiny")
+    teacher = save_tiny(tmp_path / "teacher")
+    base = tiny_train(folder, tmp_path)
+    ce = base.distill.model_copy(update={"teacher": TeacherSection(model=teacher), "loss": LossSection(
+        kd_weight=0, ce_weight=1), "rl": RLSection(kind=RLKind.none)})
+    for data, writer in ((RoundData.oracle, None), (RoundData.teacher, teacher)):
+        config = base.model_copy(update={"round_data": data, "distill": ce, "teacher_check_episodes": 0,
+                                         "round_knobs": [{"hops": 1}, {"hops": 2}]})
+        _, rounds = run_train(sqlite_store, config)
+        with sqlite_store.session() as s:
+            for r in rounds:
+                calls = list(repo.stream_invocations(s, run_ids=[r.rollout_run_id]))
+                roles = {str(c.role) for c in calls}
+                if writer is None:
+                    assert roles == {"oracle"} and all(c.policy_version is None for c in calls)
+                else:
+                    assert {repo.get_checkpoint(s, c.policy_version).path for c in calls} == {writer}
+                hops = repo.get_run(s, r.rollout_run_id).config["env_knobs"]["hops"]
+                assert hops == r.round + 1
+                assert repo.list_train_steps(s, r.distill_run_id)[0].tokens > 0  # cross-entropy on those calls

@@ -8,7 +8,7 @@ import enum
 __all__ = [
     "AttentionPath", "BackendKind", "Choice", "DType", "Device", "DistillTarget", "Divergence", "KdForm",
     "LrSchedule", "Oversize", "Packing", "PlotBy", "PolicySource", "PromptLayout", "PsdMode", "RLKind", "RewardKind",
-    "TeacherCentering", "TeacherSourceKind", "TeacherTruncation", "Weighting",
+    "RoundData", "TeacherCentering", "TeacherSourceKind", "TeacherTruncation", "Weighting",
 ]
 
 
@@ -170,6 +170,16 @@ class PolicySource(Choice):
     from the task's evidence and gold answer, no model, no log-probs; ``agentmem.agent.oracle``)."""
 
     model = "model"
+    oracle = "oracle"
+
+
+class RoundData(Choice):
+    """What each round of ``agentmem train`` trains on: the ``student``'s own samples of the round's tasks
+    (on-policy: distillation, RL), the ``teacher``'s samples of them under its context (SeqKD), or the
+    ``oracle``'s calls on them (SFT continued)."""
+
+    student = "student"
+    teacher = "teacher"
     oracle = "oracle"
 
 

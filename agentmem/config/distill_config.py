@@ -208,6 +208,10 @@ class OptimSection(Frozen):
     carry_optimizer: bool = False
     """Start AdamW from the state saved in the student's checkpoint folder (a previous distill's; train:
     carried from round to round)."""
+    coast: bool = False
+    """Take every step with zero gradients: the weights move by the carried AdamW state alone (its first
+    moment's momentum). The null method of the learning plan, which every method's move starts as. Needs
+    --carry-optimizer and every loss weight 0; nothing is forwarded."""
     carry_first_moment: bool = True
     """With --carry-optimizer (without it, no state is carried and this is moot): also carry AdamW's first
     moment (its running mean of the earlier job's gradients). --no-carry-first-moment starts it at zero and
@@ -336,8 +340,16 @@ class DistillConfig(Frozen):
                              "kd_weight > 0, rl.kind=grpo and rl_weight > 0")
         if loss.kd_form is KdForm.advantage and loss.teacher_centering is not TeacherCentering.none:
             raise ValueError("kd_form=advantage has no distillation term to centre: leave teacher_centering none")
-        if not (self.effective_kd_weight or self.effective_rl_weight or loss.ce_weight or loss.anchor_weight
-                or any(loss.terms.values())):
+        weighted = (self.effective_kd_weight or self.effective_rl_weight or loss.ce_weight or loss.anchor_weight
+                    or any(loss.terms.values()))
+        if self.optim.coast:
+            if weighted:
+                raise ValueError("optim.coast takes every step with zero gradients: set every loss weight to 0 "
+                                 "(kd_weight, rl_weight, ce_weight, anchor_weight, loss.terms)")
+            if not self.optim.carry_optimizer:
+                raise ValueError("optim.coast moves the weights by a carried AdamW state: it needs "
+                                 "optim.carry_optimizer")
+        elif not weighted:
             raise ValueError("every loss term has weight 0: set kd_weight (with a teacher), rl_weight (with "
                              "rl.kind=grpo), ce_weight, anchor_weight or a loss.terms weight")
         return self

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from agentmem.config import distill_config as distill
 from agentmem.config.agent_config import AgentConfig
 from agentmem.config.base import Frozen
-from agentmem.config.choices import Divergence, LrSchedule, Oversize, Packing, RewardKind, TeacherTruncation
+from agentmem.config.choices import (
+    Divergence,
+    LrSchedule,
+    Oversize,
+    Packing,
+    PolicySource,
+    RewardKind,
+    RoundData,
+    TeacherTruncation,
+)
 from agentmem.config.distill_config import DistillConfig
 from agentmem.config.rollout_config import RolloutConfig
 from agentmem.config.sft_config import WarmStartConfig
-from agentmem.records import TeacherContext
+from agentmem.records import SamplingContext, TeacherContext
+
+ROUND_SEEDS = 1000  # round r of seed s samples with seed s x 1000 + r: no two seeds' rounds share tasks
 
 
 def _train_rollout() -> RolloutConfig:
@@ -39,14 +52,22 @@ def _train_distill() -> DistillConfig:
 
 
 class TrainConfig(Frozen):
-    """The on-policy loop: ``rounds`` × (rollout with the current checkpoint, ``distill.optim.steps`` distill
-    steps on that rollout). Each round sets the rollout's model and seed and the distill's student,
-    run ids and seed; everything else is taken as given."""
+    """The loop: ``rounds`` × (a rollout of the round's tasks, ``distill.optim.steps`` distill steps on it).
+    Each round sets the rollout's model, seed and knobs (``round_knobs``) and the distill's student, run ids
+    and seed; everything else is taken as given. ``round_data`` says who writes the round's calls: the current
+    checkpoint (on-policy), the teacher (SeqKD) or the oracle (SFT continued)."""
 
-    rounds: int = Field(2, ge=1)
+    rounds: int = Field(2, ge=1, le=ROUND_SEEDS)
     """Rollout + distill rounds."""
-    seed: int = 0
-    """Seed (rollout tasks, sampling, data order); round r uses seed + r."""
+    seed: int = Field(0, ge=0)
+    """Seed (rollout tasks, sampling, data order); round r uses seed x 1000 + r, so seeds share no tasks."""
+    round_data: RoundData = RoundData.student
+    """Who writes each round's calls: the student (the current checkpoint: on-policy distillation and RL), the
+    teacher (distill.teacher.model, sampled under distill.teacher.context: SeqKD) or the oracle (its calls on
+    the round's tasks: SFT continued). The distill's loss weights say what is learned from them."""
+    round_knobs: list[dict[str, Any]] = Field(default_factory=list)
+    """Environment knobs per round, cycled: round r's rollout takes rollout.env_knobs updated by entry r mod
+    its length (e.g. [{level: 1}, {level: 2}, {level: 3}] rotates the task ladder). Empty: every round alike."""
     rollout: RolloutConfig = Field(default_factory=_train_rollout)
     distill: DistillConfig = Field(default_factory=_train_distill)
     # SFT before round 1 (its run_ids: an oracle or teacher run); its last checkpoint starts round 1
@@ -67,13 +88,36 @@ class TrainConfig(Frozen):
     def _run_ids_per_round(self) -> TrainConfig:
         if self.distill.run_ids:
             raise ValueError("distill.run_ids is set by each round of the loop: leave it empty")
+        if self.round_data is RoundData.teacher and not self.distill.teacher.model:
+            raise ValueError("round_data=teacher samples each round with the teacher: give distill.teacher.model")
+        if self.round_data is not RoundData.student and self.distill.effective_rl_weight:
+            raise ValueError(f"round_data={self.round_data.value}: the RL term needs the student's own samples "
+                             "(round_data=student), not another writer's calls")
         return self
 
+    def round_seed(self, round_index: int) -> int:
+        return self.seed * ROUND_SEEDS + round_index
+
+    def round_rollout(self, round_index: int, policy: str, teacher: str | None = None) -> RolloutConfig:
+        """Round ``round_index``'s rollout: its seed and knobs, written by ``policy`` (the current checkpoint),
+        by ``teacher`` (its model path, under the teacher's context) or by the oracle, as ``round_data`` says."""
+        seed = self.round_seed(round_index)
+        knobs = {**self.rollout.env_knobs, **(self.round_knobs[round_index % len(self.round_knobs)]
+                                              if self.round_knobs else {})}
+        agent = self.rollout.agent.model_copy(update={"seed": seed})
+        update: dict[str, Any] = {"model": policy, "seed": seed, "env_knobs": knobs, "agent": agent}
+        if self.round_data is RoundData.teacher:
+            update |= {"model": teacher or self.distill.teacher.model,
+                       "context": SamplingContext(self.distill.teacher.context.value)}
+        elif self.round_data is RoundData.oracle:
+            update |= {"policy": PolicySource.oracle}
+        return self.rollout.model_copy(update=update)
+
     def round_configs(self, round_index: int, policy_id: str) -> tuple[RolloutConfig, DistillConfig]:
-        """Round ``round_index``'s rollout (the current policy, seed ``seed + round``) and distill (that
-        policy as the student; its part of one learning-rate schedule over every round)."""
-        seed = self.seed + round_index
-        rollout = self.rollout.model_copy(update={"model": policy_id, "seed": seed})
+        """Round ``round_index``'s rollout (``round_rollout``) and distill (the current policy as the student,
+        seed ``round_seed``; its part of one learning-rate schedule over every round)."""
+        seed = self.round_seed(round_index)
+        rollout = self.round_rollout(round_index, policy_id)
         optim = self.distill.optim
         # every round carries AdamW from its student's folder when that kept a state: from round 2 on the previous
         # round's; in round 1 the warm start's or --init's (a base model folder keeps none: a fresh AdamW, whose

@@ -1,5 +1,6 @@
-"""The train job (``agentmem train``): the on-policy loop. Each round rolls out with the current
-checkpoint, distills on that rollout and registers the new checkpoint, which samples the next round.
+"""The train job (``agentmem train``): the loop. Each round rolls out the round's tasks (with the current
+checkpoint; or, as ``round_data`` says, with the teacher or the oracle), distills on that rollout and registers
+the new checkpoint, which samples the next round.
 Every stored invocation carries the id of the checkpoint that sampled it (its policy version); every
 distill checkpoint names its parent.
 
@@ -32,10 +33,18 @@ from pathlib import Path
 from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
 from agentmem.agent.registry import check_kinds
-from agentmem.config import HELD_OUT_SEED, DistillConfig, EvalConfig, RolloutConfig, SftConfig, TrainConfig
+from agentmem.config import (
+    HELD_OUT_SEED,
+    DistillConfig,
+    EvalConfig,
+    RolloutConfig,
+    RoundData,
+    SftConfig,
+    TrainConfig,
+)
 from agentmem.errors import RunError
 from agentmem.jobs.distill import DistillResult, run_distill
-from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.rollout import RolloutResult, run_rollout
 from agentmem.jobs.runs import RunHandle, load_run, tracked_run
 from agentmem.jobs.sft import run_sft
 from agentmem.jobs.teacher_check import TeacherReport, check_teacher
@@ -260,10 +269,7 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
     label = f"round {r + 1}/{config.rounds}"
     rollout_cfg, distill_cfg = config.round_configs(r, policy.id)
     if pending_distill is None:
-        say(f"{label}: rollout with {policy.id} ({policy.path})")
-        backend = model_refs.backend(rollout_cfg.backend, policy.path, rollout_cfg.dtype, runtime)
-        rolled = run_rollout(store, rollout_cfg, runtime, backend=backend, policy=policy, on_round=on_round)
-        del backend
+        rolled = _round_rollout(store, config, rollout_cfg, policy, runtime, say, label, on_round)
         run.beat(force=True)
         rollout_id, mean_f1 = rolled.run_id, _mean_f1(rolled.episodes)
         say(f"{label}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.optim.steps} steps")
@@ -284,6 +290,29 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
         say(f"{label}: warning: {w}")
     return RoundResult(r, policy, rollout_id, distilled.run_id, mean_f1, distilled.last_checkpoint,
                        _live(steps, distill_cfg), tuple(warnings))
+
+
+def _round_rollout(store: Store, config: TrainConfig, rollout_cfg: RolloutConfig, policy: Checkpoint,
+                   runtime: Runtime, say: Callable[[str], None], label: str,
+                   on_round: Callable[[RoundStats], None] | None) -> RolloutResult:
+    """The round's calls, written as ``config.round_data`` says: sampled by ``policy``, by the teacher under
+    its context, or scripted by the oracle (no model loads)."""
+    if config.round_data is RoundData.oracle:
+        say(f"{label}: oracle calls on the round's tasks")
+        return run_rollout(store, rollout_cfg, runtime, on_round=on_round)
+    writer = policy
+    if config.round_data is RoundData.teacher:
+        assert config.distill.teacher.model is not None
+        writer = model_refs.register(store, model_refs.resolve(store, config.distill.teacher.model))
+        rollout_cfg = rollout_cfg.model_copy(update={"model": writer.path})
+        say(f"{label}: rollout with the teacher {writer.id} ({writer.path}), {rollout_cfg.context.value} context")
+    else:
+        say(f"{label}: rollout with {policy.id} ({policy.path})")
+    backend = model_refs.backend(rollout_cfg.backend, writer.path, rollout_cfg.dtype, runtime)
+    try:
+        return run_rollout(store, rollout_cfg, runtime, backend=backend, policy=writer, on_round=on_round)
+    finally:
+        del backend
 
 
 def _mean_f1(episodes: list[Episode]) -> float:

@@ -206,6 +206,8 @@ class Trainer:
                                            fused=None if runtime.fsdp else True)
 
     def step(self, step: int) -> TrainStep:
+        if self.config.optim.coast:
+            return self._coast(step)
         t0 = time.perf_counter()
         units = self._draw(step)
         drawn = [i for u in units for i in self.units[u]]
@@ -242,6 +244,18 @@ class Trainer:
             metrics={**finish_sums(result.metrics), "grad_norm": float(grad_norm), "actions": float(result.actions),
                      "fill": stats.fill, "rows": float(stats.rows), **counts, **self._dynamics(drawn, step_episodes)},
         )
+
+    def _coast(self, step: int) -> TrainStep:
+        """One step with every gradient zero (``optim.coast``): AdamW moves each weight by its carried state."""
+        t0 = time.perf_counter()
+        lr = self.lr(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+            for p in group["params"]:
+                p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        return TrainStep(run_id=self.run_id, step=step + 1, loss=0.0, tokens=0, lr=lr,
+                         seconds=time.perf_counter() - t0, metrics={"grad_norm": 0.0, "actions": 0.0})
 
     def lr(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based, this job's): the schedule at the global step."""
