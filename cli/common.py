@@ -87,12 +87,31 @@ def training_store(db: str | None, rt):
     return open_store(db) if rt.is_main else open_read_only(db)
 
 
+def _check_data(rollout) -> None:
+    """The environment of ``rollout`` built (``envs.check_data``): a data file that does not parse or has a
+    record of the wrong shape is the world's (exit 1; its message starts with the file), a knob value out of
+    range the command line's (exit 2)."""
+    from pathlib import Path
+
+    from agentmem.errors import AgentmemError
+    from cli.config_options import CommandLineError
+    from envs import check_data
+
+    try:
+        check_data(rollout.env, rollout.data, rollout.env_knobs, chunk_tokens=rollout.chunk_tokens, seed=rollout.seed)
+    except AgentmemError as exc:
+        if rollout.data is not None and str(exc).startswith(str(Path(rollout.data))):
+            raise
+        raise CommandLineError(str(exc)) from exc
+
+
 def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | None = None, kind=None,
               models: tuple[str | None, ...] = (), data: str | None = None, create: bool = False,
               kinds: list[str] | None = None, rollout=None) -> None:
     """The cheap checks of a job's database URL, ids, model references, call kinds (the memory policies'
     registry), data file and, for a job that reads an environment (``rollout``: its ``RolloutConfig``), the
-    environment's knobs and data requirement and the memory policy and its options; run before torch is
+    environment's knobs and data requirement, the memory policy and its options, and its data file read and its
+    records' shape checked (``envs.check_data``); run before torch is
     imported (``runtime``, ``setup_logging``), so a bad one answers within a second. The job checks them
     again; these are the same functions, so the messages are the same."""
     from store.engine import check_url
@@ -118,6 +137,8 @@ def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | No
         from envs.files import require_file
 
         require_file(data)
+    if rollout is not None:
+        _check_data(rollout)
     if not (runs or resume or any(m not in (None, "default") for m in models)):
         return
     from agentmem import model_refs

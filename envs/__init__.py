@@ -8,7 +8,7 @@ of LoCoMo's official F1) NLTK's Porter stemmer.
 
 from envs.errors import EnvError
 from envs.metrics import Scores
-from envs.registry import ENV_NAMES, check_env, env_names, knobs_of, load_env
+from envs.registry import ENV_NAMES, check_data, check_env, env_names, knobs_of, load_env
 from envs.types import Env
 
-__all__ = ["ENV_NAMES", "Env", "EnvError", "Scores", "check_env", "env_names", "knobs_of", "load_env"]
+__all__ = ["ENV_NAMES", "Env", "EnvError", "Scores", "check_data", "check_env", "env_names", "knobs_of", "load_env"]

@@ -11,7 +11,8 @@ Entry points are listed on the first look-up and each loaded only when built (no
 
 Invariants: ``load_env`` checks the name, ``chunk_tokens``, ``seed``, ``data_path`` and knob names before
 building anything, and every failure is an ``EnvError``; knobs are each environment's keyword arguments
-(a misspelt knob is an error, never ignored); ``synthetic`` takes no data file, every other env needs one
+(a misspelt knob is an error, never ignored); ``check_data`` runs every check of ``load_env`` without a
+tokenizer; ``synthetic`` takes no data file, every other env needs one
 (``needle``'s is any long plain-text file, its filler).
 """
 
@@ -103,6 +104,18 @@ def check_env(name: str, data_path: str | Path | None, knobs: dict[str, Any]) ->
             raise EnvError(f"{name}: needs a data file: give --data FILE ({DATA_HINTS.get(name, 'the official release')})")
     elif data_path is not None:
         raise EnvError(f"{name}: takes no data file (--data), got {str(data_path)!r}")
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def check_data(name: str, data_path: str | Path | None, knobs: dict[str, Any], *, chunk_tokens: int,
+               seed: int) -> None:
+    """Every check of ``load_env``, the data file's included: the environment is built (its file read, parsed
+    and its records' shape checked, an ``EnvError`` naming the file and the record) with a word count standing in
+    for the tokenizer, and no task is made. The CLI runs it before a run row or a database file is written."""
+    load_env(name, data_path=data_path, count_tokens=_words, chunk_tokens=chunk_tokens, seed=seed, **knobs)
 
 
 def load_env(

@@ -183,3 +183,30 @@ def test_sql_without_write_is_refused_on_both_backends(capsys, store, statement)
     assert code == 0
     with store.session() as s:
         assert s.execute(sa.text("select id, status from runs")).all() == before
+
+
+# Each environment's data file is read and its shape checked before anything is written: a run row, the default
+# database file or its lock file. (needle's file is any plain text: it is broken when empty or not UTF-8.)
+BROKEN = {"not-json": '{"a": [1, 2', "wrong-shape": '{"a": 1}'}
+BROKEN_TEXT = {"empty": "", "not-utf8": b"\xff\xfe\x00text"}
+
+
+def _broken_cases() -> list[tuple[str, str]]:
+    from envs import env_names
+
+    return [(env, kind) for env in env_names() if env != "synthetic"
+            for kind in (BROKEN_TEXT if env == "needle" else BROKEN)]
+
+
+@pytest.mark.parametrize(("env", "kind"), _broken_cases())
+@pytest.mark.parametrize("job", ["rollout", "eval"])
+def test_a_broken_data_file_creates_nothing(capsys, monkeypatch, tmp_path, job, env, kind):
+    content = {**BROKEN, **BROKEN_TEXT}[kind]
+    data = tmp_path / "data.json"
+    data.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AGENTMEM_DB", raising=False)
+    code, lines = cli(capsys, job, "--env", env, "--data", "data.json", "--device", "cpu")
+    assert (code, len(lines)) == (1, 1), lines
+    assert lines[0].startswith("error: data.json: "), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json"]  # no agentmem.db, no agentmem.db.lock
