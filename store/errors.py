@@ -28,6 +28,15 @@ class StoreFull(StoreError):
     intact and readable."""
 
 
+class ValueOutOfBounds(StoreError, ValueError):
+    """A value a column cannot hold the same way on every database (too long, a NUL in an id, a reward that is
+    not finite, an F1 outside [0, 1]): nothing was written. ``field`` names the value as the caller knows it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class LeaseLost(StoreError):
     """A rollout worker wrote for episodes it no longer holds (its lease was taken over): nothing was
     written for them; the worker must drop them, in-memory state and all."""

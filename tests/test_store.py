@@ -21,8 +21,9 @@ from agentmem.records import (
 )
 from agentmem.testing.store_records import make_episode, make_invocation, make_run
 from store import repository as repo
+from store.bounds import LIMITS
 from store.engine import make_engine, open_store
-from store.errors import NotFound, SchemaOutOfDate
+from store.errors import NotFound, SchemaOutOfDate, ValueOutOfBounds
 from store.migrations import current_revision, downgrade, head_revision, upgrade
 from store.orm import Base
 
@@ -218,6 +219,43 @@ def test_nul_in_text_is_stored_as_replacement_character(store):
         assert (back.output_text, back.memory_after) == ("a\ufffdb", "\ufffd")
         assert repo.get_episode(s, ep.id).prediction == "x\ufffd"
         np.testing.assert_array_equal(back.output_ids, inv.output_ids)
+
+
+def test_bounds_are_the_same_on_every_database(store):
+    """A value a column cannot hold is refused before anything is written, with the same message on SQLite
+    (which would store it) and Postgres (which would fail after the work is done); text for people keeps a NUL
+    as U+FFFD on both."""
+    assert (LIMITS["episodes.task_id"], LIMITS["invocations.kind"], LIMITS["invocations.id"]) == (255, 32, 64)
+    run = make_run()
+    ep = make_episode(run)
+    with store.session() as s:
+        repo.insert_run(s, run)
+        s.commit()
+        with pytest.raises(ValueOutOfBounds, match=r"task_id is 256 characters long: at most 255 are stored "
+                                                   r"\(episodes.task_id is VARCHAR\(255\)\)") as long:
+            repo.insert_episodes(s, [ep.model_copy(update={"task_id": "t" * 256})])
+        assert long.value.field == "task_id"
+        with pytest.raises(ValueOutOfBounds, match=r"task_id contains a NUL character"):
+            repo.insert_episodes(s, [ep.model_copy(update={"task_id": "a\x00"})])
+        s.rollback()
+        repo.insert_episodes(s, [ep.model_copy(update={"task_id": "t" * 255, "question": "q\x00"})])
+        s.commit()
+        assert (repo.get_episode(s, ep.id).task_id, repo.get_episode(s, ep.id).question) == ("t" * 255, "q\ufffd")
+        inv = make_invocation(ep, 0, np.random.default_rng(3), 3, 2)
+        with pytest.raises(ValueOutOfBounds, match=r"kind is 33 characters long: at most 32"):
+            repo.insert_invocations(s, [inv.model_copy(update={"kind": "k" * 33})])
+        s.rollback()
+        for update, message in [({"reward": float("inf")}, r"reward must be a finite number, got inf"),
+                                ({"reward": float("nan")}, r"reward must be a finite number, got nan"),
+                                ({"f1": 7.0}, r"f1 must lie in \[0, 1\], got 7.0"),
+                                ({"em": -0.5}, r"em must lie in \[0, 1\], got -0.5"),
+                                ({"sub_em": float("-inf")}, r"sub_em must be a finite number")]:
+            with pytest.raises(ValueOutOfBounds, match=f"episode {ep.id}: {message}"):
+                repo.update_episode(s, ep.model_copy(update=update))
+        s.rollback()
+        assert repo.count_invocations(s, [run.id]) == 0
+        back = repo.get_episode(s, ep.id)
+        assert (back.reward, back.f1, back.em) == (None, None, None)
 
 
 def test_views(store):

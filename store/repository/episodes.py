@@ -12,13 +12,25 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentmem.records import Episode, EpisodeStatus
+from store.bounds import UNIT_METRICS, check_outcome
 from store.errors import NotFound
 from store.orm import EpisodeRow, InvocationRow
-from store.repository.rows import get_row, insert_ignore, text_column
+from store.repository.rows import check_row, get_row, insert_ignore, text_column
+
+TEXT = ("question", "prediction", "error", "stop_reason")  # for people: a NUL is kept as U+FFFD
+
+
+def _row(episode: Episode) -> dict[str, Any]:
+    row = episode.model_dump(mode="python")
+    row.update({name: text_column(row[name]) for name in TEXT})
+    check_outcome(episode.reward, {m: getattr(episode, m) for m in UNIT_METRICS}, f"episode {episode.id}: ")
+    return check_row("episodes", row, f"episode {episode.id}: ")
 
 
 def insert_episodes(session: Session, episodes: Iterable[Episode]) -> None:
-    insert_ignore(session, EpisodeRow.__table__, [e.model_dump(mode="python") for e in episodes])
+    """Insert episodes (an id already stored is left as it is); a value outside the store's bounds
+    (``store.bounds``) raises ``ValueOutOfBounds`` before any is written."""
+    insert_ignore(session, EpisodeRow.__table__, [_row(e) for e in episodes])
 
 
 def outcome_values(episode: Episode) -> dict[str, Any]:
@@ -28,8 +40,10 @@ def outcome_values(episode: Episode) -> dict[str, Any]:
         include={"prediction", "reward", "f1", "em", "sub_em", "status", "stop_reason", "error", "finished_at",
                  "n_chunks"},
     )
-    values["prediction"], values["error"] = text_column(values["prediction"]), text_column(values["error"])
-    return values
+    for name in ("prediction", "error", "stop_reason"):
+        values[name] = text_column(values[name])
+    check_outcome(episode.reward, {m: values[m] for m in UNIT_METRICS}, f"episode {episode.id}: ")
+    return check_row("episodes", values, f"episode {episode.id}: ")
 
 
 def update_episode(session: Session, episode: Episode) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from agentmem.records import FinishReason, Invocation, InvocationKind, SamplingContext
 from store import arrays
 from store.orm import EpisodeRow, InvocationRow
-from store.repository.rows import insert_ignore, text_column
+from store.repository.rows import check_row, insert_ignore, text_column
 
 
 def _kind_value(kind: InvocationKind | str) -> str:
@@ -22,7 +22,7 @@ def _kind_value(kind: InvocationKind | str) -> str:
 
 
 def _invocation_row(inv: Invocation) -> dict[str, Any]:
-    return {
+    return check_row("invocations", {
         "id": inv.id, "episode_id": inv.episode_id, "step": inv.step, "kind": _kind_value(inv.kind),
         "memory_policy": inv.memory_policy, "policy_version": inv.policy_version,
         "prompt_ids": arrays.encode(inv.prompt_ids, arrays.IDS),
@@ -36,10 +36,12 @@ def _invocation_row(inv: Invocation) -> dict[str, Any]:
         "created_at": inv.created_at, "sampled_context": SamplingContext(inv.sampled_context).value,
         "privileged_ids": None if inv.privileged_ids is None else arrays.encode(inv.privileged_ids, arrays.IDS),
         "parent_invocation_id": inv.parent_invocation_id,
-    }
+    }, f"invocation {inv.id}: ")
 
 
 def insert_invocations(session: Session, invocations: Iterable[Invocation]) -> None:
+    """Insert invocations (an id already stored is left as it is); a value outside the store's bounds
+    (``store.bounds``) raises ``ValueOutOfBounds`` before any is written."""
     insert_ignore(session, InvocationRow.__table__, [_invocation_row(i) for i in invocations])
 
 

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from store.bounds import LIMITS, check_length
 from store.errors import NotFound
 
 
@@ -16,6 +17,15 @@ def text_column(value: str | None) -> str | None:
     """Text columns are for people (replay reads the ids): a NUL, which a byte-level tokenizer can decode
     and Postgres text cannot hold, is stored as U+FFFD on every database alike."""
     return value.replace("\x00", "\ufffd") if value else value
+
+
+def check_row(table: str, row: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """``row`` (column -> value) of ``table`` when every bounded string column in it holds its value on every
+    database (``store.bounds``); ``ValueOutOfBounds`` naming the column otherwise, before anything is written."""
+    for name, value in row.items():
+        if isinstance(value, str) and f"{table}.{name}" in LIMITS:
+            check_length(value, f"{table}.{name}", name, where)
+    return row
 
 
 def insert_ignore(session: Session, table: sa.Table, rows: list[dict[str, Any]]) -> None:
