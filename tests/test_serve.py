@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -776,3 +777,229 @@ def test_the_cli_serves_records_and_stops_cleanly(tmp_path, model_dir):
         calls = repo.episode_invocations(s, episode_row_id(run.id, "c"))
     store.dispose()
     assert run.kind is RunKind.serve and run.status == "interrupted" and [c.id for c in calls] == [reply.id]
+
+
+class Counting:
+    """A scripted backend that counts the prompts it generated for: a refused call must reach none."""
+
+    def __init__(self, tok):
+        from agentmem.policy.scripted import ScriptedBackend
+
+        self.inner, self.tokenizer, self.name, self.prompts = ScriptedBackend(tok, lambda p: "Oslo"), tok, "c", 0
+
+    def generate(self, prompts, params):
+        self.prompts += len(prompts)
+        return self.inner.generate(prompts, params)
+
+
+def bounded_server(store, **options):
+    backend = Counting(tiny_tokenizer())
+    server = build_server(store, ServeConfig(model="c", batch_window_ms=0, chat_template="chatml_tools", **options),
+                          backend=backend)
+    return server, backend
+
+
+def refused(response, param: str, status: int = 400) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+    return error["message"]
+
+
+def test_rewards_are_finite_and_f1_like_metrics_lie_in_0_1(store):
+    """`1e999`, `-Infinity` and `NaN` were taken with a 200 (SQLite stored inf; NaN closed the episode with no
+    reward, so the next reward got a 409) and `metrics.f1 = 7` was stored: each is now a 400 naming the field, the
+    episode stays open, and a good reward then closes it."""
+    server, _ = bounded_server(store)
+    with TestClient(server.app) as client:
+        assert client.post("/episodes/e/v1/chat/completions", json={"model": "c", "messages": QUESTION}).status_code == 200
+        for raw in ("1e999", "-Infinity", "NaN"):
+            sent = client.post("/agentmem/episodes/e/reward", content=f'{{"reward": {raw}}}',
+                               headers={"content-type": "application/json"})
+            assert "numbers must be finite" in refused(sent, "reward")
+        assert refused(client.post("/agentmem/episodes/e/reward", json={"reward": 1, "metrics": {"f1": 7}}),
+                       "metrics.f1") == "metrics.f1: must lie in [0, 1], got 7.0"
+        assert refused(client.post("/agentmem/episodes/e/reward", json={"reward": 1, "metrics": {"em": -1}}),
+                       "metrics.em") == "metrics.em: must lie in [0, 1], got -1.0"
+        assert "unknown metric" in refused(client.post("/agentmem/episodes/e/reward",
+                                                       json={"reward": 1, "metrics": {"bleu": 0.5}}), "metrics.bleu")
+        with store.session() as s:
+            ep = repo.get_episode(s, episode_row_id(server.run_id, "e"))
+        assert (ep.reward, ep.f1, ep.status, ep.stop_reason) == (None, None, EpisodeStatus.running, None)
+        ok = client.post("/agentmem/episodes/e/reward", json={"reward": -2.0, "metrics": {"em": 1.0}})
+        assert ok.status_code == 200 and (ok.json()["reward"], ok.json()["f1"]) == (-2.0, None)  # F1 unknown
+    server.close("finished")
+
+
+def test_ids_headers_and_nul_are_refused_alike_on_both_databases(store):
+    """An episode name or task over 255 characters, a kind over 32 and a NUL in a message gave a 500 on Postgres
+    after the generation had run (its body carrying the SQL), and a 200 on SQLite: each is now a 400 naming the
+    field and the limit on both, before anything is generated or stored."""
+    server, backend = bounded_server(store)
+    chat = {"model": "c", "messages": QUESTION}
+    with TestClient(server.app) as client:
+        long = client.post(f"/episodes/{'e' * 256}/v1/chat/completions", json=chat)
+        assert refused(long, "episode") == ("episode is 256 characters long: at most 255 are stored "
+                                            "(episodes.task_id is VARCHAR(255))")
+        assert "255" in refused(client.post("/v1/chat/completions", json=chat, headers={"X-Agentmem-Task": "t" * 256}),
+                                "X-Agentmem-Task")
+        assert "255" in refused(client.post("/v1/chat/completions", json={**chat, "metadata": {"episode": "e" * 256}}),
+                                "metadata.episode")
+        assert refused(client.post("/v1/chat/completions", json=chat, headers={"X-Agentmem-Kind": "k" * 33}),
+                       "X-Agentmem-Kind") == ("X-Agentmem-Kind is 33 characters long: at most 32 are stored "
+                                              "(invocations.kind is VARCHAR(32))")
+        assert "64" in refused(client.post("/v1/chat/completions", json=chat, headers={"X-Agentmem-Parent": "p" * 65}),
+                               "X-Agentmem-Parent")
+        # a group's episodes are named {episode}.{i}: the name with its suffix must fit
+        assert "256 characters" in refused(client.post(f"/episodes/{'g' * 254}/v1/chat/completions",
+                                                       json={**chat, "n": 2}), "episode")
+        nul = client.post("/v1/chat/completions", json={"model": "c", "messages": [{"role": "user", "content": "a\x00"}]})
+        assert refused(nul, "messages.0.content") == "messages.0.content: NUL characters (\\u0000) are not accepted"
+        assert "NUL" in refused(client.post("/v1/completions", json={"model": "c", "prompt": "x", "user": "\x00"}),
+                                "user")
+        assert "NUL" in refused(client.post("/agentmem/episodes/a%00b/reward", json={"reward": 1}), "episode")
+        assert "64" in refused(client.get(f"/agentmem/runs/{'r' * 65}/episodes"), "run_id")
+        assert backend.prompts == 0
+        with store.session() as s:
+            assert repo.count_invocations(s, [server.run_id]) == 0 and repo.list_episodes(s, server.run_id) == []
+        fits = client.post(f"/episodes/{'e' * 255}/v1/chat/completions", json=chat,
+                           headers={"X-Agentmem-Kind": "k" * 32})
+        assert fits.status_code == 200, fits.text
+    server.close("finished")
+    with store.session() as s:
+        (ep,) = repo.list_episodes(s, server.run_id)
+    assert ep.task_id == "e" * 255
+
+
+def test_seeds_outside_64_bits_are_refused(sqlite_store):
+    """A seed of 2**63 or more gave a 500 ("Overflow when unpacking long long"): a seed is a signed 64-bit
+    integer, anything else a 400 naming it."""
+    server, backend = bounded_server(sqlite_store)
+    with TestClient(server.app) as client:
+        for seed in (2**63, -(2**63) - 1, 10**30):
+            sent = client.post("/v1/chat/completions", json={"model": "c", "messages": QUESTION, "seed": seed})
+            assert refused(sent, "seed").startswith("seed: Input should be")
+        assert backend.prompts == 0
+        for seed in (2**63 - 1, -(2**63)):
+            sent = client.post("/v1/completions", json={"model": "c", "prompt": "x", "seed": seed})
+            assert sent.status_code == 200, sent.text
+    server.close("finished")
+
+
+def test_seed_at_the_64_bit_edge_samples_on_a_real_model(sqlite_store, model_dir):
+    """The transformers backend seeds its generator with any signed 64-bit seed."""
+    server = serve(sqlite_store, model_dir)
+    with TestClient(server.app) as client:
+        for seed in (2**63 - 1, -(2**63)):
+            sent = client.post("/v1/chat/completions", json={"model": model_dir, "messages": QUESTION, "seed": seed,
+                                                             "max_tokens": 2, "temperature": 1.0})
+            assert sent.status_code == 200, sent.text
+    server.close("finished")
+
+
+def test_chat_roles_contents_and_tool_schemas_are_validated(sqlite_store):
+    """`{"role": "bogus"}` was rendered into the prompt, a user message with `content: null` was taken, and a
+    tool whose `parameters` is not a JSON schema (`"nope"`, `{"type": "strng"}`) was written into the prompt:
+    each is a 400 naming the field now (the schema checked against its metaschema)."""
+    server, backend = bounded_server(sqlite_store)
+
+    def chat(**body):
+        return client.post("/v1/chat/completions", json={"model": "c", "messages": QUESTION, **body})
+
+    def tool(parameters, name="weather"):
+        return [{"type": "function", "function": {"name": name, "parameters": parameters}}]
+
+    with TestClient(server.app) as client:
+        assert refused(chat(messages=[{"role": "bogus", "content": "x"}]), "messages.0.role").startswith(
+            "messages.0.role: Input should be 'system', 'developer', 'user', 'assistant' or 'tool'")
+        assert refused(chat(messages=[{"role": "user", "content": None}]), "messages.0.content") == (
+            "messages.0.content: a user message needs content (only an assistant message with tool_calls may "
+            "leave it out)")
+        assert "only text parts" in refused(chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+                                            "messages.0.content.0")
+        assert "only an assistant" in refused(chat(messages=[{"role": "user", "content": "x", "tool_calls": []}]),
+                                              "messages.0.tool_calls")
+        assert refused(chat(tools=tool("nope")), "tools.0.function.parameters") == (
+            "tools.0.function.parameters: a JSON schema is an object, got str")
+        assert "not a valid JSON schema: 'strng' is not valid" in refused(chat(tools=tool({"type": "strng"})),
+                                                                          "tools.0.function.parameters.type")
+        assert "arguments are an object" in refused(chat(tools=tool({"type": "string"})), "tools.0.function.parameters")
+        assert "a function name is" in refused(chat(tools=tool({}, name="no spaces")), "tools.0.function.name")
+        assert "a tool is" in refused(chat(tools=[{"type": "function"}]), "tools.0")
+        assert "not a valid JSON schema" in refused(chat(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "strng"}}}), "response_format")
+        assert refused(client.post("/v1/responses", json={"model": "c", "input": "hi", "tools": [
+            {"type": "function", "name": "f", "parameters": "nope"}]}), "tools.0.parameters").endswith("got str")
+        assert backend.prompts == 0
+        called = chat(messages=[*QUESTION, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], tools=tool({"type": "object"}))
+        assert called.status_code == 200, called.text
+    server.close("finished")
+
+
+def test_a_server_error_names_no_sql(sqlite_store, monkeypatch):
+    """A store failure's 500 said the SQL and its bound parameters (the client's data, the schema): now its
+    type and first line only."""
+    import sqlalchemy as sa
+
+    server, _ = bounded_server(sqlite_store)
+
+    def fail(*_args, **_kwargs):
+        raise sa.exc.DataError("INSERT INTO episodes (task_id) VALUES (?)", ("secret-task",),
+                               Exception("value too long"))
+
+    monkeypatch.setattr(server.recorder, "record", fail)
+    with TestClient(server.app, raise_server_exceptions=False) as client:
+        failed = client.post("/v1/chat/completions", json={"model": "c", "messages": QUESTION})
+    server.close("finished")
+    assert failed.status_code == 500
+    assert failed.json()["error"]["message"] == ("the server failed on this call: DataError: (builtins.Exception) "
+                                                 "value too long")
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_parsed(sqlite_store):
+    """There was no limit: a 10 MB body stalled the whole server for 18 s before its 400. A body over
+    `--max-body-mb` is a 413 naming the limit, by its Content-Length or, sent in chunks, as soon as the bytes
+    read pass it."""
+    server, backend = bounded_server(sqlite_store, max_body_mb=0.01)
+    big = json.dumps({"model": "c", "messages": [{"role": "user", "content": "x" * 20_000}]}).encode()
+    with TestClient(server.app) as client:
+        sized = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+        assert refused(sized, "body", 413) == ("the request body is over 10485 bytes, the server's limit "
+                                               "(agentmem serve --max-body-mb)")
+        chunked = client.post("/v1/completions", content=iter([big[:8000], big[8000:]]),
+                              headers={"content-type": "application/json"})
+        assert refused(chunked, "body", 413).startswith("the request body is over 10485 bytes")
+        assert refused(client.post("/agentmem/episodes/e/reward", content=b'{"reward": 1, "prediction": "' + b"x" * 20_000
+                                   + b'"}', headers={"content-type": "application/json"}), "body", 413)
+        deep = client.post("/v1/completions", content=b'{"model": "c", "prompt": "x", "metadata": ' + b"[" * 100
+                           + b"]" * 100 + b"}", headers={"content-type": "application/json"})
+        assert refused(deep, "metadata" + ".0" * 64) .endswith("nested more than 64 levels deep")
+        assert backend.prompts == 0
+        assert client.post("/v1/completions", json={"model": "c", "prompt": "x"}).status_code == 200
+    server.close("finished")
+
+
+def test_health_answers_while_a_long_request_is_read_and_rendered(sqlite_store):
+    """Reading, validating, rendering and tokenizing a request run off the event loop: `/health` answers within
+    1 s while a 1 MB chat of 25,000 messages is read and refused (its prompt is over the context length)."""
+    server, _ = bounded_server(sqlite_store, context_length=512)
+    body = json.dumps({"model": "c", "messages": [{"role": "user", "content": "hello there"}] * 25_000}).encode()
+    waits: list[float] = []
+    with running(server.app) as root:
+        def post() -> None:
+            answers.append(httpx.post(f"{root}/v1/chat/completions", content=body, timeout=120,
+                                      headers={"content-type": "application/json"}))
+
+        answers: list[httpx.Response] = []
+        thread = threading.Thread(target=post)
+        thread.start()
+        while thread.is_alive():
+            start = time.monotonic()
+            assert httpx.get(f"{root}/health", timeout=5).status_code == 200
+            waits.append(time.monotonic() - start)
+            time.sleep(0.02)
+    server.close("finished")
+    assert answers[0].json()["error"]["code"] == "context_length_exceeded"
+    assert len(waits) >= 5 and max(waits) < 1.0, (len(waits), max(waits))

@@ -118,7 +118,7 @@ def test_function_tools_and_call_outputs_make_a_tool_loop(sqlite_store):
                      "response.function_call_arguments.delta", "response.function_call_arguments.done",
                      "response.output_item.done", "response.completed"]
     assert json.loads(events[4].arguments) == {"city": "Oslo"}
-    assert other.value.body["param"] == "tools"
+    assert other.value.body["param"] == "tools.0"
     with sqlite_store.session() as s:
         calls = repo.episode_invocations(s, episode_row_id(server.run_id, "loop"))
         sent = serve_repo.get_serve_call(s, answer.id)

@@ -27,15 +27,18 @@ nothing stored. Errors answer with the OpenAI status and ``{"error": {...}}`` bo
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from agentmem.serve.calls import Calls, ServeSettings, validation_error
-from agentmem.serve.protocol import ApiError
+from agentmem.serve.protocol import ApiError, bad_request, server_error
 from agentmem.serve.recorder import Recorder
 from agentmem.serve.routes import chat, completions, episodes, models, responses
+from store.errors import ValueOutOfBounds
 
 __all__ = ["ServeSettings", "create_app"]
 
@@ -72,11 +75,17 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
                        code="not_found" if exc.status_code == 404 else None)
         return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(ValueOutOfBounds)
+    async def _out_of_bounds(_request: Request, exc: ValueOutOfBounds) -> JSONResponse:
+        # a value the store refused (store.bounds): the client's, nothing written
+        return JSONResponse(bad_request(str(exc), exc.field).body(), status_code=400)
+
     @app.exception_handler(Exception)
-    async def _server_error(_request: Request, exc: Exception) -> JSONResponse:
-        # a failed generation or store write: the OpenAI body, and nothing stored (one transaction per call)
-        err = ApiError(500, f"the server failed on this call: {type(exc).__name__}: {exc}", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        # a failed generation or store write: the OpenAI body without the details (the whole error goes to the
+        # server's log), and nothing stored (one transaction per call)
+        logging.getLogger("agentmem.serve").error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(server_error(exc).body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

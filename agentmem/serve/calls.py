@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,15 +24,27 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from agentmem.serve.bounds import (
+    DEFAULT_MAX_BODY_BYTES,
+    EPISODE,
+    INVOCATION_ID,
+    KIND,
+    TASK,
+    check_id,
+    check_json,
+    too_large,
+)
 from agentmem.serve.constraints import Constraint
 from agentmem.serve.gateway import NO, RECORD_HEADER
-from agentmem.serve.protocol import ApiError, bad_request, refuse_unsupported
+from agentmem.serve.protocol import ApiError, bad_request, refuse_unsupported, server_error
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
 from agentmem.serve.responses import Formatter, LiveText, usage
 from agentmem.serve.sampler import Choice, Job, Tokens
 from agentmem.serve.tool_calls import ToolCallParser
+from store.errors import ValueOutOfBounds
 
 TRUE = ("1", "true", "yes")
+SUBFIELD = re.compile(r"([\w-]+(?:\.[\w-]+)*): ")  # a validator's message that begins with the part it is about
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class ServeSettings:
     nucleus: bool = True  # whether top_p < 1 keeps the stored log-probs full-vocabulary (not on vLLM)
     shaping: bool = True  # whether the backend applies logit_bias, penalties, top_k and min_p
     constrains: bool = True  # whether the backend applies a grammar (response_format json, forced tool calls)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer request body is refused (413) before it is parsed
 
 
 @dataclass(frozen=True)
@@ -66,12 +80,8 @@ class Calls:
     def __init__(self, sampler, recorder: Recorder, tokenizer, settings: ServeSettings):
         self.sampler, self.recorder, self.tokenizer, self.settings = sampler, recorder, tokenizer, settings
 
-    async def prepare(self, request: Request, req, episode: str | None, prompts: list[list[int]], sent: Sent,
-                      kind: str, *, follows: tuple[str | None, str] | None = None,
-                      constraint: Constraint | None = None) -> Prepared:
-        """``follows``: (episode, invocation id) of the call this one continues (``previous_response_id``):
-        its episode and parent unless the client names others. ``constraint``: the grammar every output follows
-        (``constraints.py``)."""
+    def check_request(self, req) -> None:
+        """The checks that need no rendering: the model served and ``n``."""
         settings = self.settings
         if req.model != settings.model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist: this server serves "
@@ -79,6 +89,15 @@ class Calls:
                            code="model_not_found")
         if req.n > settings.max_n:
             raise bad_request(f"n is {req.n}, the server allows at most {settings.max_n} (--max-n)", "n")
+
+    async def prepare(self, request: Request, req, episode: str | None, prompts: list[list[int]], sent: Sent,
+                      kind: str, *, follows: tuple[str | None, str] | None = None,
+                      constraint: Constraint | None = None) -> Prepared:
+        """``follows``: (episode, invocation id) of the call this one continues (``previous_response_id``):
+        its episode and parent unless the client names others. ``constraint``: the grammar every output follows
+        (``constraints.py``)."""
+        settings = self.settings
+        self.check_request(req)
         top_k = req.top_logprobs_k
         if top_k and not settings.top_logprobs:
             raise bad_request("this backend cannot list top log-probs", "top_logprobs")
@@ -115,6 +134,11 @@ class Calls:
         if follows is not None:
             ctx = replace(ctx, episode=ctx.episode or follows[0], parent=ctx.parent or follows[1])
         planned = self.recorder.plan(ctx, len(prompts), req.n)
+        # a group's episodes ({episode}.{i}) and a prompt list's tasks grow a suffix: each must fit too (an episode
+        # is named by the routes that reward and read it)
+        for name, task in zip(planned.client_episodes, planned.tasks, strict=True):
+            check_id(name, EPISODE, ctx.episode_field or "episode")
+            check_id(task, TASK, ctx.task_field or ctx.episode_field or "episode")
         if ctx.record:
             await asyncio.to_thread(self.recorder.check_call, ctx, planned)
         job = Job(prompts, req.n, params, tuple(req.stops), top_k, getattr(req, "prompt_logprobs", None) is not None,
@@ -161,8 +185,7 @@ class Calls:
                 else:
                     choices = event
         except Exception as exc:  # noqa: BLE001  the stream has started: the error goes in it, nothing is stored
-            err = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error")
-            yield f"data: {json.dumps(err.body())}\n\n"
+            yield f"data: {json.dumps(stream_error(exc).body())}\n\n"
             return
         for piece in shape.token_chunks(call_id, created, choices, live):
             yield piece
@@ -171,42 +194,110 @@ class Calls:
             return  # the client is gone: its call is not stored
         try:
             await asyncio.to_thread(self.store, prep, choices)
-        except ApiError as err:  # e.g. the episode was rewarded meanwhile: the error goes in the stream
-            yield f"data: {json.dumps(err.body())}\n\n"
+        except Exception as exc:  # noqa: BLE001  e.g. the episode was rewarded meanwhile: the error goes in the stream
+            yield f"data: {json.dumps(stream_error(exc).body())}\n\n"
             return
         for piece in shape.final_chunks(call_id, created, choices, usage(prep.prompts, choices) if include_usage else None):
             yield piece
 
 
+def stream_error(exc: BaseException) -> ApiError:
+    """The error a started stream ends with: a refusal as it is (a store bound: a 400 naming the field), anything
+    else as a 500 without its details (``server_error``)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ValueOutOfBounds):
+        return bad_request(str(exc), exc.field)
+    return server_error(exc)
+
+
 def context(request: Request, meta: dict, episode: str | None, kind: str) -> CallContext:
     """What the client said about a call: its episode (the URL path's, else the header's, else the body's
-    metadata), task, kind, parent, and whether it may reopen a rewarded episode."""
+    metadata), task, kind, parent, and whether it may reopen a rewarded episode. Each is checked against the
+    store's column it lands in (``bounds``), naming the header or metadata key that gave it."""
     h = request.headers
 
-    def pick(header: str, *keys: str) -> str | None:
-        value = h.get(header)
+    def pick(header: str, *keys: str) -> tuple[str | None, str | None]:
+        """The value and the field that gave it (the header, else the first metadata key)."""
+        if h.get(header):
+            return h[header], header_name(header)
         for key in keys:
-            value = value or meta.get(key)
-        return str(value) if value is not None else None
+            if meta.get(key):
+                return str(meta[key]), f"metadata.{key}"
+        return None, None
 
-    reopen = pick("x-agentmem-reopen", "agentmem_reopen")
+    if episode is not None:
+        named, episode_field = episode, "episode"
+    else:
+        named, episode_field = pick("x-agentmem-episode", "agentmem_episode", "episode")
+    task, task_field = pick("x-agentmem-task", "agentmem_task", "task")
+    given_kind, kind_field = pick("x-agentmem-kind", "agentmem_kind", "kind")
+    reopen, _ = pick("x-agentmem-reopen", "agentmem_reopen")
     record = h.get(RECORD_HEADER)
-    return CallContext(episode=episode or pick("x-agentmem-episode", "agentmem_episode", "episode"),
-                       task=pick("x-agentmem-task", "agentmem_task", "task"),
-                       kind=pick("x-agentmem-kind", "agentmem_kind", "kind") or kind,
-                       parent=h.get("x-agentmem-parent"),
+    check_id(named, EPISODE, episode_field or "episode")
+    check_id(task, TASK, task_field or "task")
+    check_id(given_kind, KIND, kind_field or "kind")
+    check_id(h.get("x-agentmem-parent"), INVOCATION_ID, "X-Agentmem-Parent")
+    return CallContext(episode=named, task=task, kind=given_kind or kind, parent=h.get("x-agentmem-parent"),
                        reopen=reopen is not None and reopen.lower() in TRUE,
-                       record=record is None or record.lower() not in NO)
+                       record=record is None or record.lower() not in NO, episode_field=episode_field,
+                       task_field=task_field)
+
+
+def header_name(header: str) -> str:
+    """``x-agentmem-task`` as the docs write it: ``X-Agentmem-Task``."""
+    return "-".join(part.capitalize() for part in header.split("-"))
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body, refused (413) once it is over the server's limit: by its ``Content-Length`` before
+    anything is read, else as soon as the bytes read pass it."""
+    limit = request.app.state.calls.settings.max_body_bytes
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> dict:
+    """A body as a JSON object whose every value the store takes alike (``bounds.check_json``)."""
+    try:
+        body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply", "body") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    check_json(body)
+    return body
 
 
 async def read_json(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body() or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
+    """The request's body as a checked JSON object; decoded and checked off the event loop, so that a large
+    body does not hold up the other requests (``/health`` among them)."""
+    return await asyncio.to_thread(decode_json, await read_body(request))
+
+
+async def read_request(request: Request, model: type[BaseModel], *, openai: bool = True,
+                       refuse: Callable[[dict], None] | None = None) -> Any:
+    """The request's body read (``read_json``) and validated as ``model`` (``parse``; ``refuse``: the checks
+    of the fields refused before it), off the event loop."""
+    raw = await read_body(request)
+
+    def read() -> Any:
+        body = decode_json(raw)
+        if refuse is not None:
+            refuse(body)
+        return parse(model, body, openai=openai)
+
+    return await asyncio.to_thread(read)
 
 
 def parse(model: type[BaseModel], body: dict, *, openai: bool = True) -> Any:
@@ -220,9 +311,18 @@ def parse(model: type[BaseModel], body: dict, *, openai: bool = True) -> Any:
 
 
 def validation_error(errors: Sequence[Any]) -> ApiError:
+    """The 400 of the first validation error; ``param`` the field's path, down to the part a validator names at
+    the head of its message (``tools.0.function.parameters``)."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     param = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
     if first.get("type") == "extra_forbidden":
         return bad_request(f"unknown field {param!r}: this server does not apply it", param,
                            code="unsupported_parameter")
-    return bad_request(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param)
+    msg = str(first.get("msg"))
+    if first.get("type") == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        where = SUBFIELD.match(msg)
+        if where:
+            param = f"{param}.{where.group(1)}" if param else where.group(1)
+            msg = msg[where.end():]
+    return bad_request(f"{param}: {msg}" if param else msg, param)

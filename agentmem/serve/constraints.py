@@ -22,7 +22,7 @@ from typing import Any
 
 import llguidance
 
-from agentmem.serve.protocol import bad_request
+from agentmem.serve.protocol import bad_request, check_schema
 from agentmem.serve.tool_calls import ToolCallParser
 
 # llguidance's JSON options: a fixed layout (see the module)
@@ -73,6 +73,10 @@ def response_format(value: dict[str, Any] | None, param: str = "response_format"
         schema = spec.get("schema", ANY_OBJECT) if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise bad_request(f"{param}: json_schema needs a schema, a JSON schema object", param)
+        try:
+            check_schema(schema, f"{param}.json_schema.schema")
+        except ValueError as err:
+            raise bad_request(str(err), param) from None
         return Constraint(checked(json_grammar(schema), param), {"kind": "json_schema", "schema": schema}, param)
     raise bad_request(f"{param}: type {kind!r} is not supported: text, json_object or json_schema", param)
 

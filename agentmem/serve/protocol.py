@@ -14,15 +14,22 @@ an OpenAI client expects (the ``openai`` package raises ``BadRequestError`` for 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 from agentmem.errors import AgentmemError
 from agentmem.policy.types import SamplingParams
+from store.bounds import LIMITS, UNIT_METRICS
 
 MAX_TOP_LOGPROBS = 20
+# a seed is a signed 64-bit integer (OpenAI's, and what torch's and vLLM's generators take)
+SEED_RANGE = (-(2**63), 2**63 - 1)
+# OpenAI's rule for a function's name
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class ApiError(AgentmemError):
@@ -39,6 +46,13 @@ class ApiError(AgentmemError):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def server_error(exc: BaseException) -> ApiError:
+    """The 500 of an unexpected failure: its type and the first line of its message, never more (a database
+    error's later lines hold the SQL and its bound parameters: the client's data and the schema)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return ApiError(500, f"the server failed on this call: {type(exc).__name__}: {first}", type="server_error")
 
 
 class _Body(BaseModel):
@@ -88,7 +102,7 @@ class _Sampling(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -110,7 +124,7 @@ class _Sampling(BaseModel):
     @classmethod
     def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"keys are token ids (as strings), got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"biases are in [-100, 100], got {bias}")
@@ -161,19 +175,51 @@ class _Sampling(BaseModel):
 
 
 class ChatMessage(_Body):
-    role: str
+    """A chat message as OpenAI takes it: a known role; text content (a string or text parts), which only an
+    assistant message with tool calls may leave out (null); an assistant's ``tool_calls`` as OpenAI writes them
+    (``{"id", "type": "function", "function": {"name", "arguments"}}``)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, value: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        for k, part in enumerate(value if isinstance(value, list) else []):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{k}: only text parts are supported ({{\"type\": \"text\", \"text\": "
+                                 f"STRING}}), got type {part.get('type')!r}")
+        return value
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for k, call in enumerate(value or []):
+            function = call.get("function")
+            if call.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError(f"{k}: a call is {{\"type\": \"function\", \"function\": {{\"name\", "
+                                 "\"arguments\"}}")
+            if not isinstance(function.get("name"), str) or not isinstance(function.get("arguments", ""), str | dict):
+                raise ValueError(f"{k}.function: name is a string and arguments a JSON string")
+        return value
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"content: a {self.role} message needs content (only an assistant message with "
+                             "tool_calls may leave it out)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only an assistant message makes tool calls, not a {self.role} message")
+        return self
+
     def as_template(self) -> dict[str, Any]:
         """The message as a chat template reads it: text parts joined into one string."""
         content = self.content
         if isinstance(content, list):
-            if any(part.get("type") != "text" for part in content):
-                raise bad_request("only text content parts are supported", "messages")
-            content = "".join(str(part.get("text", "")) for part in content)
+            content = "".join(part["text"] for part in content)
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         for key in ("name", "tool_call_id"):
             if getattr(self, key) is not None:
@@ -204,7 +250,7 @@ class _Conversation(_Sampling):
     alternatives listed per token, and the fields that are neutral here (their refused values are checked
     before parsing) or only recorded."""
 
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # chat's form: {"type": "function", "function": {...}} (check_tools)
     # "required" or a named function: the call is forced by constrained decoding (constraints.py)
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -217,6 +263,16 @@ class _Conversation(_Sampling):
 
 class ChatRequest(_Conversation):
     messages: list[ChatMessage] = Field(min_length=1)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for k, tool in enumerate(value or []):
+            if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+                raise ValueError(f"{k}: a tool is {{\"type\": \"function\", \"function\": {{\"name\", "
+                                 "\"description\", \"parameters\"}}}}")
+            check_function(tool["function"], f"{k}.function")
+        return value
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     response_format: dict[str, Any] | None = None  # json_object, json_schema: constrained decoding (constraints.py)
@@ -268,6 +324,15 @@ class ResponsesRequest(_Conversation):
     background: bool | None = None
     max_tool_calls: int | None = None
 
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for k, tool in enumerate(value or []):
+            if tool.get("type") != "function":
+                raise ValueError(f"{k}: only function tools are supported (type {tool.get('type')!r})")
+            check_function(tool, str(k))
+        return value
+
     @property
     def output_limit(self) -> int | None:
         return self.max_output_tokens or self.max_tokens
@@ -293,6 +358,35 @@ class ResponsesRequest(_Conversation):
         for key in ("input", "previous_response_id"):  # stored as the messages they give
             given.pop(key, None)
         return given
+
+
+def check_function(function: dict[str, Any], where: str) -> None:
+    """A function tool as OpenAI takes it: a ``name`` of 1-64 letters, digits, ``_`` or ``-``, a string
+    ``description`` when given, and ``parameters`` (when given) a valid JSON schema (checked against its
+    metaschema) of an object, the call's arguments."""
+    name = function.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise ValueError(f"{where}.name: a function name is 1-64 letters, digits, _ or -, got {name!r}")
+    if function.get("description") is not None and not isinstance(function["description"], str):
+        raise ValueError(f"{where}.description: a string")
+    check_schema(function.get("parameters"), f"{where}.parameters", arguments=True)
+
+
+def check_schema(schema: Any, where: str, *, arguments: bool = False) -> None:
+    """``schema`` (None passes) as a JSON schema its metaschema accepts (``jsonschema``); ``arguments``: it
+    describes a function's arguments, a JSON object."""
+    if schema is None:
+        return
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}: a JSON schema is an object, got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as err:
+        at = "".join(f".{p}" for p in err.absolute_path)
+        raise ValueError(f"{where}{at}: not a valid JSON schema: {err.message}") from None
+    if arguments and schema.get("type", "object") != "object":
+        raise ValueError(f"{where}: a function's arguments are an object (type \"object\"), got type "
+                         f"{schema['type']!r}")
 
 
 def _no_setting(value: Any) -> bool:
@@ -321,10 +415,23 @@ def refuse_unsupported_responses(body: dict[str, Any]) -> None:
 
 
 class RewardRequest(_Body):
-    reward: float
-    metrics: dict[str, float] = Field(default_factory=dict)
+    """An episode's outcome: a finite ``reward``; ``metrics`` among ``f1``, ``em`` and ``sub_em``, each in [0, 1]
+    (the F1 stored is ``metrics.f1``, else the reward when it lies in [0, 1])."""
+
+    reward: FiniteFloat
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
     prediction: str | None = None
     replace: bool = False  # a second reward replaces the first only when asked (else 409)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, score in value.items():
+            if name not in UNIT_METRICS:
+                raise ValueError(f"{name}: unknown metric, the store keeps {', '.join(UNIT_METRICS)}")
+            if not 0.0 <= score <= 1.0:
+                raise ValueError(f"{name}: must lie in [0, 1], got {score}")
+        return value
 
 
 class PrivilegedRequest(_Body):
@@ -332,4 +439,4 @@ class PrivilegedRequest(_Body):
 
     text: str = ""
     answers: list[str] = Field(default_factory=list)
-    task: str | None = None
+    task: str | None = Field(None, max_length=LIMITS["episodes.task_id"])

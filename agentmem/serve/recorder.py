@@ -72,6 +72,8 @@ class CallContext:
     parent: str | None = None
     reopen: bool = False  # a call may continue an episode already rewarded (it goes back to running)
     record: bool = True  # False: a gateway in front records the call (X-Agentmem-Record: no); nothing is stored
+    episode_field: str | None = None  # where the client named the episode and the task (a 400 names it)
+    task_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,16 +212,18 @@ class Recorder:
 
     def reward(self, client_id: str, reward: float, metrics: dict[str, float], prediction: str | None, *,
                replace: bool = False) -> Episode:
-        """Close an episode with its outcome: ``reward``, F1 (``metrics['f1']``, else the reward), EM and
-        substring EM when given. An episode already rewarded gets 409 unless ``replace``."""
+        """Close an episode with its outcome: ``reward``, F1 (``metrics['f1']``, else the reward when it lies in
+        [0, 1]), EM and substring EM when given. An episode already rewarded gets 409 unless ``replace``."""
         with self._lock, self.store.session() as s:
             ep = self._episode(s, client_id)
             if ep.stop_reason == "reward" and not replace:
                 raise ApiError(409, f"episode {client_id!r} already has a reward ({ep.reward}): send "
                                     '"replace": true to replace it', type="conflict", param="replace",
                                code="episode_rewarded")
+            # F1 is the reward when the client gives none and the reward is one (in [0, 1]); else unknown
+            f1 = metrics.get("f1", reward if 0.0 <= reward <= 1.0 else None)
             closed = ep.model_copy(update={
-                "reward": reward, "f1": metrics.get("f1", reward), "em": metrics.get("em"),
+                "reward": reward, "f1": f1, "em": metrics.get("em"),
                 "sub_em": metrics.get("sub_em"), "status": EpisodeStatus.answered, "stop_reason": "reward",
                 "prediction": prediction if prediction is not None else ep.prediction, "finished_at": utcnow()})
             repo.update_episode(s, closed)

@@ -54,6 +54,7 @@ class ServeConfig(BaseModel):
     upstream_text: bool = False  # the upstreams return text, no token ids (a hosted API): calls not replayable
     upstream_wait_s: float = Field(60.0, ge=0)  # how long start-up waits for a first upstream to answer
     chat_template: str | None = None  # a Jinja file (or a shipped template's name) replacing the model's template
+    max_body_mb: float = Field(4.0, gt=0)  # a longer request body is refused (413) before it is parsed
 
     @field_validator("backend")
     @classmethod
@@ -81,6 +82,10 @@ class ServeConfig(BaseModel):
     @property
     def name(self) -> str:
         return self.served_model_name or self.model or "default"
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
 
 
 @dataclass
@@ -150,7 +155,8 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
         settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
                                  config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus,
                                  shaping=getattr(live.engine, "shaping", False),
-                                 constrains=getattr(live.engine, "constrains", False))
+                                 constrains=getattr(live.engine, "constrains", False),
+                                 max_body_bytes=config.max_body_bytes)
         recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
         return Server(create_app(live, recorder, with_template(live.tokenizer, template), settings), live, recorder)
     if backend is None:
@@ -161,7 +167,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
                              config.default_max_tokens, api_key,
                              top_logprobs=getattr(backend, "lists_top_logprobs", False),
                              shaping=getattr(backend, "shaping", False),
-                             constrains=getattr(backend, "constrains", False))
+                             constrains=getattr(backend, "constrains", False), max_body_bytes=config.max_body_bytes)
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
     return Server(create_app(sampler, recorder, with_template(backend.tokenizer, template), settings), sampler,
                   recorder)
@@ -191,5 +197,5 @@ def _gateway(store: Store, config: ServeConfig, api_key: str | None, template: s
     length = config.context_length or sampler.context_length() or int(tokenizer.model_max_length)
     settings = ServeSettings(config.name, length, config.max_n, config.default_max_tokens, api_key,
                              top_logprobs=False, shaping=True,  # the options go upstream (vLLM applies them)
-                             constrains=False)
+                             constrains=False, max_body_bytes=config.max_body_bytes)
     return Server(create_app(sampler, recorder, tokenizer, settings), sampler, recorder)

@@ -7,13 +7,14 @@ that forces a call are enforced by a grammar (``constraints.py``), stored in ``s
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from agentmem.serve.calls import parse, read_json
+from agentmem.serve.calls import read_request
 from agentmem.serve.chat_template import check_tools_render
-from agentmem.serve.constraints import of_request
+from agentmem.serve.constraints import Constraint, of_request
 from agentmem.serve.protocol import ChatRequest, bad_request
 from agentmem.serve.recorder import Sent
 from agentmem.serve.routes import calls, episode
@@ -25,10 +26,18 @@ router = APIRouter()
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Any:
     shared = calls(request)
-    tokenizer = shared.tokenizer
-    req = parse(ChatRequest, await read_json(request))
+    req = await read_request(request, ChatRequest)
+    shared.check_request(req)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    # rendering and tokenizing a long chat takes a while: off the event loop, so other requests go on
+    sent, ids, parser, constraint = await asyncio.to_thread(render, shared.tokenizer, req)
+    prep = await shared.prepare(request, req, episode(request), [ids], sent, "chat", constraint=constraint)
+    return await shared.respond(request, req, prep, chat=True, logprobs=req.logprobs, tool_calls=parser)
+
+
+def render(tokenizer, req: ChatRequest) -> tuple[Sent, list[int], ToolCallParser | None, Constraint | None]:
+    """The request rendered by the chat template and tokenised, its reply parser and its grammar."""
     messages = [m.as_template() for m in req.messages]
     try:
         text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=True, tokenize=False)
@@ -41,6 +50,4 @@ async def chat_completions(request: Request) -> Any:
     # response_format json, a forced tool call: a grammar
     constraint = of_request(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, parser)
     options = req.options() if constraint is None else {**req.options(), "constraint": constraint.stored}
-    sent = Sent([text], [question], messages, req.tools, options)
-    prep = await shared.prepare(request, req, episode(request), [ids], sent, "chat", constraint=constraint)
-    return await shared.respond(request, req, prep, chat=True, logprobs=req.logprobs, tool_calls=parser)
+    return Sent([text], [question], messages, req.tools, options), ids, parser, constraint

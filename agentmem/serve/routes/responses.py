@@ -29,9 +29,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentmem.serve.calls import Calls, Prepared, parse, read_json
+from agentmem.serve.bounds import INVOCATION_ID, check_id
+from agentmem.serve.calls import Calls, Prepared, read_request, stream_error
 from agentmem.serve.chat_template import check_tools_render
-from agentmem.serve.constraints import of_request, text_format
+from agentmem.serve.constraints import Constraint, of_request, text_format
 from agentmem.serve.protocol import ApiError, ResponsesRequest, bad_request, refuse_unsupported_responses
 from agentmem.serve.recorder import Sent
 from agentmem.serve.response_items import (
@@ -56,26 +57,15 @@ router = APIRouter()
 async def create_response(request: Request) -> Any:
     shared = calls(request)
     tok = shared.tokenizer
-    body = await read_json(request)
-    refuse_unsupported_responses(body)
-    req = parse(ResponsesRequest, body)
+    req = await read_request(request, ResponsesRequest, refuse=refuse_unsupported_responses)
+    shared.check_request(req)
     if req.n != 1:
         raise bad_request("a response has one output: send n 1 (chat completions take n)", "n")
+    check_id(req.previous_response_id, INVOCATION_ID, "previous_response_id")
     prefix, follows = await _previous(shared, req.previous_response_id)
-    messages = chat_messages(req, prefix)
-    tools = chat_tools(req.tools)
-    try:
-        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-    except Exception as exc:  # noqa: BLE001  a template refusing these messages is the client's error
-        raise bad_request(f"the model's chat template cannot render this input: {exc}", "input") from None
-    check_tools_render(tok, messages, tools, text)
-    ids = list(tok(text, add_special_tokens=False)["input_ids"])
-    question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-    parser = ToolCallParser.for_request(tok, tools, req.tool_choice, text)
-    constraint = of_request(tools, req.tool_choice, req.parallel_tool_calls, text_format(req.text), parser, "text")
-    options = req.options() if constraint is None else {**req.options(), "constraint": constraint.stored}
-    prep = await shared.prepare(request, req, episode(request), [ids], Sent([text], [question], messages, tools,
-                                                                            options), "chat", follows=follows,
+    # rendering and tokenizing a long input takes a while: off the event loop, so other requests go on
+    sent, ids, parser, constraint = await asyncio.to_thread(render, tok, req, prefix)
+    prep = await shared.prepare(request, req, episode(request), [ids], sent, "chat", follows=follows,
                                 constraint=constraint)
     shape = Formatter(tok, shared.settings.model_name, None, True, req.logprobs)
     headers = {"X-Agentmem-Invocation": prep.planned.invocation_ids[0],
@@ -90,6 +80,25 @@ async def create_response(request: Request) -> Any:
     lps = shape._chat_logprobs(choice) if req.logprobs else None
     out = response(req, call_id, time.time(), output_items(call_id, choice, reply, lps), choice, len(ids))
     return JSONResponse(out, headers=headers)
+
+
+def render(tok, req: ResponsesRequest, prefix: list[dict[str, Any]]
+           ) -> tuple[Sent, list[int], ToolCallParser | None, Constraint | None]:
+    """The request as chat messages and tools, rendered by the chat template and tokenised; its reply parser
+    and its grammar."""
+    messages = chat_messages(req, prefix)
+    tools = chat_tools(req.tools)
+    try:
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # noqa: BLE001  a template refusing these messages is the client's error
+        raise bad_request(f"the model's chat template cannot render this input: {exc}", "input") from None
+    check_tools_render(tok, messages, tools, text)
+    ids = list(tok(text, add_special_tokens=False)["input_ids"])
+    question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+    parser = ToolCallParser.for_request(tok, tools, req.tool_choice, text)
+    constraint = of_request(tools, req.tool_choice, req.parallel_tool_calls, text_format(req.text), parser, "text")
+    options = req.options() if constraint is None else {**req.options(), "constraint": constraint.stored}
+    return Sent([text], [question], messages, tools, options), ids, parser, constraint
 
 
 async def _previous(shared: Calls, previous_id: str | None) -> tuple[list[dict[str, Any]], tuple[str | None, str] | None]:
@@ -148,7 +157,7 @@ async def _stream(request: Request, shared: Calls, req: ResponsesRequest, prep: 
             else:
                 [choice] = ev
     except Exception as exc:  # noqa: BLE001  the stream has started: the error goes in it, nothing is stored
-        err = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error")
+        err = stream_error(exc)
         yield event("error", next(seq), code=err.code, message=err.message, param=err.param)
         return
     assert choice is not None
@@ -168,7 +177,8 @@ async def _stream(request: Request, shared: Calls, req: ResponsesRequest, prep: 
         return  # the client is gone: its call is not stored
     try:
         await asyncio.to_thread(shared.store, prep, [choice])
-    except ApiError as err:  # e.g. the episode was rewarded meanwhile: the error goes in the stream
+    except Exception as exc:  # noqa: BLE001  e.g. the episode was rewarded meanwhile: the error goes in the stream
+        err = stream_error(exc)
         yield event("error", next(seq), code=err.code, message=err.message, param=err.param)
         return
     lps = shape._chat_logprobs(choice) if req.logprobs else None
