@@ -43,6 +43,8 @@ def serve(
     batch_window_ms: Annotated[float, typer.Option(help="transformers, when no batch runs: a request waits until "
                                                         "none has arrived for this long (at most 10 times it) for "
                                                         "others to start a batch with.", min=0)] = 5.0,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body, in MB: a longer one is refused (413) "
+                                                    "before it is read.", min=0.001)] = 4.0,
     continuous_batching: Annotated[bool, typer.Option(
         "--continuous-batching/--static-batching",
         help="transformers: requests of plain sampling join the running batch between decoding steps; "
@@ -81,7 +83,7 @@ def serve(
                          run_name=run_name, max_n=max_n, default_max_tokens=max_tokens,
                          batch_window_ms=batch_window_ms, continuous_batching=continuous_batching,
                          upstream=upstream, upstream_text=upstream_text,
-                         upstream_wait_s=upstream_wait, chat_template=chat_template)
+                         upstream_wait_s=upstream_wait, chat_template=chat_template, max_body_mb=max_body_mb)
     key = api_key or os.environ.get(API_KEY_VAR) or None
     setup_logging()
     rt = runtime(device, threads)
