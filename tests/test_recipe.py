@@ -223,6 +223,12 @@ def test_first_token_eos_is_the_softmax_at_the_last_prompt_position():
     with torch.no_grad():
         p = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)[2].item()
     assert first_token_eos(model, [("k", ids), ("k", ids)], 2) == {"k": pytest.approx(p)}
+    with torch.no_grad():
+        ps = [torch.softmax(model(input_ids=torch.tensor([ids[:n]])).logits[0, -1], -1)[2].item() for n in (1, 2, 3, 4)]
+    prompts = [("k", ids[:n]) for n in (1, 2, 3, 4)]
+    # at most 3 of a kind, evenly spaced: the first, the middle and the last
+    assert first_token_eos(model, prompts, 2, max_per_kind=3) == {"k": pytest.approx((ps[0] + ps[2] + ps[3]) / 3)}
+    assert first_token_eos(model, prompts, 2, max_per_kind=None) == {"k": pytest.approx(sum(ps) / 4)}
 
 
 def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
