@@ -289,3 +289,45 @@ def test_distill_leaves_constrained_calls_out(served, store):
     plain = client.chat.completions.create(model="s", messages=ASK, max_tokens=4)
     assert len(select(store, [server.run_id]).invocations) == 2
     assert select(store, [server.run_id], constrained=False).ids == [plain.id]
+
+
+def test_a_forced_reply_cut_in_its_second_call_keeps_the_first(store):
+    """With `tool_choice: required`, a reply that `max_tokens` cut in its second call came back with no tool calls
+    at all, although its first call was complete: the calls completed before the cut come back as `tool_calls`
+    (chat, streamed or not) and `function_call` items (Responses), with `finish_reason: length` (`incomplete`)."""
+    from agentmem.policy.scripted import ScriptedBackend
+
+    class Forced(ScriptedBackend):
+        constrains = True  # declares the grammar applied: the script writes what it would allow
+
+    tok = tiny_tokenizer()
+    first = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    script = first + '\n<tool_call>\n{"name": "clock", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    cut_at = len(tok.encode(first + '\n<tool_call>\n{"name": "cl', add_special_tokens=False))
+    server = build_server(store, ServeConfig(model="s", batch_window_ms=0, chat_template="chatml_tools"),
+                          backend=Forced(tok, lambda _prompt: script))
+    with running(server.app) as root:
+        client = openai.OpenAI(base_url=f"{root}/episodes/cut/v1", api_key="unused", max_retries=0)
+        asked = dict(model="s", messages=ASK, tools=WEATHER, tool_choice="required")
+        cut = client.chat.completions.create(max_tokens=cut_at, **asked)
+        chunks = list(client.chat.completions.create(max_tokens=cut_at, stream=True, **asked))
+        whole = client.chat.completions.create(max_tokens=200, **asked)
+        answer = client.responses.create(model="s", input="Weather in Oslo?", max_output_tokens=cut_at,
+                                         tools=[{"type": "function", "name": "weather", "parameters": {"type": "object"}},
+                                                {"type": "function", "name": "clock", "parameters": {"type": "object"}}],
+                                         tool_choice="required")
+    server.close("finished")
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in cut.choices[0].message.tool_calls] == [
+        ("weather", {"city": "Oslo"})]
+    streamed = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in streamed if d.function.name] == ["weather"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in whole.choices[0].message.tool_calls] == ["weather", "clock"]
+    assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.name) for o in answer.output] == [("function_call", "weather")]
+    with store.session() as s:  # the stored reply is what was sampled, the cut call included
+        calls = repo.episode_invocations(s, episode_row_id(server.run_id, "cut"))
+    assert [c.finish_reason.value for c in calls] == ["length", "length", "stop", "length"]  # the last: Responses
+    assert calls[0].output_text == tok.decode(tok.encode(script, add_special_tokens=False)[:cut_at])

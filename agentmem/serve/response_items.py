@@ -114,11 +114,15 @@ def output_items(call_id: str, choice: Choice, reply: Reply | None,
 
 
 def response(req: ResponsesRequest, call_id: str, created: float, output: list[dict[str, Any]],
-             choice: Choice | None, prompt_tokens: int) -> dict[str, Any]:
-    """The ``Response`` object: in progress (``choice`` None) or done."""
+             choice: Choice | None, prompt_tokens: int, cut_calls: bool = False) -> dict[str, Any]:
+    """The ``Response`` object: in progress (``choice`` None) or done; ``cut_calls``: its calls are those a forced
+    reply completed before the output limit cut it (``incomplete``, as a cut text reply)."""
     status, incomplete = "in_progress", None
     if choice is not None:
-        cut = choice.finish_reason is FinishReason.length and not any(i["type"] == "function_call" for i in output)
+        # cut by the output limit: a reply of text, or a forced one whose last call the cut dropped (its calls
+        # before the cut are in ``output``)
+        cut = choice.finish_reason is FinishReason.length and (
+            not any(i["type"] == "function_call" for i in output) or cut_calls)
         status = "incomplete" if cut else "completed"
         incomplete = {"reason": "max_output_tokens"} if cut else None
     out: dict[str, Any] = {

@@ -193,7 +193,9 @@ class Formatter:
         return f"data: {json.dumps(data)}\n\n"
 
     def _reply(self, call_id: str, i: int, c: Choice) -> Reply | None:
-        return self.tool_calls.parse(c.text, f"{call_id}_{i}") if self.tool_calls is not None else None
+        if self.tool_calls is None:
+            return None
+        return self.tool_calls.parse(c.text, f"{call_id}_{i}", c.finish_reason is FinishReason.length)
 
     def _tool_call_chunks(self, call_id: str, created: int, i: int, c: Choice, reply: Reply,
                           with_logprobs: bool = True) -> Iterator[str]:
@@ -218,7 +220,7 @@ class Formatter:
             out["message"] = {"role": "assistant", "content": c.text}
             if reply is not None and reply.tool_calls:
                 out["message"] = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
-                out["finish_reason"] = reply.finish_reason
+                out["finish_reason"] = reply.finish_reason or c.finish_reason.value
             out["logprobs"] = {"content": self._chat_logprobs(c)} if self.logprobs else None
         else:
             out["text"] = c.text

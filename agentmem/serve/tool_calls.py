@@ -10,14 +10,17 @@ neither gets no parsing: the reply stays ``content`` text.
 A reply with at least one well-formed call becomes ``message.tool_calls`` (``id``, ``type: "function"``,
 ``function.name``, ``function.arguments`` as a JSON string) and ``finish_reason: "tool_calls"``, its
 ``content`` the text outside the calls (None when there is none). A call that does not parse (truncated,
-not JSON, no name) leaves the whole reply as ``content``, as vLLM's tool parsers do. Parsing changes only
-the response: the stored invocation keeps the sampled ids and their decoded text.
+not JSON, no name) leaves the whole reply as ``content``, as vLLM's tool parsers do, except in a forced reply
+(``tool_choice`` ``required`` or a named function: a grammar writes only calls) that ``max_tokens`` cut: its
+calls completed before the cut come back as ``tool_calls``, the cut one is dropped, and the finish reason stays
+``length``. Parsing changes only the response: the stored invocation keeps the sampled ids and their decoded
+text.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HERMES: dict[str, Any] = {
@@ -41,11 +44,13 @@ class Reply:
 
     content: str | None
     tool_calls: list[dict[str, Any]]
+    cut: bool = False  # a forced reply cut by max_tokens: these calls completed before the cut
 
     @property
     def finish_reason(self) -> str | None:
-        """``"tool_calls"`` when the reply calls a tool, else None (the sampler's reason stands)."""
-        return "tool_calls" if self.tool_calls else None
+        """``"tool_calls"`` when the reply calls a tool and was not cut, else None (the sampler's reason
+        stands)."""
+        return "tool_calls" if self.tool_calls and not self.cut else None
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class ToolCallParser:
     schema: dict[str, Any]
     prefix: str
     tools: list[dict[str, Any]]
+    forced: bool = False  # tool_choice forces a call: the reply is calls only (constraints.py's grammar)
 
     @classmethod
     def for_request(cls, tokenizer, tools: list[dict[str, Any]] | None, tool_choice: Any,
@@ -64,12 +70,13 @@ class ToolCallParser:
         """The parser of a chat request, or None when its replies are plain content."""
         if not tools or tool_choice == "none":
             return None
+        forced = tool_choice == "required" or isinstance(tool_choice, dict)
         own = getattr(tokenizer, "response_template", None)
         if own is not None:
-            return cls(tokenizer, own, prompt_text, tools)
+            return cls(tokenizer, own, prompt_text, tools, forced)
         template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
         if "<tool_call>" in template:
-            return cls(tokenizer, HERMES, "", tools)
+            return cls(tokenizer, HERMES, "", tools, forced)
         return None
 
     @property
@@ -77,8 +84,16 @@ class ToolCallParser:
         """The text that begins a tool call, where known (the Hermes format's); None: any text may."""
         return "<tool_call>" if self.schema is HERMES else None
 
-    def parse(self, text: str, call_id: str) -> Reply:
-        """``text``'s reply; tool call ``k`` gets the id ``call_{call_id}_{k}``."""
+    def parse(self, text: str, call_id: str, cut: bool = False) -> Reply:
+        """``text``'s reply; tool call ``k`` gets the id ``call_{call_id}_{k}``. ``cut``: ``max_tokens`` ended
+        the reply (a forced reply then keeps the calls completed before the cut)."""
+        close = "</tool_call>"
+        if cut and self.forced and self.opener is not None and close in text:
+            whole = self.parse(text, call_id)
+            if whole.tool_calls:
+                return replace(whole, cut=True)
+            done = self.parse(text[:text.rindex(close) + len(close)], call_id)
+            return Reply(None, done.tool_calls, cut=True) if done.tool_calls else Reply(text, [])
         try:
             parsed = self.tokenizer.parse_response(text, self.schema, prefix=self.prefix, tools=self.tools)
             calls = [_openai_call(c, f"call_{call_id}_{k}") for k, c in enumerate(parsed.get("tool_calls") or [])]

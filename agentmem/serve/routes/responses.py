@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentmem.records import FinishReason
 from agentmem.serve.bounds import INVOCATION_ID, check_id
 from agentmem.serve.calls import Calls, Prepared, read_request, stream_error
 from agentmem.serve.chat_template import check_tools_render
@@ -76,9 +77,10 @@ async def create_response(request: Request) -> Any:
     [choice] = await asyncio.wrap_future(shared.sampler.submit(prep.job))
     await asyncio.to_thread(shared.store, prep, [choice])
     call_id = prep.planned.invocation_ids[0]
-    reply = parser.parse(choice.text, f"{call_id}_0") if parser is not None else None
+    reply = parser.parse(choice.text, f"{call_id}_0", cut(choice)) if parser is not None else None
     lps = shape._chat_logprobs(choice) if req.logprobs else None
-    out = response(req, call_id, time.time(), output_items(call_id, choice, reply, lps), choice, len(ids))
+    out = response(req, call_id, time.time(), output_items(call_id, choice, reply, lps), choice, len(ids),
+                   reply is not None and reply.cut)
     return JSONResponse(out, headers=headers)
 
 
@@ -101,6 +103,10 @@ def render(tok, req: ResponsesRequest, prefix: list[dict[str, Any]]
     return Sent([text], [question], messages, tools, options), ids, parser, constraint
 
 
+def cut(choice: Choice) -> bool:
+    return choice.finish_reason is FinishReason.length
+
+
 async def _previous(shared: Calls, previous_id: str | None) -> tuple[list[dict[str, Any]], tuple[str | None, str] | None]:
     """The conversation a ``previous_response_id`` continues, and (its episode when named, its id)."""
     if previous_id is None:
@@ -115,7 +121,8 @@ async def _previous(shared: Calls, previous_id: str | None) -> tuple[list[dict[s
         messages = messages[1:]  # instructions are not carried over
     parser = ToolCallParser.for_request(shared.tokenizer, call.tools, (call.sampling or {}).get("tool_choice"),
                                         inv.prompt_text or "")
-    reply = parser.parse(inv.output_text or "", f"{inv.id}_0") if parser is not None else None
+    reply = (parser.parse(inv.output_text or "", f"{inv.id}_0", inv.finish_reason is FinishReason.length)
+             if parser is not None else None)
     named = (call.client or {}).get("episode")
     return [*messages, assistant_message(inv.output_text or "", reply)], (None if named == inv.id else named, inv.id)
 
@@ -161,7 +168,7 @@ async def _stream(request: Request, shared: Calls, req: ResponsesRequest, prep: 
         yield event("error", next(seq), code=err.code, message=err.message, param=err.param)
         return
     assert choice is not None
-    reply = parser.parse(choice.text, f"{call_id}_0") if parser is not None else None
+    reply = parser.parse(choice.text, f"{call_id}_0", cut(choice)) if parser is not None else None
     calls_out = call_items(call_id, reply)
     text = choice.text if not calls_out else (reply.content if reply is not None else None)
     if text is not None:
@@ -197,6 +204,6 @@ async def _stream(request: Request, shared: Calls, req: ResponsesRequest, prep: 
             yield event("response.function_call_arguments.done", next(seq), item_id=item["id"], output_index=index,
                         arguments=item["arguments"])
         yield event("response.output_item.done", next(seq), output_index=index, item=item)
-    done = response(req, call_id, created, items, choice, len(prompt))
+    done = response(req, call_id, created, items, choice, len(prompt), reply is not None and reply.cut)
     kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
     yield event(kind, next(seq), response=done)
