@@ -74,14 +74,15 @@ def test_a_distill_config_stored_flat_reads_into_its_sections():
         3, 3e-5, 4, Packing.shared_prefix)
     assert distill.rl.reward.value == "sub_em" and distill.loss.terms == {} and distill.loss.kd_form.value == "additive"
     stored = distill.model_dump(mode="json")
-    assert list(stored) == ["run_ids", "student", "kinds", "seed", "out", "save_every", "dtype", "mixed_precision",
-                            "monitor_start_kl", "teacher", "loss", "rl", "optim", "batch"]
+    assert list(stored) == ["run_ids", "student", "kinds", "seed", "out", "save_every", "keep_last", "keep_optimizer",
+                            "dtype", "mixed_precision", "monitor_start_kl", "teacher", "loss", "rl", "optim", "batch"]
     assert stored["optim"]["lr"] == 3e-5 and stored["teacher"]["model"] == "teacher-ckpt"
     assert DistillConfig.model_validate(stored) == distill
     # every flat value lands where the sections keep it
     flat = {name: stored[path.split(".")[0]][path.split(".")[1]] for name, path in DistillConfig.FLAT_FIELDS.items()}
     top = {k: v for k, v in stored.items() if not isinstance(v, dict)}
-    assert {**top, **flat} == {**OLD_DISTILL, "loss_terms": {}, "kd_form": "additive"}  # with the fields added since
+    assert {**top, **flat} == {**OLD_DISTILL, "loss_terms": {}, "kd_form": "additive", "keep_last": None,
+                               "keep_optimizer": False}  # with the fields added since
     # a flat call reads the same way; ``teacher`` is the teacher's name when it is no mapping
     assert DistillConfig(run_ids=["r"], teacher=None, rl="none", ce_weight=1.0).teacher.model is None
     # the field ``truncate`` of older runs: ``left`` skipped long calls and cut long teacher contexts

@@ -57,7 +57,8 @@ def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # 
     """A job started from a checkpoint with ``carry_optimizer`` loads the checkpoint's AdamW state: its step
     differs in every tensor from the same job with a fresh optimizer."""
     store, run_id, policy = rolled
-    one = run_distill(store, config(run_id, tmp_path / "a", steps=2, save_every=1), models=models(policy))
+    one = run_distill(store, config(run_id, tmp_path / "a", steps=2, save_every=1, keep_optimizer=True),
+                      models=models(policy))
     with store.session() as s:
         ckpts = repo.list_checkpoints(s, one.run_id)
     from transformers import AutoModelForCausalLM
@@ -292,7 +293,7 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
     oracle = run_rollout(sqlite_store, RolloutConfig(model=folder, policy="oracle", env_knobs={"level": 1},
                                                      chunk_tokens=48, episodes=3,
                                                      agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=4)))
-    config = tiny_train(folder, tmp_path, carry_optimizer=True)
+    config = tiny_train(folder, tmp_path, carry_optimizer=True, keep_optimizer=True)  # the last keeps its state
     config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], steps=2, invocations_per_step=4,
                                                                lr=1e-3, out="ignored"),
                                        "teacher_check_episodes": 0})
@@ -327,7 +328,8 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
         return {int(v["step"]) for v in state["optimizer"]["state"].values()} if "optimizer" in state else set()
 
     # only the last round's checkpoint keeps the AdamW state (the warm start's and round 1's were dropped
-    # once the next round had its own), and it counted all 4 steps: 2 warm-start steps, then 1 per round
+    # once the next round had its own; the last keeps it because of --keep-optimizer), and it counted all 4
+    # steps: 2 warm-start steps, then 1 per round
     assert adam_steps(warm) == set() and adam_steps(rounds[0].checkpoint) == set()
     assert adam_steps(rounds[1].checkpoint) == {4}
 

@@ -40,9 +40,16 @@ def tiny_train(folder: str, tmp_path, **distill) -> TrainConfig:
 
 
 def test_two_rounds_chain_checkpoints_and_tag_policy_versions(sqlite_store, tmp_path):
+    """Two rounds chain their checkpoints; the finished loop keeps no optimizer state (round 1's checkpoint kept
+    it while round 2 could carry it, the last round's drops it without --keep-optimizer)."""
+    from pathlib import Path
+
+    from agentmem.training.checkpoints import has_optimizer_state
+
     folder = save_tiny(tmp_path / "tiny")
     run_id, rounds = run_train(sqlite_store, tiny_train(folder, tmp_path))
     assert len(rounds) == 2
+    assert [has_optimizer_state(Path(r.checkpoint.path)) for r in rounds] == [False, False]
     assert rounds[1].policy == rounds[0].checkpoint
     assert rounds[1].checkpoint.parent_id == rounds[0].checkpoint.id
     assert rounds[0].checkpoint.parent_id == rounds[0].policy.id and rounds[0].policy.path == folder
@@ -74,9 +81,9 @@ def test_train_config_composes_rollout_and_distill():
     assert isinstance(config.rollout, RolloutConfig) and isinstance(config.distill, DistillConfig)
     assert config.distill.batch.oversize is Oversize.skip  # the loop never cuts a call
     rollout, distill = config.round_configs(1, "ckpt-1")
-    assert (rollout.model, rollout.seed, distill.student, distill.seed) == ("ckpt-1", 1, "ckpt-1", 1)
+    assert (rollout.model, rollout.seed, distill.student, distill.seed) == ("ckpt-1", 100_001, "ckpt-1", 100_001)
     rollout, distill = config.model_copy(update={"seed": 3}).round_configs(1, "ckpt-1")
-    assert (rollout.seed, distill.seed) == (3001, 3001)  # seeds 1000 apart: no two seeds share a round's tasks
+    assert (rollout.seed, distill.seed) == (103_001, 103_001)  # seeds 1000 apart: no two share a round's tasks
     with pytest.raises(ValueError, match="set by each round"):
         TrainConfig(distill=DistillConfig(run_ids=["r"]))
 
@@ -85,8 +92,8 @@ def test_each_round_has_its_seed_knobs_and_writer():
     config = TrainConfig(seed=2, round_knobs=[{"level": 1}, {"level": 3}],
                          rollout=RolloutConfig(env_knobs={"forms": "mixed", "level": 2}))
     rollouts = [config.round_rollout(r, "ckpt") for r in range(3)]
-    assert [(r.seed, r.agent.seed, r.env_knobs["level"]) for r in rollouts] == [(2000, 2000, 1), (2001, 2001, 3),
-                                                                                (2002, 2002, 1)]
+    assert [(r.seed, r.agent.seed, r.env_knobs["level"]) for r in rollouts] == [
+        (102_000, 102_000, 1), (102_001, 102_001, 3), (102_002, 102_002, 1)]
     assert all(r.env_knobs["forms"] == "mixed" and r.policy is PolicySource.model for r in rollouts)
     oracle = config.model_copy(update={"round_data": RoundData.oracle}).round_rollout(0, "ckpt")
     assert (oracle.policy, oracle.model) == (PolicySource.oracle, "ckpt")  # the model gives the tokenizer alone

@@ -219,6 +219,12 @@ class OptimSection(Frozen):
     earlier direction (train: round 1 only, the one that starts from --init or the warm start, and off by
     default there; later rounds carry their own)."""
 
+    @property
+    def schedule_goes_on(self) -> bool:
+        """Whether the learning-rate schedule goes on after this job's last step (``schedule_steps`` past
+        ``schedule_offset + steps``: a train round but the last), so a later job continues this one's optimizer."""
+        return self.schedule_steps is not None and self.schedule_offset + self.steps < self.schedule_steps
+
 
 class BatchSection(Frozen):
     """What one optimizer step reads and how its calls are laid out in packed rows."""
@@ -274,6 +280,16 @@ class DistillConfig(Frozen):
     """Folder for checkpoints (train: OUT/T/round-N/<distill run>/step-K)."""
     save_every: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (and at the end)."""
+    keep_last: int | None = Field(None, ge=1)
+    """Keep only the run's last N checkpoint folders, deleting older ones as new ones are saved (train: within
+    each round's distill run). Default: keep every one (each is the model alone: only the latest keeps the
+    optimizer state)."""
+    keep_optimizer: bool = False
+    """Keep the optimizer state (twice the model's size) in the finished run's last checkpoint (train: the last
+    round's), so that --resume --steps N can extend the run or a later job can start from it with
+    --carry-optimizer. A running job always keeps it in its latest checkpoint, so a killed run resumes exactly,
+    and so does a run whose learning-rate schedule goes on after its last step (train's rounds but the last:
+    the next round carries it)."""
     dtype: DType = DType.float32
     """Weights dtype of training: the student's and the teacher's."""
     mixed_precision: MixedPrecision = False

@@ -4,7 +4,10 @@ Order of work: the config, the run ids and the model references are checked firs
 bad flag or an unknown id); then the run is opened, the models load onto the runtime's device, and each
 step's metrics go to ``train_steps`` as it finishes. Checkpoints are model folders registered in
 ``checkpoints`` with their parent; ``--resume`` continues from the last one and draws exactly the steps an
-uninterrupted run would have drawn. The run, the restore and the steps loop are the shell it shares with
+uninterrupted run would have drawn. Disk, as in sft: a checkpoint is the model alone, but the running run's latest,
+which keeps the optimizer state (twice the model) so a killed run resumes; the finished run's last one keeps it
+only with ``keep_optimizer``, or when its learning-rate schedule goes on after it (a train round but the last,
+whose next round carries it); ``keep_last`` deletes all but the last N checkpoint folders. The run, the restore and the steps loop are the shell it shares with
 sft (``agentmem.jobs.training_shell``); this module owns distill's checks and its models.
 
 Several processes (torchrun; ``runtime.world_size > 1``): every rank reads the store, loads the models and
@@ -168,4 +171,5 @@ def run_distill(
     return train(store, RunKind.distill, config, runtime, resumed,
                  lambda: models or load_models(store, config, runtime, resumed.checkpoint, refs), config,
                  carry_optimizer=config.optim.carry_optimizer, carry_first_moment=config.optim.carry_first_moment,
-                 on_start=on_start, on_step=on_step, report_to=report_to)
+                 on_start=on_start, on_step=on_step, report_to=report_to, keep_last=config.keep_last,
+                 keep_optimizer=config.keep_optimizer or config.optim.schedule_goes_on)

@@ -121,7 +121,7 @@ def train(
     on_step: Callable[[TrainStep], None] | None = None,
     report_to: Sequence[TrackerKind] = (),
     keep_last: int | None = None,
-    keep_optimizer: bool = True,
+    keep_optimizer: bool = False,
 ) -> DistillResult:
     """Open the ``kind`` run (``resumed.run_id``'s, or a new one storing ``config``), ``load`` the models,
     build a ``Trainer`` on ``trainer_config`` (and ``selection``: the calls, when the job chose them), restore
@@ -169,7 +169,7 @@ def train(
 def train_steps(store: Store, run: RunHandle, trainer: Trainer, steps: int, save_every: int | None, done: int,
                 parent: Checkpoint, on_step: Callable[[TrainStep], None] | None = None,
                 report: Callable[[TrainStep], None] | None = None, *, keep_last: int | None = None,
-                keep_optimizer: bool = True) -> tuple[list[TrainStep], Checkpoint | None]:
+                keep_optimizer: bool = False) -> tuple[list[TrainStep], Checkpoint | None]:
     """Steps ``done + 1 .. steps`` of a trainer (distill's or sft's), each stored in ``train_steps`` as it
     finishes, then handed to ``report`` (experiment trackers) and ``on_step`` (progress); a checkpoint (child
     of the previous one, first of ``parent``) every ``save_every`` steps and at the end. Returns the steps run
