@@ -90,6 +90,24 @@ for _job, _spec in JOBS.items():
     show_app.command(_job)(job_command(_spec)(_printer(_job)))
 
 
+def effective_config(job: str, args: list[str]):
+    """The config ``agentmem JOB ARGS`` would run with (what ``config show JOB ARGS`` prints), built by the same
+    spec: for a driver (a benchmark) that runs a job exactly as its command line would. Raises ``ConfigError``
+    as the command does."""
+    import typer.main
+
+    made: list = []
+
+    def capture(ctx: typer.Context) -> None:
+        made.append(invocation(ctx).config())
+
+    one = typer.Typer()
+    one.command(job)(job_command(JOBS[job])(capture))
+    one.command("help")(lambda: None)  # a second command keeps JOB a subcommand
+    typer.main.get_command(one).main([job, *args], prog_name="agentmem", standalone_mode=False)
+    return made[0]
+
+
 @app.command()
 def schema(job: Annotated[str, typer.Argument(help=f"One of {', '.join(JOBS)}.")]) -> None:
     """Print a job config's JSON schema (every field, its type, default and description)."""

@@ -24,7 +24,10 @@ from agentmem.config.rollout_config import RolloutConfig
 from agentmem.config.sft_config import WarmStartConfig
 from agentmem.records import SamplingContext, TeacherContext
 
-ROUND_SEEDS = 1000  # round r of seed s samples with seed s x 1000 + r: no two seeds' rounds share tasks
+# round r of seed s samples with seed ROUND_SEED_BASE + s x ROUND_SEEDS + r: no two seeds' rounds share tasks, and
+# none is an evaluation's (held-out seeds from HELD_OUT_SEED = 1000, the learning plan's validation from 9000)
+ROUND_SEED_BASE = 100_000
+ROUND_SEEDS = 1000
 
 
 def _train_rollout() -> RolloutConfig:
@@ -60,7 +63,8 @@ class TrainConfig(Frozen):
     rounds: int = Field(2, ge=1, le=ROUND_SEEDS)
     """Rollout + distill rounds."""
     seed: int = Field(0, ge=0)
-    """Seed (rollout tasks, sampling, data order); round r uses seed x 1000 + r, so seeds share no tasks."""
+    """Seed (rollout tasks, sampling, data order); round r uses 100000 + seed x 1000 + r, so seeds share no tasks
+    and no evaluation's."""
     round_data: RoundData = RoundData.student
     """Who writes each round's calls: the student (the current checkpoint: on-policy distillation and RL), the
     teacher (distill.teacher.model, sampled under distill.teacher.context: SeqKD) or the oracle (its calls on
@@ -96,7 +100,7 @@ class TrainConfig(Frozen):
         return self
 
     def round_seed(self, round_index: int) -> int:
-        return self.seed * ROUND_SEEDS + round_index
+        return ROUND_SEED_BASE + self.seed * ROUND_SEEDS + round_index
 
     def round_rollout(self, round_index: int, policy: str, teacher: str | None = None) -> RolloutConfig:
         """Round ``round_index``'s rollout: its seed and knobs, written by ``policy`` (the current checkpoint),

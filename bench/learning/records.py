@@ -22,19 +22,15 @@ from envs.metrics import cluster_bootstrap
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "bench" / "results" / "learning" / "records"
-# plan fields that do not change what a record measures: more seeds and arms add records to the same table
-UNHASHED = ("arms", "seeds", "hotpot", "squad")
-# the OPD arm of each teacher (T0: the warm start itself; sft: the teacher SFT'd longer on oracle calls)
-OPD_ARM = {"t0": "opd_t0", "sft": "opd_aligned", "rl": "opd_rl", "hint": "opd_hint"}
-SEQKD_ARM = {"sft": "seqkd", "rl": "seqkd_rl", "hint": "seqkd_hint"}
-TEACHER_ARM = {"sft": "teacher_ladder", "rl": "teacher_rl", "hint": "teacher_hint"}
-LAST_LINE = ("gap_rl", "gap_hint", "recovery_rl", "recovery_hint", "opd_minus_sft_more", "opd_minus_seqkd",
-             "t0_minus_momentum", "opd_rl_minus_rl", "aligned_minus_persistent", "dose_slope", "seeds")
+# the last line's terms (issue: gap_hint= recovery_hint= opd_minus_sft_more= opd_minus_seqkd= opd_rl_minus_rl= seeds=
+# minutes_per_seed=)
+LAST_LINE = ("gap_hint", "recovery_hint", "opd_minus_sft_more", "opd_minus_seqkd", "opd_rl_minus_rl", "seeds",
+             "minutes_per_seed")
 
 
 def config_of(plan: dict) -> dict:
-    """The part of a plan (``asdict(Plan)``) that sets what an arm-seed measures."""
-    return {k: v for k, v in sorted(plan.items()) if k not in UNHASHED}
+    """The part of a plan (``asdict(campaign.Plan)``) that sets what an arm-seed measures: all of it."""
+    return dict(sorted(plan.items()))
 
 
 def config_hash(config: dict) -> str:
@@ -75,17 +71,17 @@ def arm_record(plan: dict, arm: str, seed: int, *, teacher: str | None, scores: 
             "dynamics": dynamics, "ledger": ledger, **(extra or {})}
 
 
-def teacher_record(plan: dict, teacher: str, seed: int, gate: dict) -> dict:
-    """One validated teacher: its gate (``teachers.gate``) on validation, passed or not."""
+def unit_record(plan: dict, seed: int, arms: list[str], minutes: float) -> dict:
+    """One seed's unit of work: its arms and its wall minutes on this machine."""
     config = config_of(plan)
-    return {"kind": "teacher", "teacher": teacher, "seed": seed, "config": config, "config_hash": config_hash(config),
-            "commit": commit(), "cpu": cpu(), "gate": gate}
+    return {"kind": "unit", "seed": seed, "arms": arms, "minutes": round(minutes, 1), "config": config,
+            "config_hash": config_hash(config), "commit": commit(), "cpu": cpu()}
 
 
 def write(folder: Path, record: dict) -> Path:
-    """``folder/HASH/ARM-SEED.json``, or ``gate_TEACHER-SEED.json`` for a teacher's gate (a rerun of the same
-    arm-seed replaces its record)."""
-    name = record["arm"] if record["kind"] == "arm" else f"gate_{record['teacher']}"
+    """``folder/HASH/ARM-SEED.json``, or ``unit-SEED.json`` for a seed's unit (a rerun of the same arm-seed
+    replaces its record)."""
+    name = record["arm"] if record["kind"] == "arm" else "unit"
     path = folder / record["config_hash"] / f"{name}-{record['seed']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True, default=float) + "\n")
@@ -150,72 +146,20 @@ def paired(arms: dict[str, dict[int, dict]], a: str, b: str, n: int = 2000, real
     return cluster_bootstrap(_matrix(arms[a], seeds, real), _matrix(arms[b], seeds, real), n=n)
 
 
-REAL = "@real"  # the record of an arm's real-text evaluation: ARM@real (its ladder record stays ARM)
-
-
-def best_arms(records: Iterable[dict]) -> dict[str, str]:
-    """Per teacher, the arm that learns from it with the highest held-out ladder F1 (mean over its seeds and
-    questions): the one evaluated on real text for that teacher."""
-    scored: dict[str, list[tuple[float, str]]] = {}
-    for arm, seeds in _by_arm(records).items():
-        teacher = next(iter(seeds.values())).get("teacher")
-        means = [m for r in seeds.values()
-                 if (m := _mean({c: v for c, v in r["scores"].items() if c.startswith("level")})) is not None]
-        if teacher is not None and not arm.endswith(REAL) and means:
-            scored.setdefault(teacher, []).append((float(np.mean(means)), arm))
-    return {t: max(v)[1] for t, v in sorted(scored.items())}
-
-
-def real_text(records: Iterable[dict], n: int = 2000) -> list[dict]:
-    """The real-text table: base, ``sft_more`` and each teacher's best arm (``best_arms``), each with its mean F1
-    per real-text component and its difference to ``sft_more`` and to base (paired, with intervals)."""
-    records = list(records)
-    arms = _by_arm(records)
-    rows = []
-    for name, teacher in [("base", None), ("sft_more", None), *((a + REAL, t) for t, a in best_arms(records).items())]:
-        if name not in arms:
-            continue
-        seeds = sorted(arms[name])
-        means = {c: float(m.mean()) for c, m in _matrix(arms[name], seeds, real=True).items()}
-        rows.append({"arm": name, "teacher": teacher, "seeds": len(seeds), "f1": means,
-                     "minus_sft_more": None if name == "sft_more" else paired(arms, name, "sft_more", n, real=True),
-                     "minus_base": None if name == "base" else paired(arms, name, "base", n, real=True)})
-    return rows
-
-
-def _passed(records: Iterable[dict], teacher: str) -> bool:
-    """Whether every stored gate of ``teacher`` passed (no record: not gated, so not passed)."""
-    gates = [r["gate"]["passed"] for r in records if r["kind"] == "teacher" and r["teacher"] == teacher]
-    return bool(gates) and all(gates)
-
-
 def summarize(records: list[dict], n: int = 2000) -> dict:
-    """The last line's terms (each ``(mean, lo, hi)``, a number, or None where its records are missing) and
-    the teacher the comparisons use. ``best``: of ``T_rl`` and ``T_hint``, the one whose gate passed with
-    the larger pre-measured gap (its held-out F1 over the warm start's, measured before any student trains)."""
+    """The last line's terms (each ``(mean, lo, hi)``, a number, or None where its records are missing): the hint
+    teacher's gap over the warm start, the share of it OPD recovers, OPD against SFT continued and against SeqKD,
+    the RL term with the teacher in its advantage against the RL term alone, the seeds (of the warm start) and
+    the mean minutes of a seed's unit."""
     arms = _by_arm(records)
-    gaps: dict[str, Interval | None] = {"t0": (0.0, 0.0, 0.0) if "opd_t0" in arms else None}
-    gaps |= {t: paired(arms, TEACHER_ARM[t], "warm", n) for t in ("sft", "rl", "hint")}
-    gains = {t: paired(arms, OPD_ARM[t], "warm", n) for t in OPD_ARM}
-    recovery = {t: (gains[t][0] / gaps[t][0]) if gains[t] and gaps[t] and gaps[t][0] > 0 else None
-                for t in ("rl", "hint")}
-    usable = [t for t in ("rl", "hint") if gaps[t] and OPD_ARM[t] in arms and _passed(records, t)]
-    best = max(usable, key=lambda t: gaps[t][0]) if usable else None  # type: ignore[index]
-    points = [(gaps[t][0], gains[t][0]) for t in OPD_ARM if gaps[t] and gains[t]]  # type: ignore[index]
-    slope = float(np.polyfit(*zip(*points, strict=True), 1)[0]) if len({x for x, _ in points}) >= 2 else None
-    persistent = next(iter(arms.get("opd_persistent", {}).values()), {}).get("teacher")
-    return {
-        "gap_rl": gaps["rl"], "gap_hint": gaps["hint"], "recovery_rl": recovery["rl"],
-        "recovery_hint": recovery["hint"],
-        "opd_minus_sft_more": paired(arms, OPD_ARM[best], "sft_more", n) if best else None,
-        "opd_minus_seqkd": paired(arms, OPD_ARM[best], SEQKD_ARM[best], n) if best else None,
-        "t0_minus_momentum": paired(arms, "opd_t0", "momentum", n),
-        "opd_rl_minus_rl": paired(arms, "opd_grpo_hint", "grpo", n),
-        "aligned_minus_persistent": (paired(arms, OPD_ARM[persistent], "opd_persistent", n)
-                                     if persistent in OPD_ARM else None),
-        "dose_slope": slope, "seeds": len(arms.get("warm", {})), "best": best,
-        "dose": {t: [gaps[t][0], gains[t][0]] for t in OPD_ARM if gaps[t] and gains[t]},  # type: ignore[index]
-    }
+    gap = paired(arms, "teacher_hint", "warm", n)
+    gain = paired(arms, "opd_hint", "warm", n)
+    units = [r["minutes"] for r in records if r["kind"] == "unit"]
+    return {"gap_hint": gap, "recovery_hint": gain[0] / gap[0] if gap and gain and gap[0] > 0 else None,
+            "opd_minus_sft_more": paired(arms, "opd_hint", "sft_more", n),
+            "opd_minus_seqkd": paired(arms, "opd_hint", "seqkd_hint", n),
+            "opd_rl_minus_rl": paired(arms, "opd_grpo_hint", "grpo", n),
+            "seeds": len(arms.get("warm", {})), "minutes_per_seed": float(np.mean(units)) if units else None}
 
 
 def last_line(summary: dict) -> str:
@@ -235,33 +179,28 @@ def _mean(scores: dict[str, list[float]]) -> float | None:
 
 
 def pilot(records: list[dict], steps: list[int], threshold: float = 0.3) -> dict:
-    """The gap-recovery pilot from its records: per teacher (T_rl, T_hint) its gap (held-out F1 over the warm
-    start's), and per arm the recovery ``(arm - warm) / (teacher - warm)`` at each step its run was evaluated at
-    (``curve``, keyed ``ARM/TEACHER``: OPD from that teacher, and sft_more and grpo against the same gap). ``S``:
-    the first step where OPD recovers at least ``threshold`` of a teacher's gap, else the last step; ``stop``:
-    no teacher reached it (the stopping rule: run nothing more)."""
+    """The gap-recovery pilot from its records: the hint teacher's gap (held-out F1 over the warm start's) and
+    per arm the recovery ``(arm - warm) / (teacher - warm)`` at each step its run was evaluated at (``curve``).
+    ``S``: the first step where ``opd_hint`` recovers at least ``threshold`` of the gap, else the last step;
+    ``stop``: it never did (the stopping rule: run nothing more)."""
     arms = _by_arm(records)
     warm = [m for r in arms.get("warm", {}).values() if (m := _mean(r["scores"])) is not None]
-    out: dict = {"gap": {}, "curve": {}, "S": max(steps), "stop": True}
-    if not warm:
+    out: dict = {"gap": None, "curve": {}, "S": max(steps), "stop": True}
+    gap = paired(arms, "teacher_hint", "warm")
+    if not warm or gap is None or gap[0] <= 0:
         return out
+    out["gap"] = gap[0]
 
     def at(arm: str, step: int) -> float | None:
         values = [m for r in arms.get(arm, {}).values() if (m := _mean(r.get("along", {}).get(str(step), {})))
                   is not None]
         return float(np.mean(values)) if values else None
 
-    for t in ("rl", "hint"):
-        gap = paired(arms, TEACHER_ARM[t], "warm")
-        if gap is None or gap[0] <= 0:
-            continue
-        out["gap"][t] = gap[0]
-        for arm in (OPD_ARM[t], "sft_more", "grpo"):
-            points = {s: (m - float(np.mean(warm))) / gap[0] for s in steps if (m := at(arm, s)) is not None}
-            if points:
-                out["curve"][f"{arm}/{t}"] = points
-    reached = [s for s in steps for t in out["gap"] if out["curve"].get(f"{OPD_ARM[t]}/{t}", {}).get(s, -1.0)
-               >= threshold]
+    for arm in ("opd_hint", "sft_more", "seqkd_hint", "grpo", "opd_grpo_hint", "momentum"):
+        points = {s: (m - float(np.mean(warm))) / gap[0] for s in steps if (m := at(arm, s)) is not None}
+        if points:
+            out["curve"][arm] = points
+    reached = [s for s in steps if out["curve"].get("opd_hint", {}).get(s, -1.0) >= threshold]
     if reached:
         out["S"], out["stop"] = min(reached), False
     return out

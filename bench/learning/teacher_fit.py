@@ -40,14 +40,58 @@ from agentmem.runtime import Runtime
 from agentmem.training.lora import ADAPTER_DIR
 from bench.common.phases import State, say
 from bench.learning import records
-from bench.learning.plan import ORACLE_SEED, VALIDATION_SEED
-from bench.learning.teachers import GateLimits, gate
+from bench.learning.campaign import ORACLE_SEED, VALIDATION_SEED
 from store import repository as repo
 from store.engine import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "learning" / "teacher"
 ADAPTER_LIMIT = 25 * 2**20  # bytes: the committed adapter's budget
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """What a teacher must show on validation before an arm may distil from it (docs/learning.md, the
+    thresholds): F1 at least ``f1_margin`` above the warm start's on the same episodes, a first-read decision
+    gap (the ``(empty)`` rate on other reads minus the rate on evidence reads) of at least ``min_gap``, an
+    empty-output rate of at most ``max_empty`` and a first-token EOS mass of at most ``max_eos_first`` on every
+    call kind. None turns a check off (``--smoke``, whose tiny model measures nothing)."""
+
+    f1_margin: float | None = 0.10
+    min_gap: float | None = 0.5
+    max_empty: float = 0.02
+    max_eos_first: float = 0.05
+
+
+def decision_gap(first_reads: dict[str, float] | None) -> float | None:
+    """The first-read decision gap: the share of other reads that write ``(empty)`` minus the share of evidence
+    reads that do (``first_read_skips``); None when either kind of read is missing."""
+    if not first_reads or "other" not in first_reads or "evidence" not in first_reads:
+        return None
+    return first_reads["other"] - first_reads["evidence"]
+
+
+def gate(check: dict, warm_f1: float, limits: GateLimits = GateLimits()) -> dict:
+    """A teacher's gate on its validation ``check`` (``f1``, ``empty_by_kind``, ``eos_first_by_kind`` and
+    ``first_reads``, as ``teacher`` stores them) against the warm start's validation F1 ``warm_f1``: the
+    measured values, the reasons it fails (empty when it passes) and ``passed``. Pure: it reads nothing."""
+    gap = decision_gap(check.get("first_reads"))
+    empty = max(check.get("empty_by_kind", {}).values(), default=0.0)
+    eos = max(check.get("eos_first_by_kind", {}).values(), default=0.0)
+    headroom = check["f1"] - warm_f1
+    fails = []
+    if limits.f1_margin is not None and headroom < limits.f1_margin - 1e-12:
+        fails.append(f"validation F1 {check['f1']:.3f} is {headroom:+.3f} over the warm start's {warm_f1:.3f} "
+                     f"(needs {limits.f1_margin:+.2f})")
+    if limits.min_gap is not None and (gap is None or gap < limits.min_gap - 1e-12):
+        fails.append("no first-read decision gap measured" if gap is None else
+                     f"first-read decision gap {gap:.2f} (needs {limits.min_gap:.2f})")
+    if empty > limits.max_empty:
+        fails.append(f"empty-output rate {empty:.3f} (at most {limits.max_empty})")
+    if eos > limits.max_eos_first:
+        fails.append(f"first-token EOS mass {eos:.3f} (at most {limits.max_eos_first})")
+    return {"f1": check["f1"], "warm_f1": warm_f1, "headroom": headroom, "decision_gap": gap, "max_empty": empty,
+            "max_eos_first": eos, "passed": not fails, "fails": fails}
 
 
 @dataclass(frozen=True)
