@@ -11,6 +11,7 @@ from agentmem.errors import ConfigError
 from cli.config_options import invocation, job_command
 from cli.job_specs import EVAL
 from cli.options import DbOption, DeviceOption, ThreadsOption
+from cli.paste import sql_command
 
 DocsOption = Annotated[str | None, typer.Option(
     help="Length sweep over documents: comma-separated counts, e.g. 50,100,200,400,800 (ruler_hotpotqa's `docs` "
@@ -45,7 +46,7 @@ def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = N
     preflight(db, models=(config.model,), rollout=config, create=True)
     results, store = _run(measured_dtype(call, config, db, threads), swept, device, threads, db)
     for result in results:
-        _summary(result)
+        _summary(result, db)
     if swept is not None and len(results) > 1:
         _sweep_table(swept[0], swept[1], results)
     if plot:
@@ -109,7 +110,13 @@ def _sweep_table(knob: str, values: list[int], results) -> None:
     console().print(table)
 
 
-def _summary(result) -> None:
+def episodes_query(run_id: str) -> str:
+    """The query an evaluation suggests: each episode's question, gold answer (as text), prediction and scores."""
+    return ("select task_id, question, gold->>0 as gold, prediction, f1, em, status, stop_reason from episode_summary "
+            f"where run_id = '{run_id}'")
+
+
+def _summary(result, db: str | None) -> None:
     from rich.table import Table
 
     from cli.console import console
@@ -133,8 +140,8 @@ def _summary(result) -> None:
     for read, rate in (result.metrics.get("empty_at_first_read") or {}).items():
         table.add_row(f"  empty at a first read: {read}", f"{rate:.3f}", "")
     console().print(table)
-    typer.echo(f"run_id={result.run_id} eval_id={result.id}  (inspect: agentmem sql \"select * from "
-               f"episode_summary where run_id = '{result.run_id}'\")")
+    typer.echo(f"run_id={result.run_id} eval_id={result.id}")
+    typer.echo(f"inspect: {sql_command(episodes_query(result.run_id), db)}")
 
 
 def _plot(store, env: str, path: str, by: str) -> None:

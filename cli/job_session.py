@@ -64,11 +64,13 @@ def _on_sigterm(signum, frame) -> None:
 def resume_command(run: Run, db: str | None) -> str:
     """The command that continues ``run``: ``--resume`` for the jobs that take it, else the same command
     (score skips the calls already scored)."""
-    db_flag = f" --db {shlex.quote(db)}" if db else ""
+    from cli.paste import db_flag
+
+    flag = db_flag(db)
     if run.kind in (RunKind.rollout, RunKind.replay):
-        return f"agentmem rollout --resume {run.id}{db_flag}"
+        return f"agentmem rollout --resume {run.id}{flag}"
     if run.kind in (RunKind.distill, RunKind.sft, RunKind.train):
-        return f"agentmem {run.kind.value} --resume {run.id}{db_flag}"
+        return f"agentmem {run.kind.value} --resume {run.id}{flag}"
     return "agentmem " + shlex.join(sys.argv[1:])
 
 

@@ -11,6 +11,7 @@ from agentmem.records import RunKind
 from cli.config_options import invocation, job_command
 from cli.job_specs import ROLLOUT
 from cli.options import DbOption, DeviceOption, ThreadsOption
+from cli.paste import command, sql_command
 
 ReplayFromOption = Annotated[str | None, typer.Option(
     help="ReOPD: branch from stored run RUN_ID instead of reading an environment: per episode one step t drawn "
@@ -82,14 +83,12 @@ UNTRAINED_NOTE = ("note: the untrained SmolLM2-135M scores near 0 here; that is 
                   "CHECKPOINT (docs/learning.md)")
 
 
-def summary_query(run_id: str, db: str | None = None) -> str:
+def summary_query(run_id: str) -> str:
     """The narrow query a rollout suggests: what was asked, the gold answer (the first of the stored JSON
-    list, as plain text, in the store's SQL dialect) and the predicted one, F1, calls, and how the episode
-    ended and why (``stop_reason``: e.g. why it was truncated)."""
-    from store.engine import resolve_url
-
-    gold = "gold->>0" if resolve_url(db).startswith("postgresql") else "json_extract(gold, '$[0]')"
-    return (f"select question, {gold} as gold, prediction, f1, n_calls, status, stop_reason from episode_summary "
+    list, as plain text: ``->>`` reads it on SQLite and Postgres alike, and holds no ``$`` for bash to expand)
+    and the predicted one, F1, calls, and how the episode ended and why (``stop_reason``: e.g. why it was
+    truncated)."""
+    return ("select question, gold->>0 as gold, prediction, f1, n_calls, status, stop_reason from episode_summary "
             f"where run_id = '{run_id}'")
 
 
@@ -112,7 +111,7 @@ def _summary(result, db: str | None = None) -> None:
                   f"{mean([e.f1 for e in done]):.3f}", f"{mean([e.em for e in done]):.3f}",
                   f"{mean([e.sub_em for e in done]):.3f}")
     console().print(table)
-    typer.echo(f"inspect: agentmem sql \"{summary_query(result.run_id, db)}\"")
+    typer.echo(f"inspect: {sql_command(summary_query(result.run_id), db)}")
 
 
 def _with_workers(n: int, config, resume: str | None, *, db: str | None, device: Device, threads: int | None) -> None:
@@ -182,8 +181,8 @@ def _replay(call, replay_from: str | None, resume: str | None, *, kappa: float, 
         result = run_replay(open_store(db, create=True), config, rt, resume=resume)
     failed = sum(1 for e in result.episodes if e.status.value == "failed")
     typer.echo(f"replay_run_id={result.run_id} episodes={len(result.episodes)} calls={result.calls}"
-               + (f" failed={failed}" if failed else "")
-               + f"  (train: agentmem distill --run {result.run_id} --rl none)")
+               + (f" failed={failed}" if failed else ""))
+    typer.echo(f"next: {command('distill', '--run', result.run_id, '--rl', 'none', db=db)}")
 
 
 def _is_replay(run_id: str, db: str | None) -> bool:

@@ -12,6 +12,7 @@ from agentmem.config import Device
 from cli.config_options import job_command, job_config
 from cli.job_specs import SCORE
 from cli.options import DbOption, DeviceOption, ThreadsOption
+from cli.paste import sql_command
 
 
 @job_command(SCORE)
@@ -40,8 +41,9 @@ def score(
                + (f"skipped_not_chat={result.not_chat} " if result.not_chat else "")
                + f"seconds={time.perf_counter() - t0:.1f} "
                f"score_run_id={result.run_id}")
-    typer.echo("inspect: agentmem sql \"select invocation_id, context, n_tokens, mean_logprob, mean_reverse_kl, "
-               f"mean_entropy, temperature from teacher_scores where run_id = '{result.run_id}'\"")
+    typer.echo("inspect: " + sql_command("select invocation_id, context, n_tokens, mean_logprob, mean_reverse_kl, "
+                                         f"mean_entropy, temperature from teacher_scores where run_id = '{result.run_id}'",
+                                         db))
 
 
 @contextlib.contextmanager

@@ -120,8 +120,9 @@ def test_rollout_suggests_a_narrow_query_that_runs(tmp_path, capsys, monkeypatch
     assert code == 0
     lines = out.strip().splitlines()
     run_id = lines[0].removeprefix("run_id=")
-    query = lines[-1].removeprefix("inspect: agentmem sql ").strip('"')
-    assert query == ("select question, json_extract(gold, '$[0]') as gold, prediction, f1, n_calls, status, "
+    assert lines[-1].endswith(f" --db {db}")
+    query = lines[-1].removeprefix("inspect: agentmem sql ").removesuffix(f" --db {db}").strip('"')
+    assert query == ("select question, gold->>0 as gold, prediction, f1, n_calls, status, "
                      f"stop_reason from episode_summary where run_id = '{run_id}'")
     assert UNTRAINED_NOTE not in out  # an oracle rollout of a named model is not the untrained quick start
     code, table = run_cli(capsys, monkeypatch, "sql", "--db", db, "--format", "csv", query)
@@ -132,10 +133,15 @@ def test_rollout_suggests_a_narrow_query_that_runs(tmp_path, capsys, monkeypatch
     assert all(r[1] == r[2] and not r[1].startswith("[") for r in rows[1:])  # the oracle's answer is the gold, as text
 
 
-def test_postgres_query_takes_the_gold_as_text_in_its_own_dialect():
+def test_the_suggested_query_holds_nothing_bash_expands_in_double_quotes():
+    from cli.paste import sql_command
     from cli.rollout import summary_query
 
-    assert summary_query("r", "postgresql://u@h:5432/d").startswith("select question, gold->>0 as gold, ")
+    assert sql_command(summary_query("r"), "postgresql://u@h:5432/d") == (
+        'agentmem sql "select question, gold->>0 as gold, prediction, f1, n_calls, status, stop_reason from '
+        "episode_summary where run_id = 'r'\" --db postgresql://u@h:5432/d")
+    with pytest.raises(ValueError, match="bash would expand it"):
+        sql_command("select json_extract(gold, '$[0]') from episodes")
 
 
 def test_untrained_default_rollout_ends_with_the_expected_score_note(tmp_path, capsys, monkeypatch):
