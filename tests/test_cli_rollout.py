@@ -236,15 +236,14 @@ def test_dtype_auto_prints_its_choice_right_after_the_run_id(tmp_path, capsys, m
         assert repo.get_run(s, run_id).config["dtype"] == "bfloat16"
 
 
-def test_a_new_run_refused_while_its_tasks_are_built_leaves_no_row(tmp_path, capsys, monkeypatch):
-    """An input found bad only once the tokenizer builds the tasks (here a data file that is no HotpotQA file)
-    ends in one error line, and the run row written before it is deleted again."""
+def test_a_data_file_of_the_wrong_shape_is_refused_before_any_row(tmp_path, capsys, monkeypatch):
+    """A data file that is no HotpotQA file is read and refused before the run row, the database file or its
+    lock is written (``envs.check_data`` in the CLI's preflight), with one error line and no run id."""
     model = save_tiny(tmp_path / "model")
     db = tmp_path / "store.db"
     data = tmp_path / "hotpot.json"
     data.write_text(json.dumps({"not": "a list of questions"}))
     code, out = run_cli(capsys, monkeypatch, "rollout", "--env", "hotpotqa", "--data", str(data), "--model", model,
                         "--episodes", "1", "--db", f"sqlite:///{db}")
-    lines = out.strip().splitlines()
-    assert code == 1 and lines[0].startswith("run_id=")
-    assert count(f"sqlite:///{db}", "select count(*) from runs") == 0
+    assert (code, out) == (1, "")
+    assert not db.exists() and not (tmp_path / "store.db.lock").exists()
