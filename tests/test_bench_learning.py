@@ -118,3 +118,15 @@ def test_the_teacher_fit_smoke_exports_a_peft_adapter_with_its_record(tmp_path):
     assert record["picked"] == 1 and set(record["adapter"]) == {"adapter_model.safetensors", "adapter_config.json"}
     assert json.loads((out / "hint" / "adapter_config.json").read_text())["r"] == 2
     assert [s["step"] for s in record["stages"]] == [1] and record["losses"][0]["step"] == 1
+
+
+@pytest.mark.bench_smoke
+def test_the_gpu_script_builds_every_units_commands_in_its_dry_run(tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_learning.sh"), "--dry-run"],
+                          env={**ENV, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "dry run: every unit's commands built"
+    trained = [a for a in suite.SUITES["core"] if suite.arm(a).trained]
+    for seed in range(5):
+        assert sum(f"--seed {seed} " in line for line in lines) == len(trained) + (3 if seed == 0 else 0)

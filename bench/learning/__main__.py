@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="every phase on a tiny random model (records under WORK)")
     ap.add_argument("--work", type=Path, default=Path("learning-work"), help="the store, checkpoints and state.json")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU (its records are kept apart: host cuda)")
+    ap.add_argument("--records", type=Path, help="where the records go (default bench/results/learning/records)")
+    ap.add_argument("--dry-run", action="store_true", help="print the unit's train commands, each config built and "
+                    "checked; run nothing")
     args = ap.parse_args(argv)
     if args.report:
         for path in report.write():
@@ -56,11 +60,13 @@ def main(argv: list[str] | None = None) -> None:
         plan, records_dir = smoke_plan(args.work), args.work / "records"
         arms, seed = list(suite.SUITES["core"]), 0
     elif args.pilot:
-        plan = Plan(steps=24, eval_steps=[8, 16, 24], heldout_per_level=args.heldout, host=host_kind())
-        records_dir, arms, seed = records.RECORDS, list(suite.PILOT), 0
+        plan = Plan(steps=24, eval_steps=[8, 16, 24], heldout_per_level=args.heldout, host=host_kind(args.device),
+                    eval_dtype="bfloat16" if args.device.startswith("cuda") else "float32")
+        records_dir, arms, seed = args.records or records.RECORDS, list(suite.PILOT), 0
     elif args.seed is not None:
-        plan = Plan(steps=args.steps, eval_steps=[args.steps], heldout_per_level=args.heldout, host=host_kind())
-        records_dir, seed = records.RECORDS, args.seed
+        plan = Plan(steps=args.steps, eval_steps=[args.steps], heldout_per_level=args.heldout,
+                    host=host_kind(args.device), eval_dtype="bfloat16" if args.device.startswith("cuda") else "float32")
+        records_dir, seed = args.records or records.RECORDS, args.seed
         arms = list(suite.SUITES[args.suite])
     else:
         ap.error("give --pilot, --seed N, --report or --smoke")
@@ -69,12 +75,16 @@ def main(argv: list[str] | None = None) -> None:
             arms = [suite.arm(a).name for a in args.arms.split(",") if a]
         except KeyError as e:
             ap.error(f"--arms: {e.args[0]}")
-    campaign = Campaign(args.work, plan, args.threads, records_dir)
+    campaign = Campaign(args.work, plan, args.threads, records_dir, args.device)
+    if args.dry_run:
+        for line in campaign.commands(seed, arms):
+            print(line)
+        return
     say(f"seed {seed}: {', '.join(arms)} at {plan.steps} steps on a {plan.host} host, {args.threads} thread(s)")
     minutes = campaign.unit(seed, arms)
     recs = [r for r in records.load(records_dir) if r.get("config_hash") == records.config_hash(
         records.config_of(campaign_plan_dict(plan)))]
-    if not args.smoke:
+    if not args.smoke and records_dir == records.RECORDS:
         report.write()
     if args.pilot or args.smoke:
         curve = records.pilot(recs, plan.eval_steps)

@@ -57,6 +57,7 @@ class Plan:
     model: str = "default"
     teacher: str = TEACHER
     host: str = "float32"
+    eval_dtype: str = "float32"
     train_args: list[str] = field(default_factory=list)
 
     @property
@@ -64,19 +65,22 @@ class Plan:
         return self.steps // 2
 
 
-def host_kind() -> str:
-    """``bf16`` on a CPU with native bfloat16 (AMX or AVX512-BF16), else ``float32``."""
+def host_kind(device: str = "cpu") -> str:
+    """``cuda`` on a GPU; on a CPU ``bf16`` where it has native bfloat16 (AMX or AVX512-BF16), else ``float32``."""
+    if device.startswith("cuda"):
+        return "cuda"
     flags = set(records.cpu()["flags"])
     return "bf16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
 class Campaign:
-    def __init__(self, work: Path, plan: Plan, threads: int, records_dir: Path | None = records.RECORDS):
+    def __init__(self, work: Path, plan: Plan, threads: int, records_dir: Path | None = records.RECORDS,
+                 device: str = "cpu"):
         self.work, self.plan, self.records_dir = work, plan, records_dir
         work.mkdir(parents=True, exist_ok=True)
         self.state = State(work / "state.json", plan)
         self.store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
-        self.runtime = Runtime.create("cpu", threads)
+        self.runtime = Runtime.create(device, threads)
         self.recipe: TrainConfig = effective_config("train", ["--config", str(suite.OVERLAYS / "base.yaml"),
                                                               *plan.train_args])
 
@@ -122,7 +126,7 @@ class Campaign:
         agent = r.agent.model_copy(update={"temperature": 0.0, "seed": HELD_OUT_SEED})
         return [(f"level{lv}", EvalConfig(env="synthetic", env_knobs={**r.env_knobs, "names": "heldout", "level": lv},
                                           episodes=self.plan.heldout_per_level, seed=HELD_OUT_SEED + lv,
-                                          chunk_tokens=r.chunk_tokens, agent=agent, dtype=DType.float32))
+                                          chunk_tokens=r.chunk_tokens, agent=agent, dtype=DType(self.plan.eval_dtype)))
                 for lv in self.plan.heldout_levels]
 
     def evaluate(self, key: str, model: str, context: SamplingContext = SamplingContext.aligned,
@@ -133,7 +137,7 @@ class Campaign:
             say(f"evaluate {key}")
             ref = model_refs.resolve(self.store, model)
             ckpt = model_refs.register(self.store, ref)
-            backend = model_refs.backend("transformers", ref.path, "float32", self.runtime)
+            backend = model_refs.backend("transformers", ref.path, self.plan.eval_dtype, self.runtime)
             out: dict = {"scores": {}, "empty": {}, "length": {}, "forgot": {}, "first_reads": {}, "runs": {}}
             for name, config in sets or self.heldout():
                 config = config.model_copy(update={"model": ref.path, "context": context})
@@ -260,6 +264,18 @@ class Campaign:
         return records.arm_record(asdict(self.plan), arm.name, seed, teacher=arm.teacher, scores=evaluation["scores"],
                                   dynamics=records.dynamics([st.metrics for st in steps]), ledger=ledger,
                                   once="once" in arm.tags, extra=extra)
+
+    def commands(self, seed: int, arms: list[str]) -> list[str]:
+        """The ``agentmem train`` command line of each trained arm of a unit (the warm start as WARM), each
+        checked by building its config: what ``--dry-run`` prints."""
+        out = []
+        for name in arms:
+            a = suite.arm(name)
+            if a.trained:
+                args = self.train_args(a, seed, {"id": "WARM"})
+                effective_config("train", args)
+                out.append("agentmem train " + " ".join(args))
+        return out
 
     def unit(self, seed: int, arms: list[str]) -> float:
         """One seed of ``arms`` (the models evaluated once, only where their record is missing); returns its
