@@ -1,7 +1,7 @@
 """Fit a teacher once: LoRA SFT under its own prompt until it passes its gate, then commit the adapter.
 
 ``python -m bench.learning.teacher_fit --context hint`` trains the student's base model on the ladder's oracle
-calls under the hint prompt (``sft --context hint --lora-rank R``), in stages of ``--stage`` steps at a constant
+calls under the hint prompt (``sft --context hint --lora-rank R``), in stages of ``--stage`` (64) steps at a constant
 learning rate (a stage resumes the last one, so the run to step N is the run a single N-step job makes). After
 each stage the candidate is validated greedily on ``--val`` episodes under its prompt (``check_teacher``) and
 gated against the seed-0 warm start on the same episodes (``teachers.gate``): F1 at least the warm start's +
@@ -103,7 +103,7 @@ class FitPlan:
     train_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     val_level: int = 2
     val_episodes: int = 64
-    stage: int = 32  # SFT steps between validations
+    stage: int = 64  # SFT steps between validations (a 64-episode validation costs about as much as 64 steps)
     max_steps: int = 256
     calls_per_step: int = 8
     lr: float = 5e-4
