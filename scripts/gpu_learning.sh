@@ -8,19 +8,10 @@
 # bench/results/learning/records/ and run `python -m bench.learning --report` to add them to the report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export OUT=${OUT:-${TMPDIR:-/tmp}/gpu_learning_out} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false AGENTMEM_DB=
+export OUT=${OUT:-${TMPDIR:-/tmp}/gpu_learning_out}
 mkdir -p "$OUT"
-py=${PYTHON:-python3}
-if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && ! command -v nvidia-smi >/dev/null; then py=.venv/bin/python; fi
-site=${AGENTMEM_GPU_SITE:-/tmp/agentmem-site}
-export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$py" -c "import sqlalchemy, pydantic, alembic" 2>/dev/null; then
-  [ -d .gpu_wheels ] || { echo "missing dependencies and no .gpu_wheels/: run scripts/gpu_wheels.sh where pip works"; exit 1; }
-  names=$(ls .gpu_wheels/*.whl | xargs -n1 basename | cut -d- -f1 | sort -u)
-  # shellcheck disable=SC2086  # one argument per name
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --find-links .gpu_wheels --target "$site" \
-    $names || exit 1
-fi
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
 work="$OUT/work"
 common=(--device cuda --threads 4 --work "$work" --records "$OUT/records")
 if [ "${1:-}" = "--dry-run" ]; then
