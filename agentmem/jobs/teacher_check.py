@@ -44,12 +44,14 @@ class TeacherReport:
 
 
 def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime: Runtime = CPU,
-                  max_empty: float | None = None, max_forgot: float | None = None) -> TeacherReport:
+                  max_empty: float | None = None, max_forgot: float | None = None,
+                  eos_prompts: int | None = 64) -> TeacherReport:
     """Evaluate ``teacher`` greedily with ``config`` (its model is set to the teacher; ``config.context``
     privileged: under the privileged prompt, a privileged teacher's own) and measure its first-token EOS mass
     on the calls it made, on the ids it read. Raises ConfigError when ``max_empty`` is given and some call
     kind's end-of-sequence-only share is above it, or when ``max_forgot`` is given and its
-    ``empty_after_evidence`` is above that."""
+    ``empty_after_evidence`` is above that. ``eos_prompts``: the prompts of each call kind the first-token EOS
+    mass is measured on (``first_token_eos``'s ``max_per_kind``: a forward pass each)."""
     from agentmem.training.validation import first_token_eos  # torch: after the job's flags are checked
 
     backend = model_refs.backend(config.backend, teacher.path, config.dtype, runtime)
@@ -64,7 +66,7 @@ def check_teacher(store: Store, teacher: Checkpoint, config: EvalConfig, runtime
     if own:
         model, _ = model_refs.load(teacher.path, config.dtype, runtime)
     eos = backend.tokenizer.eos_token_id
-    eos_first = first_token_eos(model, prompts, eos, runtime.device) if eos is not None else {}
+    eos_first = first_token_eos(model, prompts, eos, runtime.device, eos_prompts) if eos is not None else {}
     report = TeacherReport(teacher.id, row.run_id, row.f1, float(row.metrics.get("empty_rate", 0.0)),
                            dict(row.metrics.get("empty_by_kind", {})), dict(row.metrics.get("out_len_by_kind", {})),
                            eos_first, row.metrics.get("empty_after_evidence"))

@@ -103,6 +103,9 @@ class FitPlan:
     train_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     val_level: int = 2
     val_episodes: int = 64
+    # first-token EOS mass on this many prompts of each call kind: a forward pass each, 5 s apiece on 2 busy AVX2
+    # cores (64 a kind took 10 minutes, as long as the greedy evaluation itself)
+    eos_prompts: int = 24
     stage: int = 64  # SFT steps between validations (a 64-episode validation costs about as much as 64 steps)
     max_steps: int = 256
     calls_per_step: int = 8
@@ -184,7 +187,7 @@ class Fit:
             with self.store.session() as s:
                 teacher = repo.get_checkpoint(s, ckpt["id"])
             config = validation(self.plan, context)
-            report = check_teacher(self.store, teacher, config, self.runtime)
+            report = check_teacher(self.store, teacher, config, self.runtime, eos_prompts=self.plan.eos_prompts)
             say(f"{name}: {report.line()}")
             tokenizer = model_refs.load_tokenizer(teacher.path)
             tasks = {t.task_id: t for t in build_env(config, tokenizer).tasks(config.episodes)}
