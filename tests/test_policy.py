@@ -88,12 +88,14 @@ def test_top_p_restricts_sampling_but_not_the_logprob(backend, prompts):
 
 
 def test_sample_top_p_keeps_the_most_likely_token():
+    """Even a top_p that rounds to 0 in float32 (5e-324 failed with "invalid multinomial distribution")."""
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
     for seed in range(5):
-        tokens, _ = sample(
-            logits, SamplingParams(temperature=1.0, top_p=0.01), torch.Generator().manual_seed(seed)
-        )
-        assert tokens.item() == 0
+        for top_p in (0.01, 5e-324):
+            tokens, _ = sample(
+                logits, SamplingParams(temperature=1.0, top_p=top_p), torch.Generator().manual_seed(seed)
+            )
+            assert tokens.item() == 0
 
 
 def test_seeded_sampling_is_reproducible(backend, prompts):

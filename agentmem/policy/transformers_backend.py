@@ -539,6 +539,7 @@ def sample_from(
         probs = sorted_lp.exp()
         # Drop a token when the mass of the tokens strictly more likely already reaches top_p.
         drop = (probs.cumsum(-1) - probs) >= params.top_p
+        drop[..., 0] = False  # the most likely token always is (a top_p below float32's range rounds to 0)
         choice = torch.multinomial(probs.masked_fill(drop, 0.0), 1, generator=generator)
         tokens = order.gather(-1, choice).squeeze(-1)
     else:
