@@ -1003,3 +1003,47 @@ def test_health_answers_while_a_long_request_is_read_and_rendered(sqlite_store):
     server.close("finished")
     assert answers[0].json()["error"]["code"] == "context_length_exceeded"
     assert len(waits) >= 5 and max(waits) < 1.0, (len(waits), max(waits))
+
+
+def test_sampling_options_at_their_edges_sample(sqlite_store, model_dir):
+    """Found by the fuzz (500s): a temperature of 1e-300 divided the logits past float32 (vLLM samples below 1e-5
+    greedily, and so does the server now: stored at temperature 0), a repetition penalty of 1e-300 likewise (at
+    least 0.01 now, a 400 below), and `include: 5` on /v1/responses raised a TypeError (a 400 naming it now)."""
+    server = serve(sqlite_store, model_dir)
+    with TestClient(server.app) as client:
+        chat = {"model": model_dir, "messages": QUESTION, "max_tokens": 2}
+        tiny = client.post("/episodes/t/v1/chat/completions", json={**chat, "temperature": 1e-300})
+        assert tiny.status_code == 200, tiny.text
+        assert "greater than or equal to 0.01" in refused(
+            client.post("/v1/chat/completions", json={**chat, "repetition_penalty": 1e-300}), "repetition_penalty")
+        assert "include" in refused(client.post("/v1/responses", json={"model": model_dir, "input": "hi",
+                                                                      "include": 5}), "include")
+    server.close("finished")
+    with sqlite_store.session() as s:
+        (call,) = repo.episode_invocations(s, episode_row_id(server.run_id, "t"))
+    assert call.temperature == 0.0
+
+
+def test_a_server_error_leaves_the_connection_open(sqlite_store):
+    """A 500 reset the client's connection (the error went on past the handler that answered it): the next
+    request on the same connection is served."""
+    class Flaky:
+        name, tokenizer = "flaky", tiny_tokenizer()
+
+        def __init__(self):
+            self.calls = 0
+
+        def generate(self, prompts, params):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("out of memory")
+            from agentmem.policy.scripted import ScriptedBackend
+
+            return ScriptedBackend(self.tokenizer, lambda p: "Oslo").generate(prompts, params)
+
+    server = build_server(sqlite_store, ServeConfig(model="f", batch_window_ms=0), backend=Flaky())
+    with running(server.app) as root, httpx.Client(base_url=root) as client:
+        failed = client.post("/v1/chat/completions", json={"model": "f", "messages": QUESTION})
+        again = client.post("/v1/chat/completions", json={"model": "f", "messages": QUESTION})
+    server.close("finished")
+    assert failed.status_code == 500 and again.status_code == 200

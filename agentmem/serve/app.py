@@ -97,7 +97,10 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
             err = ApiError(401, "invalid or missing API key: send Authorization: Bearer KEY (or api-key: KEY)",
                            type="invalid_request_error", code="invalid_api_key")
             return JSONResponse(err.body(), status_code=401)
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception as exc:  # noqa: BLE001  answered here: raised further, it would reset the connection
+            return await _server_error(request, exc)
 
     return app
 

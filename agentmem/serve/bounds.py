@@ -43,7 +43,7 @@ def check_json(value: Any, path: str = "", depth: int = 0) -> None:
     if depth > MAX_DEPTH:
         raise bad_request(f"{path or 'body'}: nested more than {MAX_DEPTH} levels deep", path or "body")
     if isinstance(value, float) and not math.isfinite(value):
-        raise bad_request(f"{path or 'body'}: numbers must be finite, got {value}", path or None)
+        raise bad_request(f"{path or 'body'}: numbers must be finite, got {value}", path or "body")
     if isinstance(value, str):
         _check_text(value, path)
     elif isinstance(value, dict):
@@ -58,11 +58,11 @@ def check_json(value: Any, path: str = "", depth: int = 0) -> None:
 
 def _check_text(text: str, path: str) -> None:
     if "\x00" in text:
-        raise bad_request(f"{path or 'body'}: NUL characters (\\u0000) are not accepted", path or None)
+        raise bad_request(f"{path or 'body'}: NUL characters (\\u0000) are not accepted", path or "body")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request(f"{path or 'body'}: a lone UTF-16 surrogate is not text (not UTF-8)", path or None) from None
+        raise bad_request(f"{path or 'body'}: a lone UTF-16 surrogate is not text (not UTF-8)", path or "body") from None
 
 
 def check_id(value: str | None, column: str, field: str) -> str | None:

@@ -270,11 +270,11 @@ def decode_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+        raise bad_request(f"the request body is not valid JSON: {exc}", "body") from None
     except RecursionError:
         raise bad_request("the request body is nested too deeply", "body") from None
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object", "body")
     check_json(body)
     return body
 
@@ -325,4 +325,4 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
         if where:
             param = f"{param}.{where.group(1)}" if param else where.group(1)
             msg = msg[where.end():]
-    return bad_request(f"{param}: {msg}" if param else msg, param)
+    return bad_request(f"{param}: {msg}" if param else msg, param or "body")

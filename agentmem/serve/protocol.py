@@ -26,6 +26,8 @@ from agentmem.policy.types import SamplingParams
 from store.bounds import LIMITS, UNIT_METRICS
 
 MAX_TOP_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature samples greedily
+MIN_REPETITION_PENALTY = 0.01
 # a seed is a signed 64-bit integer (OpenAI's, and what torch's and vLLM's generators take)
 SEED_RANGE = (-(2**63), 2**63 - 1)
 # OpenAI's rule for a function's name
@@ -112,7 +114,8 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, float] | None = None
     top_k: int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM)
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    # at least 0.01: a smaller penalty divides a logit past float32's range (then no distribution is left)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2)
     return_token_ids: bool = False  # vLLM's flag: the response carries the prompt's and each choice's ids
     # accepted as neutral (REFUSED checks their values before parsing)
     store: bool | None = None
@@ -151,9 +154,11 @@ class _Sampling(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
     def params(self, max_new_tokens: int) -> SamplingParams:
-        """The sampling the backend applies."""
+        """The sampling the backend applies: a temperature below ``GREEDY_BELOW`` is greedy, as vLLM takes it (the
+        logits divided by it would leave float32's range)."""
+        temperature = 1.0 if self.temperature is None else self.temperature
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=0.0 if temperature < GREEDY_BELOW else temperature,
             top_p=1.0 if self.top_p is None else self.top_p, max_new_tokens=max_new_tokens, seed=self.seed,
             top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
@@ -403,7 +408,7 @@ RESPONSES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "conversation": (_neutral(), "conversations are not supported: send previous_response_id or the whole input"),
     "prompt": (_neutral(), "stored prompts are not supported"),
     "context_management": (_neutral(), "context_management is not supported"),
-    "include": (lambda v: set(v) <= {"message.output_text.logprobs"},
+    "include": (lambda v: isinstance(v, list) and all(x == "message.output_text.logprobs" for x in v),
                 "include: only message.output_text.logprobs is supported"),
 }
 
