@@ -142,9 +142,37 @@ def command_words(ctx: Any) -> list[str]:
     return words
 
 
+# what a choice is called in an error, where its flag's own words do not say it
+_NOUNS = {"--env": "environment", "--memory": "memory policy"}
+
+
+def unknown_choice(noun: str, value: str, choices: Sequence[str]) -> str:
+    """``unknown NOUN 'VALUE' (did you mean CLOSEST?); known: A, B, ...``: the one wording of a value that is not
+    among its choices (``(did you mean ...)`` only when one is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown {noun} {value!r}{hint}; known: {', '.join(choices)}"
+
+
+def _choice_message(exc: Any) -> str | None:
+    """A bad choice of an option (typer's ``Value error, 'x' is not one of 'a', 'b'.``) in ``unknown_choice``'s
+    words, or None for any other error."""
+    import re
+
+    match = re.fullmatch(r"Value error, '(.*)' is not one of (.*)\.", str(getattr(exc, "message", "")), flags=re.S)
+    param = getattr(exc, "param", None)
+    if match is None or param is None:
+        return None
+    flag = param.opts[0]
+    noun = _NOUNS.get(flag) or flag.removeprefix("--").replace("-", " ").replace(".", " ")
+    return unknown_choice(noun, match.group(1), re.findall(r"'([^']*)'", match.group(2)))
+
+
 def usage_message(exc: Any) -> str:
     """A click error in one line, with where to read the command's help."""
-    text = " ".join(exc.format_message().split())
+    text = _choice_message(exc) or " ".join(exc.format_message().split())
     ctx = getattr(exc, "ctx", None)
     if ctx is not None and exc.exit_code == 2:
         text += f" (see: {' '.join(['agentmem', *command_words(ctx)])} --help)"

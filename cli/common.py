@@ -118,11 +118,15 @@ def preflight(db: str | None, *, runs: list[str] | None = None, resume: str | No
 
     check_url(db)
     if rollout is not None:
-        from agentmem.agent.registry import policy_options
+        from agentmem.agent.registry import memory_policy_names, policy_options
         from agentmem.errors import AgentmemError
+        from cli.command import unknown_choice
         from cli.config_options import CommandLineError
         from envs import check_env
 
+        names = memory_policy_names()
+        if rollout.agent.memory_policy not in names:
+            raise CommandLineError(unknown_choice("memory policy", rollout.agent.memory_policy, names))
         try:  # an unknown knob, memory policy or option, a data flag the environment needs or refuses: usage
             check_env(rollout.env, rollout.data, rollout.env_knobs)
             policy_options(rollout.agent.memory_policy, rollout.agent.memory_options)

@@ -22,6 +22,7 @@ Only this module turns a model into options; it imports no torch (``tests/test_c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import enum
 import functools
@@ -63,6 +64,18 @@ CONFIG_FILE = "config_file"
 _PREFIX = "cfg__"
 # click's ParameterSource names (typer may carry its own click, so the names, not the class)
 _GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+@contextlib.contextmanager
+def usage_error(*kinds: type[Exception]) -> Iterator[None]:
+    """Inside: a ``ConfigError`` (a value that fails a library's check), or one of ``kinds``, is the command
+    line's: re-raised as a ``CommandLineError`` (exit 2)."""
+    try:
+        yield
+    except CommandLineError:
+        raise
+    except (ConfigError, *kinds) as exc:
+        raise CommandLineError(str(exc)) from exc
 
 
 def flag_of(name: str) -> str:

@@ -111,10 +111,11 @@ def effective_config(job: str, args: list[str]):
 @app.command()
 def schema(job: Annotated[str, typer.Argument(help=f"One of {', '.join(JOBS)}.")]) -> None:
     """Print a job config's JSON schema (every field, its type, default and description)."""
-    from agentmem.errors import ConfigError
+    from cli.command import unknown_choice
+    from cli.config_options import CommandLineError
 
     if job not in JOBS:
-        raise ConfigError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
+        raise CommandLineError(unknown_choice("job", job, list(JOBS)))
     typer.echo(json.dumps(user_schema(JOBS[job].model, job), indent=2))
 
 

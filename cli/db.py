@@ -6,6 +6,17 @@ import typer
 
 from cli.options import DbOption
 
+
+def _revision(revision: str) -> str:
+    """``revision`` when the migrations know it, else a ``CommandLineError`` (before any database is opened)."""
+    from cli.config_options import usage_error
+    from store.errors import StoreError
+    from store.migrations import check_revision
+
+    with usage_error(StoreError):
+        check_revision(revision)
+    return revision
+
 app = typer.Typer(help="Create or migrate the database schema.", no_args_is_help=True)
 
 
@@ -16,6 +27,7 @@ def upgrade(db: DbOption = None, revision: str = typer.Argument("head", help="Ta
     from store.migrations import current_revision
     from store.migrations import upgrade as do_upgrade
 
+    revision = _revision(revision)
     engine = make_engine(db)
     check_reachable(engine)
     do_upgrade(engine, revision)
@@ -31,6 +43,7 @@ def downgrade(
     from store.migrations import current_revision
     from store.migrations import downgrade as do_downgrade
 
+    revision = _revision(revision)
     engine = make_engine(db)
     check_reachable(engine)
     do_downgrade(engine, revision)
@@ -49,5 +62,7 @@ def current(db: DbOption = None) -> None:
     if not missing:
         check_reachable(engine)
     cur, head = (None if missing else current_revision(engine)), head_revision()
-    state = "up to date" if cur == head else "behind: run `agentmem db upgrade`"
+    from cli.paste import command
+
+    state = "up to date" if cur == head else f"behind: run `{command('db', 'upgrade', db=db)}`"
     typer.echo(f"current={cur or 'none'} head={head} ({state})")

@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import Device, PlotBy
-from agentmem.errors import ConfigError
-from cli.config_options import invocation, job_command
+from cli.config_options import CommandLineError, invocation, job_command, usage_error
 from cli.job_specs import EVAL
 from cli.options import DbOption, DeviceOption, ThreadsOption
 from cli.paste import sql_command
@@ -42,7 +41,8 @@ def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = N
     config = call.config()
     swept = _sweep(docs, sweep)
     if swept is not None:
-        sweep_configs(config, *swept)  # a bad knob or list fails before the store opens or a model loads
+        with usage_error():  # a knob the environment lacks, a value given twice: before the store opens
+            sweep_configs(config, *swept)
     preflight(db, models=(config.model,), rollout=config, create=True)
     results, store = _run(measured_dtype(call, config, db, threads), swept, device, threads, db)
     for result in results:
@@ -78,9 +78,9 @@ def _run(config, swept, device: Device, threads: int | None, db: str | None):
 
 
 def _sweep(docs: str | None, sweep: str | None) -> tuple[str, list[int]] | None:
-    """(knob, values) of --docs or --sweep, or None; a malformed list is a ConfigError naming the flag."""
+    """(knob, values) of --docs or --sweep, or None; a malformed list is a ``CommandLineError`` naming the flag."""
     if docs is not None and sweep is not None:
-        raise ConfigError("give --docs or --sweep, not both (--docs N,M is --sweep docs=N,M)")
+        raise CommandLineError("give --docs or --sweep, not both (--docs N,M is --sweep docs=N,M)")
     if docs is None and sweep is None:
         return None
     if docs is not None:
@@ -88,11 +88,11 @@ def _sweep(docs: str | None, sweep: str | None) -> tuple[str, list[int]] | None:
     else:
         flag, (knob, sep, raw) = "--sweep", str(sweep).partition("=")
         if not (knob and sep):
-            raise ConfigError(f"--sweep expects KNOB=V1,V2,..., got {sweep!r}")
+            raise CommandLineError(f"--sweep expects KNOB=V1,V2,..., got {sweep!r}")
     try:
         values = [int(v) for v in raw.split(",")]
     except ValueError:
-        raise ConfigError(f"{flag} expects comma-separated integers, got {raw!r}") from None
+        raise CommandLineError(f"{flag} expects comma-separated integers, got {raw!r}") from None
     return knob, values
 
 

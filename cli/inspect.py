@@ -36,6 +36,13 @@ def is_numeric(values: list[Any]) -> bool:
     return bool(present) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
 
 
+def _statement(query: str) -> str:
+    """``query`` without its comments, semicolons and white space at either end: empty for no statement."""
+    import re
+
+    return re.sub(r"--[^\n]*|/\*.*?\*/", " ", query, flags=re.S).strip().strip(";").strip()
+
+
 def sql(
     query: Annotated[str, typer.Argument(help="One SQL statement, e.g. \"select * from episode_summary\".")],
     db: DbOption = None,
@@ -51,6 +58,10 @@ def sql(
     from store.errors import ReadOnlyDatabase, StoreError
     from store.read_only import is_denied, sqlite_authorizer
 
+    if not _statement(query):
+        from cli.config_options import CommandLineError
+
+        raise CommandLineError(f"empty SQL statement {query!r}: give one, e.g. agentmem sql \"select * from runs\"")
     read_only = "the database is opened read-only; pass --write to change it"
     engine = open_store(db, check=False).engine
     check_reachable(engine)

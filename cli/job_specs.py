@@ -12,8 +12,7 @@ from typing import Annotated
 import typer
 
 from agentmem.config import DistillConfig, EvalConfig, RolloutConfig, ScoreConfig, SftConfig, TrainConfig
-from agentmem.errors import ConfigError
-from cli.config_options import JobSpec
+from cli.config_options import CommandLineError, JobSpec
 from cli.options import EnvName, GenDType
 
 LevelOption = Annotated[int | None, typer.Option(
@@ -41,9 +40,9 @@ def with_level(env: str, knobs: dict, level: int | None) -> dict:
     if level is None:
         return knobs
     if env != "synthetic":
-        raise ConfigError(f"--level is the synthetic task ladder; environment {env!r} has no levels")
+        raise CommandLineError(f"--level is the synthetic task ladder; environment {env!r} has no levels")
     if "level" in knobs and knobs["level"] != level:
-        raise ConfigError(f"--level {level} and --knob level={knobs['level']} disagree: give one")
+        raise CommandLineError(f"--level {level} and --knob level={knobs['level']} disagree: give one")
     return {"level": level, **knobs}
 
 

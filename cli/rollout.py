@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import Device, PolicySource, ReplayConfig
 from agentmem.records import RunKind
-from cli.config_options import invocation, job_command
+from cli.config_options import CommandLineError, invocation, job_command
 from cli.job_specs import ROLLOUT
 from cli.options import DbOption, DeviceOption, ThreadsOption
 from cli.paste import command, sql_command
@@ -151,7 +151,6 @@ _REPLAY_FIELDS = {"model": "model", "backend": "backend", "dtype": "dtype", "gro
 def _replay(call, replay_from: str | None, resume: str | None, *, kappa: float, device: Device,
             threads: int | None, db: str | None) -> None:
     """``rollout --replay-from``: ReOPD's replay run (``agentmem.jobs.replay``)."""
-    from agentmem.errors import ConfigError
     from agentmem.jobs.replay import run_replay
     from cli.common import preflight, runtime, setup_logging, weights_dtype
     from cli.config_options import get_path
@@ -161,12 +160,12 @@ def _replay(call, replay_from: str | None, resume: str | None, *, kappa: float, 
     config, auto = None, False
     if resume is None:
         if replay_from is None:
-            raise ConfigError("--kappa weights the branch steps of a replay: give --replay-from RUN_ID")
+            raise CommandLineError("--kappa weights the branch steps of a replay: give --replay-from RUN_ID")
         data, paths = call.given()
         other = [o.flags[0] for o in ROLLOUT.options() if o.path in paths - set(_REPLAY_FIELDS.values())]
         if other or call.extras["level"] is not None:
             flags = ", ".join(other + (["--level"] if call.extras["level"] is not None else []))
-            raise ConfigError(f"--replay-from takes the tasks, prompts and token limits from the teacher run: "
+            raise CommandLineError(f"--replay-from takes the tasks, prompts and token limits from the teacher run: "
                               f"{flags} do(es) not apply")
         auto = data.get("dtype") == "auto"
         fields = {k: get_path(data, p) for k, p in _REPLAY_FIELDS.items() if p in paths and not (k == "dtype" and auto)}

@@ -8,7 +8,7 @@ import typer
 
 from agentmem.config import Device
 from agentmem.records import RunKind
-from cli.config_options import invocation, job_command, job_config
+from cli.config_options import invocation, job_command, job_config, usage_error
 from cli.job_specs import TRAIN
 from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
 
@@ -31,7 +31,8 @@ def train(
     from store.engine import open_store
 
     invocation(ctx).refuse_on_resume(resume)
-    trackers = parse_report_to(report_to)
+    with usage_error():
+        trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else job_config(ctx)
     preflight(db, resume=resume, kind=RunKind.train, rollout=config.rollout if config else None)

@@ -11,9 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from agentmem.config import Device
-from agentmem.errors import ConfigError
 from agentmem.records import RunKind
-from cli.config_options import JobSpec, invocation, job_command
+from cli.config_options import CommandLineError, JobSpec, invocation, job_command, usage_error
 from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
 
 ResumeOption = Annotated[str | None, typer.Option(
@@ -54,11 +53,12 @@ def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *,
     call = invocation(ctx)
     steps_option = next(o for o in call.spec.options() if o.flags[0] == "--steps")  # distill's: optim.steps
     call.refuse_on_resume(resume, allowed=frozenset({steps_option.path}))
-    trackers = parse_report_to(report_to)
+    with usage_error():
+        trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else call.config()
     if config is not None and not config.run_ids:
-        raise ConfigError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
+        raise CommandLineError("give at least one --run RUN_ID to train on (see `agentmem runs`)")
     preflight(db, runs=config.run_ids if config else None, resume=resume, kind=kind,
               models=models(config) if config else (), kinds=config.kinds if config else None)
     steps = call.values[steps_option.param] if call.passed(steps_option.param) else None

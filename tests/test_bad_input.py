@@ -139,7 +139,8 @@ CASES = [
 ]
 
 # The cases wrong in the command line itself (exit code 2); the others are found in the world (exit code 1).
-USAGE = {"episodes-zero", "episodes-negative", "negative-temperature", "group-size-zero", "unknown-memory-option"}
+USAGE = {"episodes-zero", "episodes-negative", "negative-temperature", "group-size-zero", "unknown-memory-option",
+         "malformed-url"}
 
 
 def _argv(template: str, world, run: str) -> list[str]:

@@ -42,7 +42,8 @@ def test_fixed_choices_fail_at_parse_time(tmp_path, args, allowed):
     db = tmp_path / "x.db"
     proc = am(*args, "--db", str(db))
     assert proc.returncode == 2, proc.stderr
-    assert "'typo' is not one of" in proc.stderr and all(a in proc.stderr for a in allowed), proc.stderr
+    assert " 'typo'" in proc.stderr and all(f" {a.strip(chr(39))}" in proc.stderr for a in allowed), proc.stderr
+    assert proc.stderr.startswith("error: unknown ") and "; known: " in proc.stderr, proc.stderr
     assert not db.exists()
 
 

@@ -47,7 +47,7 @@ ERRORS = [
     ("replay-unknown-run", "rollout --replay-from 0123456789ab --db {db}", "no run with id '0123456789ab'"),
     # the checks of an environment, a memory policy and a database URL, before any model
     ("rollout-unknown-knob", "rollout --knob nosuch=3 --db {db}", "synthetic: unknown knob(s) nosuch; known: "),
-    ("rollout-unknown-memory", "rollout --memory nosuch --db {db}", "unknown memory policy 'nosuch'; registered: "),
+    ("rollout-unknown-memory", "rollout --memory nosuch --db {db}", "unknown memory policy 'nosuch'; known: "),
     ("rollout-unknown-memory-option", "rollout --memory-option foo=bar --db {db}",
      "memory policy 'overwrite': bad --memory-option (foo: unknown option); known: none"),
     ("rollout-env-needs-data", "rollout --env hotpotqa --db {db}", "hotpotqa: needs a data file: give --data FILE"),
@@ -69,7 +69,7 @@ ERRORS = [
 # run, model or database folder (exit code 1).
 USAGE = {"train-bad-config-field", "rollout-unknown-knob", "rollout-unknown-memory", "rollout-unknown-memory-option",
          "rollout-env-needs-data", "rollout-env-takes-no-data", "eval-env-needs-data", "train-env-needs-data",
-         "eval-unknown-knob", "sft-without-run", "rollout-config-unknown-key"}
+         "eval-unknown-knob", "sft-without-run", "rollout-config-unknown-key", "rollout-unknown-database-kind"}
 
 # Runs in the fresh interpreter: each case calls ``cli.app.main`` and reports exit code, stderr, seconds and
 # the heavy modules that appeared during it.

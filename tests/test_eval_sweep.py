@@ -94,7 +94,7 @@ def test_cli_sweep_stores_one_row_per_length_equal_to_plain_evals(tmp_path):
 def test_cli_bad_sweeps_are_one_line_and_create_nothing(tmp_path, args, needle):
     db = tmp_path / "x.db"
     proc = cli(*args, "--db", f"sqlite:///{db}")
-    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)  # the command line is wrong
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert not db.exists()
