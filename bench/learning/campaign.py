@@ -166,6 +166,8 @@ class Campaign:
             args += ["--teacher", self.teacher_path()]
         elif arm.teacher == "warm":
             args += ["--teacher", warm["id"]]
+        elif arm.teacher == "base":
+            args += ["--teacher", self.plan.model]
         return [*args, *extra]
 
     def train(self, arm: Arm, seed: int, extra: list[str] = (), tag: str = "") -> dict:

@@ -19,7 +19,8 @@ OVERLAYS = ROOT / "examples" / "learning"
 @dataclass(frozen=True)
 class Arm:
     """An arm: ``overlay`` (a file in ``examples/learning``; None: a model evaluated as it is), the teacher it
-    learns from (``hint``: the committed hint teacher; ``warm``: the seed's warm start itself, T0; None), its
+    learns from (``hint``: the committed hint teacher; ``warm``: the seed's warm start itself, T0; ``base``: the
+    base model, as its file names it; None), its
     ``tags`` (``core`` or ``ablation``; ``once``: no training seed changes it, so it is evaluated once and pairs
     with every seed), ``sweep``: flag -> values picked on validation (the first seed picks, the others reuse it),
     and what it is, in one line."""
@@ -58,6 +59,10 @@ ARMS: tuple[Arm, ...] = (
         "the teacher reads the flattened history (persistent), not the student's state"),
     Arm("opd_centered", "opd_centered.yaml", "hint", ("ablation",),
         "the teacher's first-token push centred over each call kind"),
+    Arm("opd_privileged", "opd_privileged.yaml", "base", ("ablation",),
+        "the base model as teacher, reading the gold answer and evidence (self-distillation)"),
+    Arm("psd_off", "psd_off.yaml", "base", ("ablation",),
+        "PSD off-policy: distils on the privileged base model's own samples"),
 )
 BY_NAME = {a.name: a for a in ARMS}
 SUITES = {"core": tuple(a.name for a in ARMS if "core" in a.tags),
