@@ -166,6 +166,16 @@ def test_a_lora_checkpoint_keeps_its_adapter_in_peft_format_and_the_folder_loads
     assert (merged - base).abs().max() > 1e-3  # the adapter changed the model
 
 
+def test_an_adapter_names_the_base_reference_it_was_given(tmp_path):
+    """The default model's adapters name it by its name, not by the cache folder it was prepared in on this
+    machine (peft would write the folder)."""
+    model = AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "tiny"))
+    wrapped = lora.wrap(model, 2, 4.0, 0.0, ["q_proj"], seed=0, base_ref="SmolLM2-135M-Instruct")
+    lora.save_adapter(wrapped, tmp_path / "a")
+    assert json.loads((tmp_path / "a" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "SmolLM2-135M-Instruct"
+
+
 def test_an_adapter_that_names_no_base_is_refused_naming_its_config(tmp_path):
     from agentmem.errors import ModelError
     from agentmem.policy.model_files import resolve_model

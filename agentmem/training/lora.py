@@ -55,7 +55,10 @@ def wrap(model: PreTrainedModel, rank: int, alpha: float, dropout: float, target
                         task_type="CAUSAL_LM", base_model_name_or_path=base_ref)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
+    if base_ref is not None:  # peft replaces it with the folder the weights came from
+        wrapped.peft_config["default"].base_model_name_or_path = base_ref
+    return wrapped
 
 
 def merged(model: torch.nn.Module) -> PreTrainedModel:
