@@ -257,8 +257,8 @@ HELP_ALL = "help_all"
 HelpAllFlag = Annotated[bool, HelpAllOption]
 ConfigFileOption = Annotated[str | None, typer.Option(
     "--config", help="Experiment file (YAML, or TOML by its .toml suffix) that sets any config field, nested "
-    "sections included (`agentmem config show JOB` prints one); `extends: BASE.yaml` in it starts from another "
-    "file; flags given on the command line override it.",
+    "sections included (`agentmem config show JOB` prints one; `extends: FILE` starts from another); flags "
+    "given on the command line override it.",
     show_default=False)]
 
 

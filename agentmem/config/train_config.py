@@ -63,15 +63,15 @@ class TrainConfig(Frozen):
     rounds: int = Field(2, ge=1, le=ROUND_SEEDS)
     """Rollout + distill rounds."""
     seed: int = Field(0, ge=0)
-    """Seed (rollout tasks, sampling, data order); round r uses 100000 + seed x 1000 + r, so seeds share no tasks
-    and no evaluation's."""
+    """Seed of tasks, sampling and data order: round r uses 100000 + 1000 x seed + r."""
     round_data: RoundData = RoundData.student
     """Who writes each round's calls: the student (the current checkpoint: on-policy distillation and RL), the
     teacher (distill.teacher.model, sampled under distill.teacher.context: SeqKD) or the oracle (its calls on
     the round's tasks: SFT continued). The distill's loss weights say what is learned from them."""
     round_knobs: list[dict[str, Any]] = Field(default_factory=list)
-    """Environment knobs per round, cycled: round r's rollout takes rollout.env_knobs updated by entry r mod
-    its length (e.g. [{level: 1}, {level: 2}, {level: 3}] rotates the task ladder). Empty: every round alike."""
+    """Environment knobs per round, cycled: round r's rollout takes the rollout's knobs (--knob) updated by entry
+    r mod its length (e.g. [{level: 1}, {level: 2}, {level: 3}] rotates the task ladder). Empty: every round
+    alike."""
     rollout: RolloutConfig = Field(default_factory=_train_rollout)
     distill: DistillConfig = Field(default_factory=_train_distill)
     # SFT before round 1 (its run_ids: an oracle or teacher run); its last checkpoint starts round 1
