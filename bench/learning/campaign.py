@@ -78,7 +78,9 @@ class Campaign:
                  device: str = "cpu"):
         self.work, self.plan, self.records_dir = work, plan, records_dir
         work.mkdir(parents=True, exist_ok=True)
-        self.state = State(work / "state.json", plan)
+        # the pilot and the seeds share a folder: the warm starts and the evaluations of the models no arm trains
+        # (base, warm, the teacher) are made once; an arm's training is named by its steps
+        self.state = State(work / "state.json", plan, free=("steps", "eval_steps"))
         self.store = open_store(f"sqlite:///{work / 'learning.db'}", create=True)
         self.runtime = Runtime.create(device, threads)
         self.recipe: TrainConfig = effective_config("train", ["--config", str(suite.OVERLAYS / "base.yaml"),
@@ -192,7 +194,7 @@ class Campaign:
                                 "path": r.checkpoint.path, "distill_run": r.distill_run_id,
                                 "rollout_run": r.rollout_run_id} for r in rounds],
                     "seconds": round(time.monotonic() - started, 1)}
-        return self.state.once(f"arm/{name}/{seed}", make)
+        return self.state.once(f"arm/{name}/{seed}/S{self.plan.steps}", make)
 
     def _cut_train_run(self, config: TrainConfig) -> str | None:
         """A train run of this config that a kill cut (same checkpoint folder, not finished), or None."""
@@ -209,7 +211,7 @@ class Campaign:
         if arm.sweep is None:
             return [], None
         flag, values = arm.sweep
-        pick = self.state.get(f"sweep/{arm.name}")
+        pick = self.state.get(f"sweep/{arm.name}/S{self.plan.steps}")
         if pick is None:
             r = self.recipe.rollout
             agent = r.agent.model_copy(update={"temperature": 0.0, "seed": VALIDATION_SEED})
@@ -219,11 +221,12 @@ class Campaign:
             f1 = {}
             for v in values:
                 trained = self.train(arm, seed, [flag, str(v)], tag=f"-c{v}")
-                scores = self.evaluate(f"val/{arm.name}-c{v}/{seed}", trained["rounds"][-1]["id"], sets=val)
+                scores = self.evaluate(f"val/{arm.name}-c{v}of{self.plan.steps}/{seed}", trained["rounds"][-1]["id"],
+                                       sets=val)
                 f1[v] = sum(scores["scores"]["val"]) / len(scores["scores"]["val"])
             best = max(values, key=lambda v: (f1[v], -v))
             pick = {"flag": flag, "value": best, "f1": {str(v): f for v, f in f1.items()}, "seed": seed}
-            self.state.put(f"sweep/{arm.name}", pick)
+            self.state.put(f"sweep/{arm.name}/S{self.plan.steps}", pick)
             say(f"{arm.name}: {flag} {best} (validation F1 {pick['f1']})")
         return [flag, str(pick["value"])], pick
 
@@ -241,9 +244,9 @@ class Campaign:
         else:
             trained = self.train(arm, seed, extra, tag=f"-c{pick['value']}" if pick else "")
             by_step = {r["step"]: r for r in trained["rounds"]}
-            along = {step: self.evaluate(f"{arm.name}@{step}/{seed}", by_step[step]["id"])
+            along = {step: self.evaluate(f"{arm.name}@{step}of{self.plan.steps}/{seed}", by_step[step]["id"])
                      for step in self.plan.eval_steps if step in by_step}
-            evaluation = along[max(along)] if along else self.evaluate(f"{arm.name}/{seed}", trained["rounds"][-1]["id"])
+            evaluation = along[max(along)]
         record = self.record(arm, 0 if "once" in arm.tags else seed, trained, evaluation, along, pick)
         if self.records_dir is not None:
             records.write(self.records_dir, record)
@@ -289,9 +292,10 @@ class Campaign:
                 continue
             self.run_arm(a, seed)
         minutes = (time.monotonic() - started) / 60
-        done = self.state.get(f"unit/{seed}") or {}
+        key = f"unit/{seed}/S{self.plan.steps}/{','.join(map(str, self.plan.eval_steps))}"
+        done = self.state.get(key) or {}
         total = done.get("minutes", 0.0) + minutes  # a resumed unit adds its parts
-        self.state.put(f"unit/{seed}", {"minutes": round(total, 1), "arms": arms})
+        self.state.put(key, {"minutes": round(total, 1), "arms": arms})
         if self.records_dir is not None:
             records.write(self.records_dir, records.unit_record(asdict(self.plan), seed, arms, total))
         return total
