@@ -55,5 +55,7 @@ def test_rollout_score_distill_cli(tmp_path):
     ]:
         proc = am(*args, "--db", db)
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
-        assert proc.returncode == 1 and last.startswith("error: ") and needle in last, (args, proc.stderr)
+        usage = args == ["distill"]  # no --run: the command line is wrong
+        assert proc.returncode == (2 if usage else 1) and last.startswith("error: ") and needle in last, (args,
+                                                                                                          proc.stderr)
         assert "Traceback" not in proc.stderr
