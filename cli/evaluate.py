@@ -36,15 +36,20 @@ def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = N
     """
     from agentmem.jobs.eval import sweep_configs
     from cli.common import measured_dtype, preflight
+    from cli.job_session import after_run_id
+    from cli.plan import agent_plan, sum_plans
 
     call = invocation(ctx)
     config = call.config()
     swept = _sweep(docs, sweep)
+    parts = [config]
     if swept is not None:
         with usage_error():  # a knob the environment lacks, a value given twice: before the store opens
-            sweep_configs(config, *swept)
+            parts = sweep_configs(config, *swept)
     preflight(db, models=(config.model,), rollout=config, create=True)
-    results, store = _run(measured_dtype(call, config, db, threads), swept, device, threads, db)
+    plans = [agent_plan(part, db) for part in parts]
+    after_run_id(sum_plans(plans).line())
+    results, store = _run(measured_dtype(call, config, db, threads), swept, device, threads, db, plans)
     for result in results:
         _summary(result, db)
     if swept is not None and len(results) > 1:
@@ -54,10 +59,10 @@ def evaluate(ctx: typer.Context, docs: DocsOption = None, sweep: SweepOption = N
         _plot(store, config.env, plot, by)
 
 
-def _run(config, swept, device: Device, threads: int | None, db: str | None):
+def _run(config, swept, device: Device, threads: int | None, db: str | None, plans):
     """One evaluation, or one per value of the sweep; (results, store)."""
     from agentmem.jobs.eval import run_eval, run_sweep
-    from cli.agent_progress import episode_progress
+    from cli.agent_progress import call_progress
     from cli.common import runtime, setup_logging
     from cli.job_session import job_session
     from store.engine import open_store
@@ -65,13 +70,13 @@ def _run(config, swept, device: Device, threads: int | None, db: str | None):
     rt = runtime(device, threads)
     setup_logging()
     store = open_store(db, create=True)
-    with job_session(db), episode_progress("eval") as bar:
+    with job_session(db), call_progress("eval", plans[0].calls, plans[0].episodes) as bar:
         if swept is None:
             return [run_eval(store, config, rt, on_start=bar.on_start, on_round=bar.on_round)], store
         knob, values = swept
 
         def on_length(i: int, value: int) -> None:
-            bar.next_part(f"eval {knob}={value} ({i + 1}/{len(values)})")
+            bar.next_part(f"eval {knob}={value} ({i + 1}/{len(values)})", plans[i].calls, plans[i].episodes)
 
         return run_sweep(store, config, knob, values, rt, on_length=on_length, on_start=bar.on_start,
                          on_round=bar.on_round), store

@@ -38,6 +38,8 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
     rows. `--replay-from RUN_ID` samples ReOPD's single calls branched from a stored teacher run instead.
     """
     from cli.common import measured_dtype, preflight
+    from cli.job_session import after_run_id
+    from cli.plan import agent_plan
 
     call = invocation(ctx)
     call.refuse_on_resume(resume)
@@ -46,10 +48,12 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
     config = None if resume else call.config()
     preflight(db, resume=resume, kind=RunKind.rollout, models=(config.model,) if config else (), rollout=config,
               create=True)
+    plan = agent_plan(config or _stored_config(str(resume), db), db)
+    after_run_id(plan.line())
     config = measured_dtype(call, config, db, threads)
     if workers > 1:
         return _with_workers(workers, config, resume, db=db, device=device, threads=threads)
-    result = _run(config, resume, device, threads, db)
+    result = _run(config, resume, device, threads, db, plan)
     _summary(result, db)
     ran = config if config is not None else _stored_config(result.run_id, db)  # a resumed run's own config
     if ran.model == "default" and ran.policy is PolicySource.model:
@@ -63,16 +67,16 @@ def _stored_config(run_id: str, db: str | None):
     return load_rollout_config(open_store(db), run_id)[1]
 
 
-def _run(config, resume: str | None, device: Device, threads: int | None, db: str | None):
+def _run(config, resume: str | None, device: Device, threads: int | None, db: str | None, plan):
     from agentmem.jobs.rollout import run_rollout
-    from cli.agent_progress import episode_progress
+    from cli.agent_progress import call_progress
     from cli.common import runtime, setup_logging
     from cli.job_session import job_session
     from store.engine import open_store
 
     rt = runtime(device, threads)
     setup_logging()
-    with job_session(db), episode_progress("rollout") as bar:
+    with job_session(db), call_progress("rollout", plan.calls, plan.episodes) as bar:
         return run_rollout(open_store(db, create=True), config, rt, resume=resume, on_start=bar.on_start,
                            on_round=bar.on_round)
 

@@ -120,6 +120,7 @@ def test_rollout_suggests_a_narrow_query_that_runs(tmp_path, capsys, monkeypatch
     assert code == 0
     lines = out.strip().splitlines()
     run_id = lines[0].removeprefix("run_id=")
+    assert lines[1].startswith("plan: 2 episodes, about ") and lines[1].endswith(" calls, time shown once calls run")
     assert lines[-1].endswith(f" --db {db}")
     query = lines[-1].removeprefix("inspect: agentmem sql ").removesuffix(f" --db {db}").strip('"')
     assert query == ("select question, gold->>0 as gold, prediction, f1, n_calls, status, "
@@ -187,8 +188,9 @@ def _no_db_env(monkeypatch):
 
 
 def test_run_id_is_the_first_line_before_the_tokenizer_loads(tmp_path, capsys, monkeypatch):
-    """The run's row (and its printed id) comes before the model's tokenizer is loaded, which on a fresh
-    machine means before the default model is prepared."""
+    """The run's row (and its printed id, then its plan) comes before the job loads the model's tokenizer, which
+    on a fresh machine means before the default model is prepared; the plan counted the calls with the
+    tokenizer of this model folder before the row, printing nothing."""
     import agentmem.model_refs as policy_models
 
     model = save_tiny(tmp_path / "model")
@@ -204,12 +206,13 @@ def test_run_id_is_the_first_line_before_the_tokenizer_loads(tmp_path, capsys, m
     code, out = run_cli(capsys, monkeypatch, "rollout", "--policy", "oracle", "--model", model, "--episodes", "1",
                         "--knob", "context_tokens=120", "--chunk-tokens", "64", "--memory-tokens", "24", "--db", db)
     assert code == 0
-    assert len(seen) == 1 and seen[0].startswith("run_id=") and seen[0].count("\n") == 1
+    assert len(seen) == 2 and seen[0] == "", seen  # the plan's count, then the job's
+    assert seen[1].startswith("run_id=") and seen[1].splitlines()[1].startswith("plan: 1 episode, about ")
 
 
 def test_dtype_auto_prints_its_choice_right_after_the_run_id(tmp_path, capsys, monkeypatch):
     """`--dtype auto` measures before the run is written (its config stores the concrete choice) and prints the
-    choice on the line after `run_id=`, before the run's tokenizer or weights load."""
+    choice after `run_id=` and the plan, before the job loads the run's tokenizer or weights."""
     import agentmem.model_refs as policy_models
     from agentmem.policy.dtype_choice import DTypeChoice
     from store import repository as repo
@@ -228,8 +231,9 @@ def test_dtype_auto_prints_its_choice_right_after_the_run_id(tmp_path, capsys, m
     code, _ = run_cli(capsys, monkeypatch, "rollout", "--policy", "oracle", "--model", model, "--episodes", "1",
                       "--dtype", "auto", "--knob", "context_tokens=120", "--chunk-tokens", "64", "--memory-tokens",
                       "24", "--db", db)
-    assert code == 0 and len(seen) == 1
-    first, second = seen[0].splitlines()
+    assert code == 0 and len(seen) == 2 and seen[0] == ""
+    first, plan, second = seen[1].splitlines()
+    assert plan.startswith("plan: 1 episode, about ")
     run_id = first.removeprefix("run_id=")
     assert second == "--dtype auto: bfloat16 (measured)"
     with open_store(db).session() as s:

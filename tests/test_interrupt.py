@@ -84,7 +84,8 @@ def test_rollout_signal_prints_run_and_resume_line(model, tmp_path, sig, code):
     stored = _count(db, "SELECT COUNT(*) FROM invocations i JOIN episodes e ON e.id = i.episode_id "
                         "WHERE e.run_id = ?", run_id)
     assert stored > 0
-    assert rest == [f"interrupted: {stored} calls stored; resume with: agentmem rollout --resume {run_id} --db {db}"]
+    assert rest[0].startswith("plan: 400 episodes, about ")
+    assert rest[1:] == [f"interrupted: {stored} calls stored; resume with: agentmem rollout --resume {run_id} --db {db}"]
     assert _status(db, run_id) == "interrupted"
 
 
@@ -104,7 +105,8 @@ def test_score_sigint_prints_run_and_resume_line(model, tmp_path):
     assert proc.returncode == 130
     scored = _count(db, "SELECT COUNT(*) FROM teacher_scores WHERE run_id = ?", run_id)
     assert scored > 0
-    assert rest == [f"interrupted: {scored} calls scored; resume with: agentmem {' '.join(args)}"]
+    assert rest[0].startswith("plan: ") and rest[0].endswith(" calls, time shown once calls run")
+    assert rest[1:] == [f"interrupted: {scored} calls scored; resume with: agentmem {' '.join(args)}"]
     assert _status(db, run_id) == "interrupted"
 
 
@@ -126,7 +128,7 @@ def test_run_id_is_printed_before_the_model_loads(model, tmp_path, monkeypatch, 
     assert exit_.value.code == 1
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("run_id="), out
+    assert len(lines) == 2 and lines[0].startswith("run_id=") and lines[1].startswith("plan: "), out
     assert err.strip().splitlines()[-1] == "error: weights refused by the test"
     assert _status(db, lines[0].removeprefix("run_id=")) == "failed"
 
