@@ -17,6 +17,7 @@ code 2, any other click error exit code 1; the jobs' own errors are printed by `
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ WORKFLOW = ("rollout", "eval", "sft", "score", "distill", "train", "worker", "re
             "runs", "show", "sql", "view", "report", "export", "config", "models", "db")
 HELP_ALL = "agentmem.help_all"
 MAX_WIDTH = 100
+MAX_CHOICES_WIDTH = 24  # a wider ``[a|b|...]`` is named (``ENV``) and its choices listed in the help, wrapped
 _TYPES = {"str": "TEXT", "int": "INTEGER", "int range": "INTEGER", "float": "NUMBER", "float range": "NUMBER",
           "path": "PATH", "file": "PATH", "directory": "PATH", "dir": "PATH", "bool": "BOOLEAN"}
 
@@ -48,6 +50,28 @@ def _common(command: Any) -> frozenset[str]:
 
     spec = JOBS.get(command.name or "")
     return spec.common if spec is not None else frozenset()
+
+
+def first_clause(text: str) -> str:
+    """``text`` up to its first ``. ``, ``; `` or ``: `` outside parentheses (a colon only after the first 20
+    characters: ``ReOPD: branch ...`` keeps its label), without the end's full stop: an option's help in
+    ``--help``, where ``--help-all`` has it whole."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([") - (ch in ")]")
+        after = text[i + 1:i + 2]
+        if text[:i + 1].endswith(("e.g.", "i.e.", "etc.", "vs.")):
+            continue
+        if depth == 0 and after in (" ", "") and (ch in ".;" or (ch == ":" and i >= 20)):
+            return text[:i]
+    return text.rstrip(".")
+
+
+def summary(text: str) -> str:
+    """A command's line in its group's list: the first sentence of its help, whole (wrapped, never cut)."""
+    paragraph = " ".join(text.split("\n\n")[0].split())
+    end = paragraph.find(". ")
+    return paragraph[:end] if end != -1 else paragraph.rstrip(".")
 
 
 def _help_all(ctx: typer.Context, value: bool) -> None:
@@ -83,15 +107,23 @@ class Command(TyperCommand):
             names = name + (f" / {param.secondary_opts[0]}" if param.secondary_opts else "")
             if not param.is_flag and not param.count:
                 names += f" {param.metavar or metavar(param.display_type(ctx))}"
-            panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append((names, record[1]))
+            text = record[1]
+            if not show_all:  # the first clause and the [default: ...] note; --help-all has the rest
+                help_part, note = re.fullmatch(r"(.*?)((?:  \[[^\]]*\])?)", text, flags=re.S).groups()
+                text = first_clause(help_part) + note
+            choices = getattr(param, "agentmem_choices", None)
+            if choices:
+                text = re.sub(r"^(.*?)((?:  \[[^\]]*\])?)$", rf"\1 (one of: {', '.join(choices)})\2", text,
+                              count=1, flags=re.S)
+            panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append((names, text))
         for panel, rows in panels.items():
             with formatter.section(panel):
                 formatter.write_dl(rows)
         if left:
             words = command_words(ctx)
             formatter.write_paragraph()
-            formatter.write_text(f"{left} more options: agentmem {' '.join(words)} --help-all, or as a config file: "
-                                 f"agentmem config show {words[-1]}")
+            formatter.write_text(f"Each option's full help, and {left} more options: agentmem {' '.join(words)} "
+                                 f"--help-all, or as a config file: agentmem config show {words[-1]}")
 
 
 class Group(TyperGroup):
@@ -100,6 +132,14 @@ class Group(TyperGroup):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         plain(self)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The commands with the first sentence of each one's help, wrapped (click cuts them with "...")."""
+        rows = [(name, summary(command.help or "")) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def list_commands(self, ctx: Any) -> list[str]:
         names = list(self.commands)
@@ -186,9 +226,14 @@ def plain(command: Any) -> None:
     command.context_settings.setdefault("max_content_width", MAX_WIDTH)
     if type(command) is TyperCommand:
         command.__class__ = Command
+    elif type(command) is TyperGroup:
+        command.__class__ = Group
     for param in command.params:
         if isinstance(param, TyperOption) and not param.is_flag and param.metavar is None:
             param.metavar = metavar(param.display_type(typer.Context(command)))
+            if param.metavar.startswith("[") and len(param.metavar) > MAX_CHOICES_WIDTH:
+                param.agentmem_choices = param.metavar.strip("[]").split("|")  # listed in the help, wrapped
+                param.metavar = param.opts[0].lstrip("-").upper().replace("-", "_").replace(".", "_")
         elif isinstance(param, TyperArgument) and param.metavar is None:
             param.metavar = param.name.upper() + ("..." if param.nargs != 1 else "")
     for sub in getattr(command, "commands", {}).values():

@@ -62,7 +62,7 @@ def test_types_read_as_written_and_switches_take_no_value(capsys, monkeypatch, c
 
 
 def test_markup_is_not_eaten_and_required_is_marked(capsys, monkeypatch):
-    _, text, _ = agentmem(capsys, monkeypatch, "sft", "--help", columns=200)
+    _, text, _ = agentmem(capsys, monkeypatch, "sft", "--help-all", columns=200)
     assert "pip install 'agentmem[tensorboard]'" in text
     assert "[required]" in text.split("\n  --run TEXT,...")[1].split("\n  --")[0], text
     _, rollout, _ = agentmem(capsys, monkeypatch, "rollout", "--help", columns=200)
@@ -107,3 +107,61 @@ def test_commands_are_listed_in_the_order_of_the_workflow(capsys, monkeypatch):
     assert code == 0 and listed == [c for c in WORKFLOW if c in listed]
     assert listed[:6] == ["rollout", "eval", "sft", "score", "distill", "train"]
     assert "--debug" in text and "<bool>" not in text
+
+
+def _commands() -> list[str]:
+    """Every command and group under ``agentmem`` (``""`` is the top), as the words that name it."""
+    from typer.main import get_command
+
+    from cli.app import app
+
+    def walk(group, prefix: tuple[str, ...]):
+        yield " ".join(prefix)
+        for name, command in group.commands.items():
+            if getattr(command, "commands", None):
+                yield from walk(command, (*prefix, name))
+            else:
+                yield " ".join((*prefix, name))
+
+    return list(walk(get_command(app), ()))
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_help_fits_80_lines_at_80_columns(capsys, monkeypatch, command):
+    code, text, _ = agentmem(capsys, monkeypatch, *command.split(), "--help")
+    lines = text.splitlines()
+    assert code == 0 and len(lines) <= 80, (command, len(lines))
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    assert "..." not in text.split("Commands:")[-1] if "Commands:" in text else True  # no cut descriptions
+    if command in JOBS:
+        code, full, _ = agentmem(capsys, monkeypatch, *command.split(), "--help-all")
+        assert code == 0 and max(len(line) for line in full.splitlines()) <= 80, command
+
+
+def test_a_long_choice_list_is_named_and_listed_in_its_help(capsys, monkeypatch):
+    _, text, _ = agentmem(capsys, monkeypatch, "rollout", "--help")
+    assert "  --env ENV " in text and "[synthetic|" not in text
+    assert "(one of: synthetic, hotpotqa, squad, locomo, longmemeval, ruler_hotpotqa, needle, musique, " \
+           "2wikimultihopqa, quality)" in " ".join(text.split())
+    assert "  --policy [model|oracle] " in text  # a short list stays in place
+
+
+def test_help_shows_each_option_s_first_clause_and_help_all_the_whole(capsys, monkeypatch):
+    _, short, _ = agentmem(capsys, monkeypatch, "rollout", "--help", columns=200)
+    _, full, _ = agentmem(capsys, monkeypatch, "rollout", "--help-all", columns=200)
+    row = next(line for line in short.splitlines() if line.startswith("  --workers "))
+    assert row.split("INTEGER", 1)[1].strip() == "Local worker processes  [default: 1; x>=1]"
+    assert "Local worker processes: 1 does the calls in this process;" in full
+    knob = next(line for line in short.splitlines() if line.startswith("  --knob "))
+    assert knob.endswith("Environment knob KEY=VALUE, e.g. hops=3, context_tokens=4096, docs=20")
+
+
+def test_first_clause():
+    from cli.command import first_clause, summary
+
+    assert first_clause("ReOPD: branch from run RUN_ID instead of an environment: per episode one step.") == \
+        "ReOPD: branch from run RUN_ID instead of an environment"
+    assert first_clause("A file (YAML; or TOML). Flags override it.") == "A file (YAML; or TOML)"
+    assert first_clause("Knob KEY=VALUE, e.g. hops=3. More.") == "Knob KEY=VALUE, e.g. hops=3"
+    assert summary("Serve a model through the OpenAI API (`/v1/chat`, ...). Every call stored.\n\nMore.") == \
+        "Serve a model through the OpenAI API (`/v1/chat`, ...)"
