@@ -218,6 +218,13 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def mean_interval(scores: Sequence[float | None]) -> tuple[float, float]:
+    """The 95% interval of a run's mean score that every report shows (the CLI, ``eval_results``, the viewer):
+    ``bootstrap_ci`` of the scores, a missing one (a failed episode) as 0, in sorted order, so the interval is a
+    function of the scores alone, not of the order a job or a query read them in."""
+    return bootstrap_ci(sorted(float(s or 0.0) for s in scores))
+
+
 def cluster_bootstrap(
     a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray] | None = None, n: int = 2000, seed: int = 0,
     alpha: float = 0.05,

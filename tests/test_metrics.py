@@ -13,6 +13,7 @@ from envs.metrics import (
     locomo_f1,
     locomo_f1_by_category,
     locomo_normalize,
+    mean_interval,
     normalize_answer,
     score_answer,
     substring_match,
@@ -104,6 +105,14 @@ def test_locomo_f1_by_category_averages_within_each_category():
     assert list(result) == ["1", "2", "5"]
     assert result["1"] == pytest.approx(2 / 3, abs=1e-15)
     assert result["2"] == 0.75 and result["5"] == 0.5
+
+
+def test_mean_interval_is_one_function_of_the_scores_whatever_their_order():
+    rng = np.random.default_rng(1)
+    scores = list(rng.random(64))
+    assert mean_interval(scores) == mean_interval(scores[::-1]) == mean_interval(sorted(scores))
+    assert mean_interval(scores) == bootstrap_ci(sorted(scores))
+    assert mean_interval([1.0, None, 0.5]) == bootstrap_ci([0.0, 0.5, 1.0])  # a failed episode counts 0
 
 
 def test_bootstrap_ci():

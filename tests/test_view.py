@@ -29,7 +29,7 @@ from agentmem.view.app import create_app
 from agentmem.view.diff import word_diff
 from agentmem.view.render import model_label, stylesheet
 from agentmem.view.report import report_html, write_report
-from envs.metrics import bootstrap_ci
+from envs.metrics import mean_interval
 from store import repository as repo
 from store.engine import make_engine, open_read_only, open_store
 from store.errors import ReadOnlyDatabase, StoreError
@@ -123,7 +123,7 @@ def test_every_page_renders(client, seeded):
     runs = client.get("/").text
     for run in (seed.rollout, seed.distill, seed.eval_run):
         assert f'href="/runs/{run.id}"' in runs
-    lo, hi = bootstrap_ci([1.0, 0.5])
+    lo, hi = mean_interval([1.0, 0.5])
     assert f"[{lo:.3f}, {hi:.3f}]" in runs and "0.750" in runs  # mean F1 of the scored episodes, and its interval
     assert seed.checkpoint.id[:10] in runs  # the rollout's policy version
     assert f'href="/runs/{seed.distill.id}/training"' in runs and 'href="/evals"' in runs
@@ -488,3 +488,40 @@ def test_sft_training_page_has_no_panels_of_terms_that_are_off():
     assert ">KL<" in distill and ">clip fraction<" in distill and "kd_loss: step 2" in distill
     assert term_series([step(1, kd_loss=0.5), step(3, kd_loss=0.25, bonus_loss=-0.125)]) == {
         "bonus": [(3, -0.125)], "ce": [(1, 1.0), (3, 1.0)], "kd": [(1, 0.5), (3, 0.25)]}
+
+
+def test_an_eval_run_shows_one_interval_everywhere(store, tmp_path):
+    """The runs page, /evals and the CLI's eval table show an eval's interval from one function: the stored
+    eval_results row's, computed by ``mean_interval`` whatever order the episodes were read in."""
+    from agentmem.jobs.eval import summarize
+    from agentmem.records import Checkpoint, Episode, EpisodeStatus, Run, RunKind
+
+    rng = np.random.default_rng(7)
+    run = Run(kind=RunKind.eval, status="finished", config={"env": "synthetic", "model": "m"})
+    f1s = [float(x) for x in rng.choice([0.0, 0.5, 1.0], size=64)]
+    episodes = [Episode(run_id=run.id, env="synthetic", task_id=f"t{i:02d}", question="q?", gold_answers=["g"],
+                        prediction="p", f1=f, em=f, sub_em=f, status=EpisodeStatus.answered) for i, f in enumerate(f1s)]
+    ckpt = Checkpoint(path="/m", base_model="tiny")
+    row = summarize(episodes[::-1], run_id=run.id, policy=ckpt, env="synthetic", step=0, metrics={})
+    assert row.f1_ci == mean_interval(f1s)
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_checkpoint(s, ckpt)
+        repo.insert_episodes(s, episodes)
+        repo.insert_eval_result(s, row)
+        s.commit()
+    client = TestClient(create_app(open_read_only(store.url)))
+    shown = f"[{row.f1_ci[0]:.3f}, {row.f1_ci[1]:.3f}]"
+    assert shown in client.get("/").text and shown in client.get("/evals").text
+
+
+def test_links_go_to_pages_with_content_and_tables_show_the_gold(client, seeded):
+    _, seed, _ = seeded
+    runs = client.get("/").text
+    row = next(line for line in runs.splitlines() if seed.distill.id[:10] in line and "<tr>" in line)
+    assert ">episodes</a>" not in row and f'href="/runs/{seed.distill.id}/training"' in row
+    rollout = next(line for line in runs.splitlines() if seed.rollout.id[:10] in line and "<tr>" in line)
+    assert ">episodes</a>" in rollout
+    table = client.get(f"/runs/{seed.rollout.id}").text
+    assert "<th>gold</th><th>prediction</th>" in table
+    assert '<td class="pred">Bergen</td><td class="pred">Bergen</td>' in table

@@ -44,7 +44,7 @@ from agentmem.records import Checkpoint, Episode, EvalResult, Invocation, RunKin
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.dynamics import output_stats
 from envs import knobs_of
-from envs.metrics import bootstrap_ci
+from envs.metrics import mean_interval
 from store import repository as repo
 from store.engine import Store
 
@@ -68,13 +68,14 @@ def summarize(
     episodes: Sequence[Episode], *, run_id: str, policy: Checkpoint, env: str, step: int | None,
     metrics: dict[str, Any],
 ) -> EvalResult:
-    """The eval_results row for ``episodes``: means and bootstrap 95% intervals of F1, EM, substring EM."""
+    """The eval_results row for ``episodes``: means and bootstrap 95% intervals (``mean_interval``, the one every
+    report shows) of F1, EM, substring EM."""
     if not episodes:
         raise RunError("no episodes to evaluate")
     stats: dict[str, Any] = {}
     for name in ("f1", "em", "sub_em"):
         values = episode_scores(episodes, name)  # type: ignore[arg-type]
-        stats[name], stats[f"{name}_ci"] = float(np.mean(values)), bootstrap_ci(values)
+        stats[name], stats[f"{name}_ci"] = float(np.mean(values)), mean_interval(values)
     by_status: dict[str, int] = defaultdict(int)
     for ep in episodes:
         by_status[ep.status.value] += 1

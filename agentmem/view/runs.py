@@ -1,6 +1,8 @@
 """The runs page (``/``): every run, newest first, paged, with its model and policy versions, episode count
 and mean F1 with a bootstrap 95% interval. Counts and means are aggregated in SQL; only the F1 column of the
-page's runs is read for the intervals."""
+page's runs is read for the intervals. An eval run shows its ``eval_results`` row's interval (the CLI's and
+``/evals``'); any other run ``envs.metrics.mean_interval`` of its scored episodes' F1, the same function. A run
+links to its episodes only when it has some."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import Run, RunKind
 from agentmem.view.render import Links, render
-from envs.metrics import bootstrap_ci
+from envs.metrics import mean_interval
 from store import repository as repo
 from store.repository import RunSummary
 
@@ -58,9 +60,9 @@ def run_status(summary: RunSummary) -> str:
 
 @functools.lru_cache(maxsize=256)
 def f1_interval(values: tuple[float, ...]) -> tuple[float, float]:
-    """``bootstrap_ci`` of the F1 values, remembered: an ended run's values do not change, and the bootstrap
+    """``mean_interval`` of the F1 values, remembered: an ended run's values do not change, and the bootstrap
     is the runs page's largest cost (1,000 resamples of every run on the page)."""
-    return bootstrap_ci(values)
+    return mean_interval(values)
 
 
 def runs_context(session: Session, page: int = 1, per_page: int = PER_PAGE) -> dict:
@@ -68,8 +70,15 @@ def runs_context(session: Session, page: int = 1, per_page: int = PER_PAGE) -> d
     ids = [s.run.id for s in summaries]
     f1s = repo.episode_f1s(session, ids)
     versions = repo.run_policy_versions(session, ids)
-    lines = [RunLine(s, run_model(s.run), versions.get(s.run.id, []),
-                     f1_interval(tuple(f1s[s.run.id])) if f1s[s.run.id] else None, run_status(s)) for s in summaries]
+    evals = {r.run_id: r.f1_ci for r in repo.list_eval_results(session, ids)}
+
+    def interval(run_id: str) -> tuple[float, float] | None:
+        if run_id in evals:
+            return evals[run_id]
+        return f1_interval(tuple(sorted(f1s[run_id]))) if f1s[run_id] else None
+
+    lines = [RunLine(s, run_model(s.run), versions.get(s.run.id, []), interval(s.run.id), run_status(s))
+             for s in summaries]
     total = repo.count_runs(session)
     return {"lines": lines, "page": page, "pages": max(1, -(-total // per_page)), "total": total}
 
