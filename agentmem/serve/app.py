@@ -6,7 +6,8 @@ Routes, one router module per API (``routes/``), each ``/v1/...`` route also ans
   ``POST /v1/responses`` (``routes/responses.py``), ``GET /v1/models`` (``routes/models.py``); their options:
   ``protocol.py``; checks, generation and storing: ``calls.py``;
 - ``POST /agentmem/episodes/{episode}/reward`` and ``.../privileged`` (``routes/episodes.py``);
-- ``GET /health`` (a gateway's: each upstream's status too, and 503 while none is up).
+- ``GET /health`` (a gateway's: each upstream's status too, and 503 while none is up);
+- ``GET /openapi.json``: every route, header and request body (``openapi.py``).
 
 Authentication: with an API key every route, ``/health`` included, needs ``Authorization: Bearer KEY`` or
 ``api-key: KEY``. An unknown route answers 404 and a wrong method 405, with the OpenAI error body.
@@ -35,6 +36,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from agentmem.serve.calls import Calls, ServeSettings, validation_error
+from agentmem.serve.openapi import openapi
 from agentmem.serve.protocol import ApiError, bad_request, server_error
 from agentmem.serve.recorder import Recorder
 from agentmem.serve.routes import chat, completions, episodes, models, responses
@@ -52,6 +54,12 @@ def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) 
         app.include_router(router, prefix="/v1")
         app.include_router(router, prefix="/episodes/{episode}/v1")
     app.include_router(episodes.router)
+
+    document = openapi()
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(document)
 
     @app.get("/health")
     async def health() -> JSONResponse:
