@@ -51,7 +51,7 @@ SMOKE_CUTS = [
 # a line a job prints for the user to paste: the command after its label
 PASTE = re.compile(r"(?:^|; )(?:inspect|next|resume with|start again with): (agentmem .+)$", re.M)
 SERVER = re.compile(r"^(?:\S*/)?agentmem (view|serve)\b")
-DATA = {"hotpot_dev_distractor_v1.json": "hotpotqa", "locomo10.json": "locomo"}
+DATA = {"hotpot_dev_distractor_v1.json": "hotpotqa", "locomo10.json": "locomo", "dev-v1.1.json": "squad"}
 TIMEOUT = 600
 
 
