@@ -21,7 +21,7 @@ from agentmem.config.choices import PolicySource
 from agentmem.jobs.eval import first_read_skips, run_eval
 from agentmem.jobs.rollout import build_env, run_rollout
 from agentmem.jobs.sft import run_sft
-from agentmem.jobs.train import load_train_state, run_train
+from agentmem.jobs.train import load_train_config, load_train_state, run_train
 from agentmem.records import RunKind, SamplingContext
 from agentmem.runtime import Runtime
 from bench.common.phases import State, say
@@ -162,7 +162,8 @@ class Campaign:
     def train_args(self, arm: Arm, seed: int, warm: dict, extra: list[str] = ()) -> list[str]:
         """The ``agentmem train`` command line of an arm-seed (after ``agentmem train``)."""
         args = ["--config", str(arm.path), "--seed", str(seed), "--init", warm["id"],
-                "--rounds", str(self.plan.rounds), "--out", str(self.work / "ckpt" / f"{arm.name}-{seed}"),
+                "--rounds", str(self.plan.rounds),
+                "--out", str(self.work / "ckpt" / f"{arm.name}-{seed}-S{self.plan.steps}"),
                 *self.plan.train_args]
         if arm.teacher == "hint":
             args += ["--teacher", self.teacher_path()]
@@ -197,10 +198,10 @@ class Campaign:
         return self.state.once(f"arm/{name}/{seed}/S{self.plan.steps}", make)
 
     def _cut_train_run(self, config: TrainConfig) -> str | None:
-        """A train run of this config that a kill cut (same checkpoint folder, not finished), or None."""
+        """A train run of this config that a kill cut (same config, not finished), or None."""
         with self.store.session() as s:
             runs = [r.run for r in repo.list_runs(s) if r.run.kind is RunKind.train
-                    and r.run.config.get("distill", {}).get("out") == config.distill.out]
+                    and load_train_config(r.run) == config]
         cut = [r for r in runs if len(load_train_state(self.store, r.id).finished) < config.rounds]
         return max(cut, key=lambda r: r.created_at).id if cut else None
 
