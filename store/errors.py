@@ -37,6 +37,11 @@ class ValueOutOfBounds(StoreError, ValueError):
         self.field = field
 
 
+class StoredRowError(StoreError, ValueError):
+    """A stored row a job cannot read or train on (a value of another schema, a broken array, a reward that is
+    not finite): the message names its run, the row and the column."""
+
+
 class LeaseLost(StoreError):
     """A rollout worker wrote for episodes it no longer holds (its lease was taken over): nothing was
     written for them; the worker must drop them, in-memory state and all."""

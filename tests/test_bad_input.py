@@ -211,3 +211,44 @@ def test_a_broken_data_file_creates_nothing(capsys, monkeypatch, tmp_path, job, 
     assert (code, len(lines)) == (1, 1), lines
     assert lines[0].startswith("error: data.json: "), lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json"]  # no agentmem.db, no agentmem.db.lock
+
+
+# Stored rows a job cannot read or train on (another schema's values, broken arrays, a reward stored before the
+# store checked its bounds): (case, SQL that writes the row, the line's part). sft died on the first with a
+# 60-line traceback (`ValueError: rewards must be finite`) and left a `failed` run behind.
+BAD_ROWS = [
+    ("infinite-reward", "UPDATE episodes SET reward = 1e999 WHERE run_id = '{run}'", "has reward inf, not a finite"),
+    ("f1-above-one", "UPDATE episodes SET f1 = 7 WHERE run_id = '{run}'", "has f1 7.0, outside [0, 1]"),
+    ("unknown-status", "UPDATE episodes SET status = 'paused' WHERE run_id = '{run}'",
+     "has status 'paused', which this version does not read"),
+    ("unknown-finish-reason", "UPDATE invocations SET finish_reason = 'weird'",
+     "has finish_reason 'weird', which this version does not read"),
+    ("broken-ids", "UPDATE invocations SET output_ids = x'010203'", "output_ids holds 3 bytes, not whole"),
+]
+
+
+@pytest.mark.parametrize(("case", "statement", "needle"), BAD_ROWS, ids=[c[0] for c in BAD_ROWS])
+@pytest.mark.parametrize("job", ["sft", "distill", "score", "export"])
+def test_a_bad_stored_row_is_one_line_naming_run_and_row(capsys, world, run_id, tmp_path, job, case, statement,
+                                                         needle):
+    import shutil
+
+    db = tmp_path / "store.db"
+    shutil.copy(world["db"], db)
+    con = sqlite3.connect(db)
+    con.execute(statement.format(run=run_id))
+    con.commit()
+    con.close()
+    before = snapshot(db)
+    model = world["model_a"]
+    argv = {"sft": ["sft", "--run", run_id, "--student", model, "--steps", "1"],
+            "distill": ["distill", "--run", run_id, "--student", model, "--teacher", model, "--steps", "1"],
+            "score": ["score", "--run", run_id, "--teacher", model],
+            "export": ["export", "--run", run_id, "--out", str(tmp_path / "calls.parquet")]}[job]
+    code, lines = cli(capsys, *argv, "--out" if job in ("sft", "distill") else "--db",
+                      *([str(tmp_path / "ckpt"), "--db"] if job in ("sft", "distill") else []), str(db))
+    assert (code, len(lines)) == (1, 1), lines
+    assert lines[0].startswith(f"error: run {run_id}: ") and needle in lines[0], lines[0]
+    assert lines[0].endswith("fix the row (agentmem sql --write) or leave its run out")
+    assert snapshot(db) == before  # no run row, no score, nothing
+    assert not (tmp_path / "calls.parquet").exists() and not (tmp_path / "ckpt").exists()

@@ -422,3 +422,31 @@ def test_coasting_moves_the_weights_by_the_carried_adamw_state_alone(stored, tmp
     with pytest.raises(ValueError, match="needs optim.carry_optimizer"):
         DistillConfig.model_validate({**config.model_dump(), "optim": {**config.optim.model_dump(),
                                                                        "carry_optimizer": False}})
+
+
+def test_resume_names_a_gone_checkpoint_and_a_config_of_another_version(stored, tmp_path):
+    """Resuming a run whose last checkpoint folder was deleted said it "kept no optimizer state"; one whose stored
+    config another version wrote died on a pydantic error naming a flag. Each is one line naming the run now,
+    before any model loads."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    from agentmem.errors import RunError
+    from store.orm import RunRow
+
+    store, run_id, folder = stored
+    done = run_sft(store, sft_config(run_id, folder, tmp_path, steps=2, save_every=1, keep_optimizer=True))
+    shutil.rmtree(done.last_checkpoint.path)
+    with pytest.raises(RunError, match=rf"^run {done.run_id}: its last checkpoint {done.last_checkpoint.id} is gone "
+                                       r"\(no folder .*step-000002\), so the run cannot go on: start a new run$"):
+        run_sft(store, None, resume=done.run_id, steps=3)
+    with store.session() as s:
+        config = s.get(RunRow, done.run_id).config
+        s.execute(sa.update(RunRow).where(RunRow.id == done.run_id).values(config={**config, "old_field": 1}))
+        s.commit()
+    with pytest.raises(RunError, match=rf"^run {done.run_id}: its stored config does not read in this version "
+                                       r"\(old_field: Extra inputs are not permitted\): start a new sft run$"):
+        run_sft(store, None, resume=done.run_id, steps=3)
+    with store.session() as s:
+        assert [r.run.kind.value for r in repo.list_runs(s)].count("sft") == 1

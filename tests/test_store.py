@@ -4,6 +4,7 @@ concurrent writers."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 from datetime import datetime, timezone
 
 import numpy as np
@@ -23,9 +24,9 @@ from agentmem.testing.store_records import make_episode, make_invocation, make_r
 from store import repository as repo
 from store.bounds import LIMITS
 from store.engine import make_engine, open_store
-from store.errors import NotFound, SchemaOutOfDate, ValueOutOfBounds
+from store.errors import NotFound, SchemaOutOfDate, StoredRowError, ValueOutOfBounds
 from store.migrations import current_revision, downgrade, head_revision, upgrade
-from store.orm import Base
+from store.orm import Base, InvocationRow
 
 TABLES = {"runs", "checkpoints", "episodes", "invocations", "teacher_scores", "train_steps", "eval_results",
           "serve_calls"}
@@ -256,6 +257,37 @@ def test_bounds_are_the_same_on_every_database(store):
         assert repo.count_invocations(s, [run.id]) == 0
         back = repo.get_episode(s, ep.id)
         assert (back.reward, back.f1, back.em) == (None, None, None)
+
+
+def test_rows_a_job_cannot_read_are_named_before_it_reads(store):
+    """A reward stored before the bounds (inf on both databases; NaN too on Postgres, which SQLite stores as
+    NULL), another schema's finish reason, log-probs and ids of unequal lengths: each is one StoredRowError naming
+    the run, the row and the column."""
+    run = make_run()
+    ep = make_episode(run)
+    inv = make_invocation(ep, 0, np.random.default_rng(3), 3, 2)
+    with store.session() as s:
+        repo.insert_run(s, run)
+        repo.insert_episodes(s, [ep])
+        repo.insert_invocations(s, [inv])
+        s.commit()
+        repo.check_stored_rows(s, [run.id])  # whole rows pass
+        fix = ": fix the row (agentmem sql --write) or leave its run out"
+        nan = [("nan", f"episode {ep.id} has reward nan, not a finite number")] if s.bind.dialect.name != "sqlite" else []
+        for value, line in [("inf", f"episode {ep.id} has reward inf, not a finite number"), *nan]:
+            s.execute(sa.text("UPDATE episodes SET reward = :r"), {"r": float(value)})
+            with pytest.raises(StoredRowError, match=f"^{re.escape(f'run {run.id}: {line}{fix}')}$"):
+                repo.check_stored_rows(s, [run.id])
+        s.rollback()
+        s.execute(sa.text("UPDATE invocations SET finish_reason = 'weird'"))
+        with pytest.raises(StoredRowError, match=f"^run {run.id}: invocation {inv.id} has finish_reason 'weird', "
+                                                 "which this version does not read"):
+            repo.check_stored_rows(s, [run.id])
+        s.rollback()
+        s.execute(sa.update(InvocationRow).values(output_logprobs=b"\0" * 4))
+        with pytest.raises(StoredRowError, match=r"output_logprobs \(1\) and output_ids \(2\) differ in length"):
+            repo.check_stored_rows(s, [run.id])
+        s.rollback()
 
 
 def test_views(store):

@@ -66,7 +66,11 @@ def _rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
 
 
 def export_invocations(store: Store, run_ids: Sequence[str], out: Path) -> datasets.Dataset:
-    """Write ``out`` (``.parquet`` file, else a ``save_to_disk`` folder); returns the dataset."""
+    """Write ``out`` (``.parquet`` file, else a ``save_to_disk`` folder); returns the dataset. A stored row it
+    cannot read, or an outcome the store no longer takes (a reward that is not finite), is one ``StoredRowError``
+    naming the run and the row, before anything is written."""
+    with store.session() as s:
+        repo.check_stored_rows(s, [repo.get_run(s, r).id for r in run_ids])
     rows = list(_rows(store, run_ids))
     if not rows:
         raise RunError(f"no stored invocations in run(s) {', '.join(run_ids)}")

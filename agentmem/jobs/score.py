@@ -74,6 +74,8 @@ def run_score(
     ``student`` inject loaded models (tests); otherwise ``config.teacher`` / ``config.student`` load."""
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     check_kinds(config.kinds)
+    with store.session() as s:  # rows it could not read: one line naming them, before its run opens
+        repo.check_stored_rows(s, config.run_ids)
     from agentmem.training.privileged_file import read_privileged, with_privileged
     from agentmem.training.scoring import ScoreProgress, Scorer, ScoreResult
     from agentmem.training.selection import select, student_sequences, teacher_sequences

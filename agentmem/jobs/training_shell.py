@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from pydantic import ValidationError
+
 from agentmem import model_refs
 from agentmem.agent.registry import check_kinds
 from agentmem.config import DistillConfig, SftConfig
-from agentmem.errors import ConfigError
+from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.runs import RunHandle, check_runs, job_run, load_run
 from agentmem.model_refs import ModelRef
 from agentmem.records import Checkpoint, RunKind, SamplingContext, TrainStep
@@ -72,7 +74,14 @@ def load_train_run(store: Store, run_id: str, kind: RunKind,
     run = load_run(store, run_id, kind)
     with store.session() as s:
         ckpts = repo.list_checkpoints(s, run.id)
-    return run.id, model.model_validate(run.config), (ckpts[-1] if ckpts else None)
+    try:
+        config = model.model_validate(run.config)
+    except ValidationError as err:  # a run stored by another version
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "config"
+        raise RunError(f"run {run.id}: its stored config does not read in this version ({where}: {first['msg']}): "
+                       f"start a new {kind.value} run") from None
+    return run.id, config, (ckpts[-1] if ckpts else None)
 
 
 def prepare(store: Store, kind: RunKind, model: type[JobConfig], config: JobConfig | None, resume: str | None,
@@ -89,6 +98,8 @@ def prepare(store: Store, kind: RunKind, model: type[JobConfig], config: JobConf
         raise ConfigError(f"run_{kind.value} needs a config or a run to resume")
     config = config.model_copy(update={"run_ids": check_runs(store, config.run_ids)})
     check_kinds(config.kinds)
+    with store.session() as s:  # rows it could not read or train on: one line naming them, before any run opens
+        repo.check_stored_rows(s, config.run_ids)
     return config, resumed
 
 
@@ -140,6 +151,9 @@ def train(
     )
     from agentmem.training.trainer import Trainer
 
+    if resumed.checkpoint is not None and not Path(resumed.checkpoint.path).is_dir():
+        raise RunError(f"run {resumed.run_id}: its last checkpoint {resumed.checkpoint.id} is gone (no folder "
+                       f"{resumed.checkpoint.path}), so the run cannot go on: start a new run")
     if resumed.checkpoint is not None and not has_optimizer_state(Path(resumed.checkpoint.path)):
         raise ConfigError(f"run {resumed.run_id} finished and its last checkpoint {resumed.checkpoint.id} kept no "
                           f"optimizer state (--keep-optimizer keeps it), so it cannot go on exactly: start a new "

@@ -11,7 +11,7 @@ resume. ``run_liveness`` tells a live running run from one whose process was kil
 
 One module per record type: ``runs``, ``checkpoints``, ``episodes``, ``invocations``, ``teacher_scores``,
 ``train_steps``, ``eval_results`` (``rows`` holds what they share: text columns, idempotent inserts, rows by
-abbreviated id). Every function is re-exported here, so callers write ``from store import repository as
+abbreviated id; ``stored`` the check of a run's rows a job makes before it reads them). Every function is re-exported here, so callers write ``from store import repository as
 repo`` and ``repo.get_run(...)`` whatever module holds it.
 """
 
@@ -66,6 +66,7 @@ from store.repository.runs import (
     run_policy_versions,
     start_run,
 )
+from store.repository.stored import check_stored_rows
 from store.repository.teacher_scores import (
     count_teacher_scores,
     get_teacher_scores,
@@ -85,6 +86,7 @@ __all__ = [
     "EpisodeStats",
     "RunSummary",
     "STALE_AFTER",
+    "check_stored_rows",
     "checkpoint_id_for_path",
     "claim_run",
     "count_episodes",
