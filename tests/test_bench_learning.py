@@ -130,3 +130,21 @@ def test_the_gpu_script_builds_every_units_commands_in_its_dry_run(tmp_path):
     trained = [a for a in suite.SUITES["core"] if suite.arm(a).trained]
     for seed in range(5):
         assert sum(f"--seed {seed} " in line for line in lines) == len(trained) + (3 if seed == 0 else 0)
+
+
+@pytest.mark.bench_smoke
+def test_a_unit_killed_in_an_arms_second_round_resumes_that_train_run(tmp_path):
+    run = [sys.executable, "-m", "bench.learning", "--smoke", "--work", str(tmp_path), "--threads", "1",
+           "--arms", "warm,opd_hint"]
+    proc = subprocess.Popen(run, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "round 2/2: rollout with" in line:
+            proc.kill()
+            break
+    proc.wait(timeout=60)
+    again = subprocess.run(run, env=ENV, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "opd_hint seed 0: resuming train run" in again.stdout and "round 1/2: rollout" not in again.stdout
+    record = json.loads(next((tmp_path / "records").rglob("opd_hint-0.json")).read_text())
+    assert record["ledger"]["steps"] == 4  # both rounds' steps, the ones before the kill included
