@@ -209,6 +209,21 @@ def test_responses_options_are_applied_or_refused_by_name(sqlite_store):
             "metadata": {"task": "t1"}}
 
 
+def test_input_items_of_the_wrong_types_are_refused_by_name(sqlite_store):
+    """Found by the serve fuzz: an input item whose role was a list or an object raised a TypeError (a 500); each
+    item's type, role, call id, name and arguments are strings, or a 400 naming the item's field."""
+    server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tiny_tokenizer(), lambda _: "x"))
+    cases = [({"role": [1, "a"], "content": "hi"}, "input.0.role"), ({"role": {"type": "x"}, "content": "hi"},
+                                                                     "input.0.role"),
+             ({"type": "function_call", "call_id": 7, "name": "f", "arguments": "{}"}, "input.0.call_id"),
+             ({"type": "function_call", "call_id": "c", "arguments": "{}"}, "input.0.name")]
+    with running(server.app) as root:
+        for item, param in cases:
+            answer = httpx.post(f"{root}/v1/responses", json={"model": "s", "input": [item]})
+            assert (answer.status_code, answer.json()["error"]["param"]) == (400, param), answer.text
+    server.close("finished")
+
+
 def test_the_openai_agents_sdk_runs_its_default_model_with_a_tool(sqlite_store):
     """The OpenAI Agents SDK's default model (Responses) with a function tool, run and streamed, and its chat
     completions model: the agent calls the tool, reads its result and answers; each run's calls land in one

@@ -48,12 +48,17 @@ def chat_messages(req: ResponsesRequest, prefix: list[dict[str, Any]]) -> list[d
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else list(req.input or [])
     for k, item in enumerate(items):
         kind, where = item.get("type", "message"), f"input[{k}]"
+        for key in ("type", "role", "call_id", "name", "arguments"):  # each a string when given
+            if item.get(key) is not None and not isinstance(item[key], str):
+                raise bad_request(f"{where}.{key}: a string, got {type(item[key]).__name__}", f"input.{k}.{key}")
         if kind == "message":
             role = ROLES.get(item.get("role", ""))
             if role is None:
                 raise bad_request(f"{where}: unknown role {item.get('role')!r}", "input")
             out.append({"role": role, "content": _text(item.get("content", ""), where)})
         elif kind == "function_call":
+            if not item.get("name"):
+                raise bad_request(f"{where}: a function_call names its function", f"input.{k}.name")
             call = _template_call({"id": item.get("call_id"), "type": "function",
                                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}})
             if out and out[-1]["role"] == "assistant":
