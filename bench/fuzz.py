@@ -33,7 +33,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from agentmem.testing.fuzz import Health, Target, half_written, model_of, requests, served
+from agentmem.testing.fuzz import Health, Target, half_written, in_flight, model_of, requests, served
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import make_engine, open_store, resolve_url
 from store.migrations import upgrade
@@ -120,6 +120,8 @@ def main() -> None:
     for t in targets:
         for p in t.checker.problems:
             print(f"{t.name}: {p}")
+    worst, during = in_flight(health, [t.checker for t in targets])
+    print(f"slowest /health: {worst:.0f} ms, during {repr(during)[:300] if during else 'no request'}")
     print(f"db={db} seconds={seconds:.0f} requests/s={n / seconds:.1f} unnamed_4xx={unnamed} "
           f"health_failures={health.failures} max_health_ms={max(health.latencies_ms, default=0):.0f}")
     print(f"requests={n} server_errors={server_errors} half_written={len(problems) + miscounted} "

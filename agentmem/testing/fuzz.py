@@ -298,6 +298,7 @@ class Checker:
         self.refused_without_field = 0
         self.miscounted = 0  # answered calls not stored exactly once, refused calls that stored something
         self.problems: list[str] = []  # the first ones found, with their requests
+        self.sent: list[tuple[float, float, Request]] = []  # (start, end, request): what was in flight when
 
     def _stored(self) -> int:
         with self.store.session() as s:
@@ -314,6 +315,7 @@ class Checker:
         if content is not None and not request.raw:
             headers["content-type"] = "application/json"
         before = self._stored()
+        started = time.monotonic()
         try:
             reply = self.client.request(request.method, path, content=content, headers=headers)
         except httpx.HTTPError as exc:  # the connection broke: as bad as a 500
@@ -321,6 +323,7 @@ class Checker:
             outcome = Outcome(599, [f"{request.method} {path}: {type(exc).__name__}: {exc}"])
         else:
             outcome = self.check(request, reply, before, headers)
+        self.sent.append((started, time.monotonic(), request))
         if outcome.violations and len(self.problems) < 20:
             self.problems += [*outcome.violations, f"  request: {request!r}"[:2000]]
         return outcome
@@ -407,6 +410,7 @@ class Health:
     def __init__(self, root: str, interval_s: float = 0.1, headers: dict[str, str] | None = None):
         self.root, self.interval_s, self.headers = root, interval_s, headers or {}
         self.latencies_ms: list[float] = []
+        self.starts: list[float] = []  # when each poll began (time.monotonic)
         self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -420,6 +424,7 @@ class Health:
                 except httpx.HTTPError:
                     ok = False
                 self.latencies_ms.append((time.monotonic() - start) * 1000)
+                self.starts.append(start)
                 self.failures += not ok
                 self._stop.wait(self.interval_s)
 
@@ -479,3 +484,16 @@ def served(store: Store, folder: Path, *, gateway: bool = True, max_body_mb: flo
 
 def model_of(targets: list[Target]) -> str:
     return httpx.get(f"{targets[0].root}/v1/models").json()["data"][0]["id"]
+
+
+def in_flight(health: Health, checkers: list[Checker]) -> tuple[float, Request | None]:
+    """The slowest ``/health`` answer (ms) and the request that was being answered meanwhile, if any."""
+    if not health.latencies_ms:
+        return 0.0, None
+    k = max(range(len(health.latencies_ms)), key=health.latencies_ms.__getitem__)
+    start, end = health.starts[k], health.starts[k] + health.latencies_ms[k] / 1000
+    for checker in checkers:
+        for began, ended, request in checker.sent:
+            if began < end and ended > start:
+                return health.latencies_ms[k], request
+    return health.latencies_ms[k], None
