@@ -126,6 +126,10 @@ def captured(monkeypatch) -> dict:
         monkeypatch.setattr(f"agentmem.jobs.{name}.run_{name}", job(name))
     monkeypatch.setattr("store.engine.open_store", lambda *a, **k: None)
     monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)  # no store to check ids in
+    from cli.plan import Plan
+
+    for name in ("agent_plan", "score_plan"):  # no store to read the planned calls and rates from
+        monkeypatch.setattr(f"cli.plan.{name}", lambda *a, **k: Plan(None, None, None, ""))
     return seen
 
 
