@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dry-run", action="store_true", help="print the unit's train commands, each config built and "
                     "checked; run nothing")
     args = ap.parse_args(argv)
+    args.work = args.work.resolve()  # the tiny model's folder is a model reference: absolute, wherever it runs
     if args.report:
         for path in report.write():
             print(path)
