@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 from bench.common.phases import say
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     say(f"seed {seed}: {', '.join(arms)} at {plan.steps} steps on a {plan.host} host, {args.threads} thread(s)")
     minutes = campaign.unit(seed, arms)
-    recs = [r for r in records.load(records_dir) if r.get("config_hash") == records.config_hash(
-        records.config_of(campaign_plan_dict(plan)))]
+    recs = [r for r in records.load(records_dir)
+            if r.get("config_hash") == records.config_hash(records.config_of(asdict(plan)))]
     if not args.smoke and records_dir == records.RECORDS:
         report.write()
     if args.pilot or args.smoke:
@@ -92,12 +93,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"pilot: gap {curve['gap']} S={curve['S']} stop={curve['stop']} curve={curve['curve']}")
     print(f"minutes={minutes:.1f}")
     print(records.last_line(records.summarize(recs)))
-
-
-def campaign_plan_dict(plan: Plan) -> dict:
-    from dataclasses import asdict
-
-    return asdict(plan)
 
 
 if __name__ == "__main__":
