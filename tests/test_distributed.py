@@ -124,6 +124,32 @@ def _copy(db: Path, to: Path) -> Path:
     return to
 
 
+def _kill_job(pid: int) -> None:
+    """SIGKILL a torchrun job and its workers: torchrun starts each worker in a session of its own, so killing
+    torchrun's process group leaves the workers running (they would go on and finish the run)."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _weights(db: Path, step: int) -> dict[str, torch.Tensor]:
     (path,) = rows(db, f"select path from checkpoints where step = {step}")[0]
     return load_file(str(Path(path) / "model.safetensors"))
@@ -151,7 +177,6 @@ def test_sft_under_torchrun_matches_one_process(seeded, tmp_path):
 def test_a_killed_torchrun_distill_resumes_to_the_one_process_weights(seeded, tmp_path):
     """kill -9 of the whole torchrun job once step 1 is saved, then `torchrun ... distill --resume RUN_ID`: the
     step-3 weights equal an uninterrupted one-process run's (to 1e-5)."""
-    import signal
     import time
 
     db, run_id, student, teacher = seeded
@@ -172,7 +197,7 @@ def test_a_killed_torchrun_distill_resumes_to_the_one_process_weights(seeded, tm
             break
         time.sleep(0.05)
     assert job.poll() is None, "the job ended before it could be killed"
-    os.killpg(job.pid, signal.SIGKILL)
+    _kill_job(job.pid)
     job.wait()
     (killed,) = rows(two, "select id from runs where kind = 'distill'")[0]
     steps_before = rows(two, "select count(*) from train_steps")[0][0]
@@ -202,7 +227,7 @@ def test_fsdp_on_gloo_matches_one_process_and_resumes(seeded, tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
 
     run([sys.executable, "-m", "agentmem"], one, *args, "--steps", "3", "--out", str(tmp_path / "ck1"))
-    run(torchrun, two, *args, "--steps", "2", "--fsdp", "--out", str(tmp_path / "ck2"))
+    run(torchrun, two, *args, "--steps", "2", "--fsdp", "--keep-optimizer", "--out", str(tmp_path / "ck2"))
     losses = [rows(d, "select step, loss, tokens from train_steps where step <= 2 order by step") for d in (one, two)]
     for a, b in zip(*losses, strict=True):
         assert a[2] == b[2] and abs(a[1] - b[1]) <= TOLERANCE, (a, b)

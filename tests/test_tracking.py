@@ -156,6 +156,6 @@ def test_cli_report_to_flag(tmp_path):
         assert "--report-to" in am(command, "--help-all").stdout
     db = tmp_path / "x.db"
     bad = am("sft", "--run", "r", "--report-to", "tensorboard,neptune", "--db", str(db))
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # a bad flag value is a usage error (cli.command)
     assert bad.stderr.strip() == "error: --report-to 'neptune': choose from tensorboard, mlflow, wandb or none"
     assert not db.exists()
