@@ -93,15 +93,6 @@ def register(store: Store, model: ModelRef) -> Checkpoint:
     return ckpt
 
 
-def register_trained(store: Store, *, run_id: str, parent: Checkpoint, step: int, path: Path) -> Checkpoint:
-    """Register a checkpoint a training job saved: its run, its parent version and its step."""
-    ckpt = Checkpoint(run_id=run_id, parent_id=parent.id, step=step, path=str(path), base_model=parent.base_model)
-    with store.session() as s:
-        repo.insert_checkpoint(s, ckpt)
-        s.commit()
-    return ckpt
-
-
 def auto_dtype(store: Store | None, ref: str | None) -> DTypeChoice:
     """``--dtype auto``: the faster generating dtype for the model ``ref`` on this CPU (loaded in fp32 to measure,
     only where the CPU has native bf16)."""

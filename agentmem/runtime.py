@@ -72,11 +72,6 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def torch_device(self):
-        import torch
-
-        return torch.device(self.device)
-
     def dtype_for(self, configured: DType | str) -> DType:
         """The dtype a job computes in: the runtime override when set, else the job's configured one."""
         return self.dtype or DType(configured)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import agentmem.config
-from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, ListSink, resume_state
+from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, ListSink
 from agentmem.agent.overwrite import OverwriteState
 from agentmem.agent.registry import memory_policy
 from agentmem.config import RolloutConfig
@@ -208,21 +208,6 @@ def test_start_refuses_calls_the_policy_did_not_make():
         loop.start(ep, task, foreign)
     with pytest.raises(AgentError, match="stored step 0 is a 'answer' call"):
         loop.start(ep, task, [calls[-1].model_copy(update={"step": 0})])
-
-
-def test_resume_state_is_a_deprecated_wrapper():
-    tok = tiny_tokenizer()
-    env = tiny_env(tok)
-    (task,) = env.tasks(1)
-    loop, sink = run_scripted([task], env)
-    (ep,) = sink.finished
-    calls = episode_calls(sink, ep.id)
-    with pytest.warns(DeprecationWarning):
-        state = resume_state(ep, task, calls[:2])
-    assert state.next_step == 2
-    rest = ListSink()
-    loop.run([state], rest)
-    assert [c.prompt_text for c in rest.all_invocations] == [c.prompt_text for c in calls[2:]]
 
 
 def test_memory_must_match_the_config():

@@ -29,7 +29,6 @@ Invariants:
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -45,7 +44,7 @@ from envs.metrics import Scores
 
 __all__ = [
     "AgentConfig", "AgentLoop", "Call", "EpisodeState", "ListSink", "MemoryPolicy", "RoundStats", "Sink",
-    "memory_policy", "register_memory_policy", "resume_state",
+    "memory_policy", "register_memory_policy",
 ]
 
 DEFAULT_ROUTE = "*"
@@ -75,14 +74,6 @@ class EpisodeState:
 def _check_steps(episode: Episode, stored: Sequence[Invocation]) -> None:
     if [i.step for i in stored] != list(range(len(stored))):
         raise AgentError(f"episode {episode.id}: stored steps are not 0..{len(stored) - 1}")
-
-
-def resume_state(episode: Episode, task: Task, stored: Sequence[Invocation]) -> EpisodeState:
-    """Deprecated: use ``AgentLoop.start``. An episode that ``AgentLoop.run`` starts from ``stored``."""
-    warnings.warn("resume_state is deprecated: use AgentLoop.start", DeprecationWarning, stacklevel=2)
-    _check_steps(episode, stored)
-    return EpisodeState(episode, task, next_step=len(stored), calls=len(stored), stored=tuple(stored),
-                        tokens=sum(i.prompt_tokens + i.output_tokens for i in stored))
 
 
 class Sink(Protocol):

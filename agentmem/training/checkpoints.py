@@ -117,11 +117,6 @@ def drop_optimizer_state(folder: Path) -> int:
     return before - path.stat().st_size
 
 
-def folder_bytes(folder: Path) -> int:
-    """The bytes of every file under ``folder``."""
-    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
-
-
 def _state(folder: Path, mmap: bool = False) -> dict:
     path = Path(folder) / TRAINER_STATE
     if not path.is_file():
