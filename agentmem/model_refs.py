@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentmem.backends.model_files import DEFAULT_MODEL, load_model, resolve_model
+from agentmem.backends.types import Backend
 from agentmem.config import BackendKind, DType
-from agentmem.policy.model_files import DEFAULT_MODEL, load_model, resolve_model
-from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint
 from agentmem.runtime import Runtime
 from store import repository as repo
@@ -25,7 +25,7 @@ from store.engine import Store
 from store.errors import NotFound
 
 if TYPE_CHECKING:  # torch: only when --dtype auto measures
-    from agentmem.policy.dtype_choice import DTypeChoice
+    from agentmem.backends.dtype_choice import DTypeChoice
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def register(store: Store, model: ModelRef) -> Checkpoint:
 def auto_dtype(store: Store | None, ref: str | None) -> DTypeChoice:
     """``--dtype auto``: the faster generating dtype for the model ``ref`` on this CPU (loaded in fp32 to measure,
     only where the CPU has native bf16)."""
-    from agentmem.policy.dtype_choice import choose_dtype, unmeasured_choice
+    from agentmem.backends.dtype_choice import choose_dtype, unmeasured_choice
 
     path = resolve(store, ref).path
     if (choice := unmeasured_choice()) is not None:
@@ -131,11 +131,11 @@ def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Run
     ``openai``: a client of the server at ``base_url`` serving the model under ``served_name``, with the
     tokenizer of ``path`` (no weights load); ``static_decode=False``: the transformers backend's generic
     decode step (for comparisons)."""
-    from agentmem.policy.backends import make_backend
+    from agentmem.backends.registry import make_backend
 
     if str(kind) == BackendKind.openai.value:
+        from agentmem.backends.openai_backend import OpenAIBackend
         from agentmem.errors import BackendError
-        from agentmem.policy.openai_backend import OpenAIBackend
 
         if base_url is None:
             raise BackendError("backend openai needs a base URL (--base-url)")

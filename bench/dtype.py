@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agentmem.policy.model_files import load_model, prepare_default_model
+from agentmem.backends.model_files import load_model, prepare_default_model
 from agentmem.records import Invocation
 from agentmem.replay import pack, rebuild_aligned
 from agentmem.training.collate import collate_rows

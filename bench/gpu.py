@@ -8,7 +8,7 @@ to ``OUT/gpu_check.log``):
   exact        bf16 on CUDA (float32 in a dry run): packed vs unpacked and shared-prefix vs unshared logits,
                teacher log-probs (the packed scorer) vs a direct forward pass, and every fast-path kernel
                (per-segment SDPA, FlexAttention, flash varlen where installed) vs the reference 4-D mask path
-  serve_batch  continuous batching (``policy/decode_batch.py``: rows joining a running decode batch, the
+  serve_batch  continuous batching (``backends/decode_batch.py``: rows joining a running decode batch, the
                static decode step's buffers growing, slots reused) on the device in float32: each row's sampled
                log-probs against a fresh forward pass over its prompt and output
   speed        packed vs padded teacher scoring and training steps at MemAgent-like call lengths (1-8K tokens
@@ -253,8 +253,8 @@ def serve_batch_part(check: Check, folder: Path) -> Callable[[Callable[[], float
     def run(left):
         from transformers import AutoModelForCausalLM
 
-        from agentmem.policy import SamplingParams, TransformersBackend
-        from agentmem.policy.decode_batch import DecodeBatch
+        from agentmem.backends import SamplingParams, TransformersBackend
+        from agentmem.backends.decode_batch import DecodeBatch
 
         dev, tok = check.device, tiny_tokenizer()
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(dev).eval()

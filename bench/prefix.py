@@ -44,10 +44,10 @@ import numpy as np
 import torch
 
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
+from agentmem.backends.model_files import load_model, prepare_default_model
+from agentmem.backends.transformers_backend import TransformersBackend
+from agentmem.backends.types import SamplingParams
 from agentmem.config import AgentConfig, Packing
-from agentmem.policy.model_files import load_model, prepare_default_model
-from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.policy.types import SamplingParams
 from agentmem.records import Invocation
 from agentmem.replay import rebuild_aligned, shareable_prefix
 from agentmem.training.forward import PackedModel, plan

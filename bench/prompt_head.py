@@ -41,12 +41,12 @@ import torch
 
 from agentmem.agent.overwrite import OverwritePolicy, OverwriteState
 from agentmem.agent.prompts import answer_prompt
+from agentmem.backends.model_files import load_model, prepare_default_model
+from agentmem.backends.transformers_backend import TransformersBackend
+from agentmem.backends.types import SamplingParams
 from agentmem.config import AgentConfig, DType, EvalConfig
 from agentmem.jobs.eval import run_eval
 from agentmem.model_refs import register, resolve
-from agentmem.policy.model_files import load_model, prepare_default_model
-from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.policy.types import SamplingParams
 from agentmem.runtime import CPU
 from bench.common.tiny import tiny_model
 from envs import load_env

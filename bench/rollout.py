@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from agentmem import model_refs
+from agentmem.backends.model_files import prepare_default_model
 from agentmem.config import AgentConfig, EvalConfig, RolloutConfig
 from agentmem.jobs.eval import run_eval
 from agentmem.jobs.rollout import StoreSink, run_rollout
-from agentmem.policy.model_files import prepare_default_model
 from agentmem.runtime import Runtime
 from bench.common.tiny import tiny_model
 from store.engine import open_store

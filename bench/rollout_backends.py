@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from agentmem.policy import SamplingParams, TransformersBackend, resolve_model
+from agentmem.backends import SamplingParams, TransformersBackend, resolve_model
 from bench.common.tiny import tiny_model
 
 CHUNK = (

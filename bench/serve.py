@@ -93,8 +93,8 @@ def start_server(model: str, db: str, port: int, window_ms: float, backend: str,
 
 def direct(model: str, clients: int, calls: int, max_tokens: int, kind: str) -> float:
     """Calls per second of the backend alone, one batch of the K clients' prompts per round."""
-    from agentmem.policy.backends import make_backend
-    from agentmem.policy.types import SamplingParams
+    from agentmem.backends.registry import make_backend
+    from agentmem.backends.types import SamplingParams
 
     os.environ.update({k: ENV[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")})
     backend = make_backend(kind, model, dtype="float32")
@@ -251,7 +251,7 @@ def main() -> None:
         model = save_tiny(work / "tiny", tiny_llama_vllm() if args.backend == "vllm" else tiny_llama())
         args.calls, args.max_tokens = min(args.calls, 3), min(args.max_tokens, 8)
     elif model == "default":
-        from agentmem.policy.model_files import resolve_model
+        from agentmem.backends.model_files import resolve_model
 
         model = str(resolve_model(None))
     db = f"sqlite:///{work / 'serve.db'}"

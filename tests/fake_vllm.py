@@ -13,7 +13,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from agentmem.policy.types import SamplingParams
+from agentmem.backends.types import SamplingParams
 
 
 def fake_vllm(backend, model_id: str = "fake/model", max_model_len: int = 4096) -> FastAPI:

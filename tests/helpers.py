@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Checkpoint
 
 

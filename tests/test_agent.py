@@ -11,12 +11,12 @@ import agentmem.config
 from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, ListSink
 from agentmem.agent.overwrite import OverwriteState
 from agentmem.agent.registry import memory_policy
+from agentmem.backends.scripted import ScriptedBackend
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import RolloutConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, EpisodeStatus, InvocationKind, Task
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from envs import load_env

@@ -214,7 +214,7 @@ def test_dtype_auto_prints_its_choice_right_after_the_run_id(tmp_path, capsys, m
     """`--dtype auto` measures before the run is written (its config stores the concrete choice) and prints the
     choice after `run_id=` and the plan, before the job loads the run's tokenizer or weights."""
     import agentmem.model_refs as policy_models
-    from agentmem.policy.dtype_choice import DTypeChoice
+    from agentmem.backends.dtype_choice import DTypeChoice
     from store import repository as repo
 
     model = save_tiny(tmp_path / "model")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import run_rollout
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Checkpoint
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo

@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_static_decode import sample_prompts
 
-from agentmem.policy import SamplingParams, TransformersBackend
-from agentmem.policy.decode_batch import DecodeBatch, joinable
-from agentmem.policy.static_decode import StaticDecoder
+from agentmem.backends import SamplingParams, TransformersBackend
+from agentmem.backends.decode_batch import DecodeBatch, joinable
+from agentmem.backends.static_decode import StaticDecoder
 from agentmem.records import FinishReason
 from agentmem.serve.sampler import Job, Sampler
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer

@@ -11,11 +11,11 @@ from test_agent import SYNTH
 from test_config import OLD_ROLLOUT
 from transformers import AutoModelForCausalLM
 
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
 from agentmem.jobs.distill import check_psd_runs, check_rl_runs, load_distill_run, run_distill
 from agentmem.jobs.rollout import run_rollout
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
 from agentmem.replay import ReplayError, pack
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer

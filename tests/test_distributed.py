@@ -16,10 +16,10 @@ from helpers import register_policy
 from safetensors.torch import load_file
 from test_agent import SYNTH
 
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.rollout import run_rollout
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.runtime import Runtime
 from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from store import repository as repo

@@ -130,7 +130,7 @@ def tiny_without_nul():
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     """An ``$AGENTMEM_CACHE`` whose default model is a tiny random one."""
-    from agentmem.policy.model_files import DEFAULT_MODEL
+    from agentmem.backends.model_files import DEFAULT_MODEL
     from agentmem.testing.tiny_models import save_tiny
 
     root = tmp_path_factory.mktemp("cache")

@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
+from agentmem.backends import dtype_choice
+from agentmem.backends.dtype_choice import DTypeChoice, choose_dtype, cpu_flags, native_bf16
 from agentmem.config import DType
-from agentmem.policy import dtype_choice
-from agentmem.policy.dtype_choice import DTypeChoice, choose_dtype, cpu_flags, native_bf16
 from agentmem.runtime import Runtime, default_threads
 from agentmem.testing.tiny_models import tiny_llama
 

@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 from helpers import register_policy
 
+from agentmem.backends.scripted import ScriptedBackend
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, EvalConfig
 from agentmem.jobs.eval import run_eval
 from agentmem.jobs.rollout import build_env
 from agentmem.plots import plot_eval_results, series
-from agentmem.policy.scripted import ScriptedBackend
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, EvalResult, RunKind
 from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from store import repository as repo

@@ -33,6 +33,8 @@ from agentmem.agent.events_memory import (
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.prompts import render
 from agentmem.agent.registry import memory_policy
+from agentmem.backends.scripted import ScriptedBackend
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import (
     AgentConfig,
     DistillConfig,
@@ -47,8 +49,6 @@ from agentmem.jobs.rollout import build_env, run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.jobs.sft import run_sft
 from agentmem.jobs.train import run_train
-from agentmem.policy.scripted import ScriptedBackend
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, EpisodeStatus, Fact, Task, TeacherContext
 from agentmem.replay import rebuild_aligned
 from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import running
 
-from agentmem.policy.scripted import ScriptedBackend
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, RunKind
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from agentmem.policy.scripted import ScriptedBackend
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import (
     LeaseTerms,
@@ -31,7 +32,6 @@ from agentmem.jobs.rollout import (
 )
 from agentmem.jobs.worker import run_worker
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, Invocation
 from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer

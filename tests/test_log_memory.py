@@ -24,12 +24,12 @@ from agentmem.agent.log_query import (
 )
 from agentmem.agent.prompts import render
 from agentmem.agent.registry import memory_policy
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, RolloutConfig, ScoreConfig, SftConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
 from agentmem.jobs.sft import run_sft
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, Fact, Task
 from agentmem.replay import rebuild_aligned
 from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer

@@ -15,11 +15,11 @@ from helpers import KilledBackend, canonical_calls, stored_calls
 from agentmem.agent.loop import AgentConfig, AgentLoop, ListSink, memory_policy, register_memory_policy
 from agentmem.agent.memory import Call, MemoryPolicyBase, replay
 from agentmem.agent.prompts import render
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import RolloutConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, EpisodeStatus
 from agentmem.testing.tiny_models import tiny_tokenizer
 from envs import load_env

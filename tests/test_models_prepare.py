@@ -10,9 +10,9 @@ import pytest
 import torch
 import transformers
 
-from agentmem.policy import DEFAULT_MODEL, ModelError, load_model, prepare_default_model, resolve_model
-from agentmem.policy import model_files as models_mod
-from agentmem.policy.model_files import is_model_folder
+from agentmem.backends import DEFAULT_MODEL, ModelError, load_model, prepare_default_model, resolve_model
+from agentmem.backends import model_files as models_mod
+from agentmem.backends.model_files import is_model_folder
 from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 
 MESSAGES = [{"role": "user", "content": "Where does Bob live?"}]
@@ -140,7 +140,7 @@ def test_prepare_says_one_line_and_keeps_transformers_bars_off(tmp_path, monkeyp
     monkeypatch.setattr(models_mod, "_convert_gguf", lambda *a: (
         seen.append((hf_logging.is_progress_bar_enabled(), gguf.tqdm([1]).disable)), convert(*a)))
     hf_logging.enable_progress_bar()
-    with caplog.at_level("INFO", logger="agentmem.policy.model_files"):
+    with caplog.at_level("INFO", logger="agentmem.backends.model_files"):
         prepare_default_model(tmp_path)
         prepare_default_model(tmp_path)
     assert [r.getMessage() for r in caplog.records] == [

@@ -22,12 +22,12 @@ from helpers import register_policy
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.prompts import EMPTY_MEMORY, answer_prompt, update_prompt
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, DistillConfig, RolloutConfig
 from agentmem.errors import AgentError, ConfigError, TrainingError
 from agentmem.jobs import distill as distill_job
 from agentmem.jobs.export import export_invocations
 from agentmem.jobs.rollout import StoreSink, build_env, run_rollout
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, Fact, FinishReason, Invocation, RunKind, Task
 from agentmem.replay import rebuild_aligned
 from agentmem.testing.store_records import make_episode, make_invocation, make_run

@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 
-from agentmem.policy import Generation, SamplingParams, ScriptedBackend, TransformersBackend
-from agentmem.policy.transformers_backend import sample
-from agentmem.policy.vllm_backend import VLLMBackend
+from agentmem.backends import Generation, SamplingParams, ScriptedBackend, TransformersBackend
+from agentmem.backends.transformers_backend import sample
+from agentmem.backends.vllm_backend import VLLMBackend
 from agentmem.records import FinishReason
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 

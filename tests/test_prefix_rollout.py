@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentmem.policy import SamplingParams, TransformersBackend
-from agentmem.policy.transformers_backend import MIN_SHARED_PREFIX, plan_shared_prefixes, shared_prefix_groups
+from agentmem.backends import SamplingParams, TransformersBackend
+from agentmem.backends.transformers_backend import (
+    MIN_SHARED_PREFIX,
+    plan_shared_prefixes,
+    shared_prefix_groups,
+)
 from agentmem.records import FinishReason
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 

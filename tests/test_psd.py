@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from agentmem.agent.overwrite import OverwritePolicy
 from agentmem.agent.prompts import update_prompt
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, DistillConfig, PsdMode, RolloutConfig
 from agentmem.errors import AgentError, ConfigError, TrainingError
 from agentmem.jobs import distill as distill_job
 from agentmem.jobs.rollout import StoreSink, run_rollout
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, Invocation, SamplingContext, TeacherContext
 from agentmem.replay import pack, rebuild_aligned
 from agentmem.replay.privileged import privileged_ids

@@ -355,8 +355,8 @@ def test_teacher_check_refuses_a_teacher_that_writes_empty_after_evidence(sqlite
     from helpers import register_policy
     from test_eval import tiny_config
 
+    from agentmem.backends.scripted import ScriptedBackend
     from agentmem.jobs import teacher_check
-    from agentmem.policy.scripted import ScriptedBackend
 
     tok = tiny_tokenizer()
     teacher = register_policy(sqlite_store, save_tiny(tmp_path / "teacher"), "tiny")
@@ -382,8 +382,8 @@ def test_teacher_check_under_the_privileged_prompt_measures_eos_on_what_the_teac
     from test_eval import tiny_config
     from transformers import AutoModelForCausalLM
 
+    from agentmem.backends.scripted import ScriptedBackend
     from agentmem.jobs import teacher_check
-    from agentmem.policy.scripted import ScriptedBackend
     from agentmem.records import SamplingContext
 
     tok = tiny_tokenizer()

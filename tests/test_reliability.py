@@ -232,7 +232,7 @@ def test_first_write_to_a_read_only_database_names_it(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_vllm_backend_without_vllm_is_one_line():
-    from agentmem.policy.backends import make_backend
+    from agentmem.backends.registry import make_backend
 
     with pytest.raises(BackendError) as err:
         make_backend("vllm", "/models/x")
@@ -240,7 +240,7 @@ def test_vllm_backend_without_vllm_is_one_line():
 
 
 def test_unknown_backend_raises_backend_error():
-    from agentmem.policy.backends import make_backend
+    from agentmem.backends.registry import make_backend
 
     with pytest.raises(BackendError, match="unknown backend 'tgi': choose one of transformers, vllm"):
         make_backend("tgi", "/models/x")

@@ -13,12 +13,12 @@ from helpers import Called, register_policy
 from test_agent import SYNTH
 from typer.testing import CliRunner
 
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, DistillConfig, ReplayConfig, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs import distill as distill_job
 from agentmem.jobs.replay import audit_coverage, plan_branches, run_replay, teacher_calls
 from agentmem.jobs.rollout import run_rollout
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import EpisodeStatus, Run, RunKind
 from agentmem.replay.reopd import branch_probabilities, draw_branch_steps, state_coverage
 from agentmem.testing.store_records import make_episode, make_invocation

@@ -16,11 +16,11 @@ from agentmem.agent.prompts import answer_prompt, render, update_prompt
 from agentmem.agent.registry import memory_policy
 from agentmem.agent.retrieval import bm25_scores, top_k
 from agentmem.agent.routed_memory import ROUTE, RoutedPolicy, p_yes, router_label
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, PolicySource, RolloutConfig, ScoreConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import Episode, EpisodeStatus, Task, TeacherContext
 from agentmem.replay import rebuild
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
@@ -336,9 +336,9 @@ def test_sft_on_oracle_labelled_route_calls_trains_the_router(sqlite_store, toke
 def test_privileged_distill_accepts_a_routed_run(sqlite_store, tmp_path):
     """`agentmem distill --run ROUTED_RUN --context privileged`: the teacher reads the gold answer and the
     evidence before each route call the student sampled (here restricted to the route calls)."""
+    from agentmem.backends.transformers_backend import TransformersBackend
     from agentmem.config import DistillConfig, RLKind
     from agentmem.jobs.distill import run_distill
-    from agentmem.policy.transformers_backend import TransformersBackend
     from agentmem.training.trainer import Models
 
     tok = tiny_tokenizer()

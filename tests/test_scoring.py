@@ -13,10 +13,10 @@ from test_teachers import user_content
 from transformers import PreTrainedTokenizerFast
 
 from agentmem.agent.prompts import SYSTEM
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, RolloutConfig, ScoreConfig, TeacherTruncation
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay.privileged import hint_ids, privileged_ids
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer

@@ -413,7 +413,7 @@ def test_tool_calls_come_back_as_openai_tool_calls(store):
     """A request with tools whose reply holds a Hermes <tool_call>: the response has message.tool_calls and
     finish_reason tool_calls, streamed as delta.tool_calls; the stored ids stay the sampled ids; a follow-up
     with the assistant's call and a tool message is rendered by the chat template (stored prompt ids)."""
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
 
     tok = tool_tokenizer()
     call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -521,7 +521,7 @@ def test_restart_with_the_same_run_name_continues_the_run(sqlite_store, model_di
 def test_gateway_mode_records_what_the_upstream_sampled(sqlite_store, model_dir):
     from fake_vllm import fake_vllm
 
-    from agentmem.policy.transformers_backend import TransformersBackend
+    from agentmem.backends.transformers_backend import TransformersBackend
 
     upstream = fake_vllm(TransformersBackend(model_dir, dtype="float32"))
     with running(upstream) as up:
@@ -585,7 +585,7 @@ def test_cli_refuses_bad_flags_with_one_line(tmp_path):
 
 
 def test_stop_strings_cut_the_stored_ids_after_the_completing_token(sqlite_store):
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
     from agentmem.serve.sampler import cut_at_stop
 
     tok = tiny_tokenizer()
@@ -659,7 +659,7 @@ class _SlowBackend:
     name = "slow"
 
     def __init__(self, tokenizer, text: str, delay_s: float):
-        from agentmem.policy.scripted import ScriptedBackend
+        from agentmem.backends.scripted import ScriptedBackend
 
         self.tokenizer, self.delay_s = tokenizer, delay_s
         self._inner = ScriptedBackend(tokenizer, lambda _: text)
@@ -693,7 +693,7 @@ def test_a_client_gone_before_its_stream_ends_has_nothing_stored(store):
 
 
 def test_groups_fork_an_episode_and_prompt_lists_make_one_task_each(sqlite_store):
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
 
     tok = tiny_tokenizer()
     server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tok, lambda _: "Oslo."))
@@ -783,7 +783,7 @@ class Counting:
     """A scripted backend that counts the prompts it generated for: a refused call must reach none."""
 
     def __init__(self, tok):
-        from agentmem.policy.scripted import ScriptedBackend
+        from agentmem.backends.scripted import ScriptedBackend
 
         self.inner, self.tokenizer, self.name, self.prompts = ScriptedBackend(tok, lambda p: "Oslo"), tok, "c", 0
 
@@ -1037,7 +1037,7 @@ def test_a_server_error_leaves_the_connection_open(sqlite_store):
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("out of memory")
-            from agentmem.policy.scripted import ScriptedBackend
+            from agentmem.backends.scripted import ScriptedBackend
 
             return ScriptedBackend(self.tokenizer, lambda p: "Oslo").generate(prompts, params)
 

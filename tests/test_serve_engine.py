@@ -17,7 +17,7 @@ import openai
 import pytest
 from serve_helpers import running
 
-from agentmem.policy.types import Progress, SamplingParams
+from agentmem.backends.types import Progress, SamplingParams
 from agentmem.records import FinishReason
 from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.recorder import episode_row_id
@@ -181,7 +181,7 @@ def test_the_server_streams_engine_tokens_as_they_come_and_stores_them(store):
 
 def test_vllm_progress_reads_delta_outputs():
     """One vLLM RequestOutput (delta kind) as a Progress: ids, the sampled ids' log-probs, top-k by rank."""
-    from agentmem.policy.vllm_async import progress
+    from agentmem.backends.vllm_async import progress
 
     def lp(value, rank):
         return SimpleNamespace(logprob=value, rank=rank)

@@ -23,8 +23,8 @@ import torch
 from fastapi import FastAPI, Request
 from serve_helpers import free_port, running
 
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.errors import ConfigError
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo

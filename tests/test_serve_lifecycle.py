@@ -93,7 +93,7 @@ def test_the_key_guards_every_route_in_either_header(sqlite_store, model_dir):
 
 
 def test_a_reward_is_final_unless_replaced_and_a_rewarded_episode_is_reopened_on_request(sqlite_store):
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
 
     tok = tiny_tokenizer()
     server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tok, lambda _: "Oslo."))
@@ -200,7 +200,7 @@ def test_persistent_chat_leaves_out_calls_that_are_no_chat_turns(sqlite_store, m
 def test_traces_read_back_over_http(sqlite_store):
     """GET /agentmem/episodes/{episode}: the episode's outcome and each call as sent and sampled; GET
     /agentmem/runs/{run}/episodes: the run's episodes; both behind the key."""
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
 
     tok = tiny_tokenizer()
     server = build_server(sqlite_store, ServeConfig(model="s"), backend=ScriptedBackend(tok, lambda _: "Oslo."),

@@ -15,7 +15,7 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from serve_helpers import running
 
-from agentmem.policy.types import SamplingParams
+from agentmem.backends.types import SamplingParams
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
@@ -148,7 +148,7 @@ def _shaped_logprobs(model, prompt: list[int], output: list[int], params: Sampli
 def test_shaped_sampling_stores_the_log_probs_of_the_distribution_sampled_from(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from agentmem.policy.transformers_backend import TransformersBackend
+    from agentmem.backends.transformers_backend import TransformersBackend
 
     path = save_tiny(tmp_path / "tiny")
     backend = TransformersBackend(path, dtype="float32")
@@ -189,7 +189,7 @@ def test_shaped_sampling_stores_the_log_probs_of_the_distribution_sampled_from(t
 def test_options_reach_vllm_and_a_backend_without_them_refuses(sqlite_store):
     """The vLLM engine gets the shaping options under vLLM's names; a backend that cannot apply them (the scripted
     one) refuses them by name."""
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
 
     server = build_server(sqlite_store, ServeConfig(model="s"),
                           backend=ScriptedBackend(tiny_tokenizer(), lambda _: "Oslo."))

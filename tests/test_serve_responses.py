@@ -15,7 +15,7 @@ import pytest
 from openai.types.responses import response_create_params
 from serve_helpers import running
 
-from agentmem.policy.scripted import ScriptedBackend
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.serve.chat_template import load
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server

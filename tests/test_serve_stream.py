@@ -12,8 +12,8 @@ import openai
 import pytest
 from serve_helpers import running
 
-from agentmem.policy.transformers_backend import Step
-from agentmem.policy.types import Generation, SamplingParams
+from agentmem.backends.transformers_backend import Step
+from agentmem.backends.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 from agentmem.serve.responses import LiveText
 from agentmem.serve.sampler import Tokens
@@ -185,10 +185,10 @@ def test_the_tiny_model_streams_before_it_finishes(sqlite_store, tmp_path):
 
 
 def test_a_continuous_batch_streams_before_it_finishes(sqlite_store, tmp_path, monkeypatch):
-    """Plain sampling on the continuous path (``policy.decode_batch``): the first token's chunk arrives while the
+    """Plain sampling on the continuous path (``backends.decode_batch``): the first token's chunk arrives while the
     batch still holds its second step."""
     from agentmem import model_refs
-    from agentmem.policy.decode_batch import DecodeBatch
+    from agentmem.backends.decode_batch import DecodeBatch
     from agentmem.runtime import CPU
 
     path = save_tiny(tmp_path / "tiny")

@@ -16,10 +16,10 @@ import pytest
 import torch
 from serve_helpers import running
 
-from agentmem.policy.shaping import Grammars
-from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.policy.types import SamplingParams
-from agentmem.policy.vllm_backend import guidance_backend, structured
+from agentmem.backends.shaping import Grammars
+from agentmem.backends.transformers_backend import TransformersBackend
+from agentmem.backends.types import SamplingParams
+from agentmem.backends.vllm_backend import guidance_backend, structured
 from agentmem.serve.constraints import json_grammar
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server
@@ -295,7 +295,7 @@ def test_a_forced_reply_cut_in_its_second_call_keeps_the_first(store):
     """With `tool_choice: required`, a reply that `max_tokens` cut in its second call came back with no tool calls
     at all, although its first call was complete: the calls completed before the cut come back as `tool_calls`
     (chat, streamed or not) and `function_call` items (Responses), with `finish_reason: length` (`incomplete`)."""
-    from agentmem.policy.scripted import ScriptedBackend
+    from agentmem.backends.scripted import ScriptedBackend
 
     class Forced(ScriptedBackend):
         constrains = True  # declares the grammar applied: the script writes what it would allow

@@ -10,8 +10,8 @@ import openai
 import pytest
 from serve_helpers import running
 
-from agentmem.policy.model_files import DEFAULT_MODEL, default_cache_dir
-from agentmem.policy.scripted import ScriptedBackend
+from agentmem.backends.model_files import DEFAULT_MODEL, default_cache_dir
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.serve.chat_template import TEMPLATES, load
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server

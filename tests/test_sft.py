@@ -19,12 +19,12 @@ from helpers import register_policy
 from test_agent import SYNTH
 from transformers import AutoModelForCausalLM
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, RolloutConfig, SftConfig
 from agentmem.errors import TrainingError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.sft import load_student, run_sft
 from agentmem.model_refs import resolve
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import InvocationKind, Run, RunKind
 from agentmem.runtime import CPU
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
@@ -177,8 +177,8 @@ def test_an_adapter_names_the_base_reference_it_was_given(tmp_path):
 
 
 def test_an_adapter_that_names_no_base_is_refused_naming_its_config(tmp_path):
+    from agentmem.backends.model_files import resolve_model
     from agentmem.errors import ModelError
-    from agentmem.policy.model_files import resolve_model
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "adapter_config.json").write_text('{"r": 4}')

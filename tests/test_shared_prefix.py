@@ -13,11 +13,11 @@ import torch
 from helpers import register_policy
 from test_agent import SYNTH
 
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, DistillConfig, Packing, RolloutConfig, ScoreConfig
 from agentmem.jobs.distill import run_distill
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay import Sequence, pack, shareable_prefix
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer

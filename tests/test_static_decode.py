@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from test_prefix_rollout import chat, fresh_logprobs
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
 
-from agentmem.policy import SamplingParams, TransformersBackend
-from agentmem.policy.static_decode import Linear, StaticDecoder, unsupported_reason
+from agentmem.backends import SamplingParams, TransformersBackend
+from agentmem.backends.static_decode import Linear, StaticDecoder, unsupported_reason
 from agentmem.records import FinishReason
 from agentmem.testing.tiny_models import tiny_llama, tiny_llama_vllm, tiny_qwen2, tiny_tokenizer
 

@@ -14,6 +14,8 @@ from transformers import AutoModelForCausalLM
 from agentmem.agent.prompts import ANSWER, SYSTEM, UPDATE, answer_prompt, render, update_prompt
 from agentmem.agent.registry import memory_policy
 from agentmem.agent.teacher_memory import WORKFLOW, TeacherMemoryPolicy, workflow_system
+from agentmem.backends.scripted import ScriptedBackend
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, RolloutConfig, SftConfig
 from agentmem.errors import AgentError, ConfigError
 from agentmem.jobs.memories import (
@@ -27,8 +29,6 @@ from agentmem.jobs.memories import (
 from agentmem.jobs.memory_setup import memory_for
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.sft import run_sft
-from agentmem.policy.scripted import ScriptedBackend
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import Episode, Invocation, RunKind, WorkflowMemory
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from envs import load_env

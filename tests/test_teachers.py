@@ -11,6 +11,7 @@ from helpers import register_policy
 from test_agent import SYNTH
 
 from agentmem.agent.prompts import SYSTEM
+from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import (
     AgentConfig,
     DistillConfig,
@@ -23,7 +24,6 @@ from agentmem.errors import TrainingError
 from agentmem.jobs.distill import run_distill
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.score import run_score
-from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.records import TeacherContext
 from agentmem.replay import ReplayError
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer

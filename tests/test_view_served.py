@@ -12,7 +12,7 @@ import openai
 from fastapi.testclient import TestClient
 from serve_helpers import running
 
-from agentmem.policy.scripted import ScriptedBackend
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.records import Episode, Invocation, InvocationKind, ServeCall
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server

@@ -36,9 +36,9 @@ from typing import Any, Protocol
 from agentmem.agent.memory import Call, MemoryPolicy, consume
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.registry import memory_policy, register_memory_policy
+from agentmem.backends.types import Backend, Generation, SamplingParams
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
-from agentmem.policy.types import Backend, Generation, SamplingParams
 from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, SamplingContext, Task, utcnow
 from envs.metrics import Scores
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from agentmem.agent.memory import Call, MemoryPolicy
 from agentmem.agent.prompts import EMPTY_MEMORY
+from agentmem.backends.types import Generation
 from agentmem.errors import AgentError
-from agentmem.policy.types import Generation
 from agentmem.records import Fact, FinishReason, Task
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
 from agentmem.agent.oracle import evidence_read
 from agentmem.agent.registry import rewrite_kinds
+from agentmem.backends.types import Backend
 from agentmem.config import HELD_OUT_SEED, EvalConfig, PolicySource
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.rollout import build_env, run_rollout
-from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, EvalResult, Invocation, RunKind, Task, holds_nothing
 from agentmem.runtime import CPU, Runtime
 from agentmem.training.dynamics import output_stats

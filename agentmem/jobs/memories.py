@@ -31,10 +31,10 @@ from pydantic import Field
 
 from agentmem import model_refs
 from agentmem.agent.prompts import render
+from agentmem.backends.types import Backend, SamplingParams
 from agentmem.config import BackendKind, DType, Frozen
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import tracked_run
-from agentmem.policy.types import Backend, SamplingParams
 from agentmem.records import Checkpoint, Episode, Invocation, InvocationKind, RunKind, WorkflowMemory
 from agentmem.runtime import CPU, Runtime
 from store import memories as memory_repo

@@ -29,10 +29,10 @@ from typing import Any
 
 from agentmem import model_refs
 from agentmem.agent.registry import memory_policy, policy_class, replayable_policies
+from agentmem.backends.types import Backend, Generation, SamplingParams
 from agentmem.config import AgentConfig, ReplayConfig, RolloutConfig
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import load_run, tracked_run
-from agentmem.policy.types import Backend, Generation, SamplingParams
 from agentmem.records import (
     Checkpoint,
     Episode,

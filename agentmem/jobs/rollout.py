@@ -34,11 +34,11 @@ from agentmem import model_refs
 from agentmem.agent.loop import AgentLoop, EpisodeState, RoundStats, Sink
 from agentmem.agent.memory import Call, MemoryPolicy
 from agentmem.agent.oracle import OracleWriter
+from agentmem.backends.types import Backend
 from agentmem.config import PolicySource, RolloutConfig
 from agentmem.errors import ConfigError, RunError
 from agentmem.jobs.memory_setup import memory_for
 from agentmem.jobs.runs import RunHandle, error_line, load_run, tracked_run
-from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, Episode, Invocation, Run, RunKind, SamplingContext, Task
 from agentmem.replay.privileged import hint_ids, privileged_ids
 from agentmem.runtime import CPU, Runtime

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
+from agentmem.backends.types import Backend
 from agentmem.errors import RunError
 from agentmem.jobs.rollout import (
     LeaseTerms,
@@ -35,7 +36,6 @@ from agentmem.jobs.rollout import (
     work_run,
 )
 from agentmem.jobs.runs import RunHandle
-from agentmem.policy.types import Backend
 from agentmem.records import Checkpoint, RunKind
 from agentmem.runtime import CPU, Runtime
 from store import leases

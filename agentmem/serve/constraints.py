@@ -2,7 +2,7 @@
 
 A chat request's ``response_format`` (``json_object``, ``json_schema``) or forcing ``tool_choice`` (``required``, a
 named function) becomes a ``Constraint``: a grammar in llguidance's Lark syntax (``SamplingParams.grammar``), which
-the backend applies to the logits at every step (``policy.shaping``: the tokens it forbids get ``-inf`` before any
+the backend applies to the logits at every step (``backends.shaping``: the tokens it forbids get ``-inf`` before any
 other option; on vLLM its ``guidance`` structured-output backend does the same), and the record of it that
 ``serve_calls.sampling`` stores under ``"constraint"`` (its kind, the schema or tool names, the grammar itself and
 the llguidance version, so that replay can rebuild the mask the sampler applied).

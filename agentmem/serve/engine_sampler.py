@@ -1,4 +1,4 @@
-"""Serve requests on an engine that batches continuously (``policy.types.AsyncEngine``: vLLM's async engine).
+"""Serve requests on an engine that batches continuously (``backends.types.AsyncEngine``: vLLM's async engine).
 
 There is no collection window: each completion of each request (``n`` per prompt) goes to the engine the
 moment the request arrives, as its own engine request, and the engine schedules every live one together.
@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import replace
 
-from agentmem.policy.types import AsyncEngine, Generation
+from agentmem.backends.types import AsyncEngine, Generation
 from agentmem.records import FinishReason
 from agentmem.serve.sampler import Choice, Job, Tokens, cut_at_stop, drain, to_choice
 

@@ -21,8 +21,8 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
+from agentmem.backends.types import SamplingParams
 from agentmem.errors import AgentmemError
-from agentmem.policy.types import SamplingParams
 from store.bounds import LIMITS, UNIT_METRICS
 
 MAX_TOP_LOGPROBS = 20

@@ -4,7 +4,7 @@ One worker thread owns the backend (a transformers model is not thread-safe). Wh
 request waits until no other has arrived for ``window_s`` (at most ``WINDOWS`` windows), then every pending
 request that samples alike starts one batch.
 
-- **Continuous** (plain sampling on a model with the static decode step: ``policy.decode_batch``): requests that
+- **Continuous** (plain sampling on a model with the static decode step: ``backends.decode_batch``): requests that
   arrive while the batch runs join it at the next decoding step, whatever their ``max_tokens``, and each leaves
   as soon as its rows finish. A waiting request of another kind stops the joining, so the batch drains and that
   request runs next.
@@ -20,7 +20,7 @@ completed one of its request's stop strings ends at that step instead of decodin
 What a request gets back (``Choice``) is exactly what the backend sampled, cut at the first stop string:
 ``output_ids`` are the sampled ids up to and including the token that completed the stop string (the
 sampler chose them; nothing after it was returned), ``logprobs`` the backend's log-probs of those ids
-(``policy.types``: full-vocabulary, temperature-scaled; with shaping options, of the shaped distribution),
+(``backends.types``: full-vocabulary, temperature-scaled; with shaping options, of the shaped distribution),
 ``text`` the decoded ids without special tokens, cut before the stop string, as OpenAI returns it. ``top``
 holds, when asked, the ``k`` most likely tokens at each output position, taken by the backend from the same
 tensor as the sampled token's log-prob (``TransformersBackend.generate(..., top_logprobs=k)``).
@@ -36,9 +36,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
-from agentmem.policy.decode_batch import DecodeBatch, batch_params, joinable
-from agentmem.policy.transformers_backend import Step
-from agentmem.policy.types import Backend, Generation, SamplingParams
+from agentmem.backends.decode_batch import DecodeBatch, batch_params, joinable
+from agentmem.backends.transformers_backend import Step
+from agentmem.backends.types import Backend, Generation, SamplingParams
 from agentmem.records import FinishReason
 from agentmem.serve.gateway import prompt_logprobs as score_prompt
 
@@ -139,7 +139,7 @@ WINDOWS = 10
 
 class Sampler:
     """Serves ``submit(job)`` futures from one worker thread that batches pending jobs; with ``continuous`` (a
-    backend with the static decode step, ``policy.decode_batch``), jobs of plain sampling join the running batch
+    backend with the static decode step, ``backends.decode_batch``), jobs of plain sampling join the running batch
     between decoding steps instead of waiting for it to end."""
 
     def __init__(self, backend: Backend, *, window_s: float = 0.005, max_batch: int = 64, continuous: bool = True):

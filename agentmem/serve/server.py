@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentmem import model_refs
+from agentmem.backends.types import AsyncEngine, Backend
 from agentmem.config import BackendKind, DType
-from agentmem.policy.types import AsyncEngine, Backend
 from agentmem.runtime import CPU, Runtime
 from agentmem.serve.app import create_app
 from agentmem.serve.calls import ServeSettings
@@ -45,7 +45,7 @@ class ServeConfig(BaseModel):
     default_max_tokens: int = Field(256, ge=1)
     batch_window_ms: float = Field(5.0, ge=0)
     max_batch: int = Field(64, ge=1)
-    # transformers: plain-sampling requests join the running batch between decoding steps (policy.decode_batch);
+    # transformers: plain-sampling requests join the running batch between decoding steps (backends.decode_batch);
     # False: each batch is fixed when it starts
     continuous_batching: bool = True
     context_length: int | None = Field(None, ge=2)  # default: the model's
@@ -174,7 +174,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
 
 
 def _vllm_engine(path: str, dtype: str) -> AsyncEngine:
-    from agentmem.policy.vllm_async import AsyncVLLMEngine
+    from agentmem.backends.vllm_async import AsyncVLLMEngine
 
     return AsyncVLLMEngine(path, dtype=dtype)
 

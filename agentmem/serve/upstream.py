@@ -9,7 +9,7 @@ that refuses ``prompt_logprobs`` is asked without them from then on). The shapin
 penalties, ``top_k``, ``min_p``) go upstream under vLLM's names. Every upstream call carries
 ``X-Agentmem-Record: no`` (``gateway.RECORD_HEADER``): an agentmem upstream answers without storing, so a
 call is recorded once, here. Start vLLM with ``--logprobs-mode processed_logprobs`` so its log-probs are the
-temperature-scaled ones every agentmem backend stores (``policy.types``).
+temperature-scaled ones every agentmem backend stores (``backends.types``).
 
 - Streams: a streaming request goes upstream with ``stream: true``, and each chunk's ``token_ids`` and
   log-probs reach the client as they arrive (``stream`` yields ``Tokens``, then the choices).

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.jobs import rollout, worker
 from agentmem.jobs.rollout import LeaseTerms
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import open_store
 

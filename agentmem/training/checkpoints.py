@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agentmem.backends.model_files import quiet_transformers
 from agentmem.errors import TrainingError
-from agentmem.policy.model_files import quiet_transformers
 from agentmem.training import lora
 
 TRAINER_STATE = "trainer_state.pt"

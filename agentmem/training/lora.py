@@ -7,7 +7,7 @@ trainable parameters are the adapters. The packed forward runs the wrapped model
 Checkpoints stay plain model folders: ``merged`` folds the adapters into a copy of the weights (the model
 being trained is untouched). ``save_adapter`` also writes the adapters in peft's own format into the
 checkpoint's ``adapter/`` folder (``adapter_model.safetensors`` and ``adapter_config.json``, naming the model they
-apply to): a few MB that can be shared and loaded as a model (``policy.adapters``). The adapters themselves
+apply to): a few MB that can be shared and loaded as a model (``backends.adapters``). The adapters themselves
 (``adapter_state``) go into the trainer state too, so
 a resume re-wraps the *starting* weights and loads them back (``load_adapter_state``): exactly the model
 that was being trained, not the merged one (merging rounds the sum ``W + B A`` once, which a resumed run

@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 from test_worker_kills import ROOT, calls_by_episode, config, respond
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.jobs.rollout import create_rollout, run_rollout
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import make_engine, open_store
 from store.migrations import upgrade

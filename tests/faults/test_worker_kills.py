@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import create_rollout, run_rollout
 from agentmem.model_refs import ModelRef, register
-from agentmem.policy.scripted import ScriptedBackend
 from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import tiny_tokenizer
 

@@ -34,7 +34,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
 )
 
-from agentmem.policy.types import SamplingParams
+from agentmem.backends.types import SamplingParams
 
 
 class Grammars:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from agentmem.backends.types import Progress, SamplingParams
+from agentmem.backends.vllm_backend import VLLM_MISSING, guidance_backend, structured
 from agentmem.errors import BackendError
-from agentmem.policy.types import Progress, SamplingParams
-from agentmem.policy.vllm_backend import VLLM_MISSING, guidance_backend, structured
 from agentmem.records import FinishReason
 
 TOP_P_REFUSED = ("vLLM returns nucleus-renormalised log-probs for top_p < 1, not the full-vocabulary ones "

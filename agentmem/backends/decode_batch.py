@@ -9,7 +9,7 @@ prompt head and shared prefixes, ``TransformersBackend.prefill``) and enter the 
 Each row's output is what a batch of its own would sample, to float round-off: its keys and values, positions and
 attention mask are its own (a row attends only to its prompt's columns and its own outputs), and its token and
 log-prob come from ``sample_from`` under the batch's ``SamplingParams`` (full-vocabulary, temperature-scaled, as
-``policy.types`` says). Only plain sampling joins a running batch: parameters without shaping options, grammar or
+``backends.types`` says). Only plain sampling joins a running batch: parameters without shaping options, grammar or
 seed (a seeded request runs alone, so that it gives the same output whatever else runs), on a model the static decode
 step supports (``TransformersBackend.decoder``). Each row has its own budget of new tokens.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from agentmem.policy.transformers_backend import Step, StepHook, TransformersBackend, sample_from
-from agentmem.policy.types import Generation, SamplingParams
+from agentmem.backends.transformers_backend import Step, StepHook, TransformersBackend, sample_from
+from agentmem.backends.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
 

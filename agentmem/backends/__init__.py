@@ -6,7 +6,7 @@
 
 import importlib
 
-# Names load on first use (PEP 562), so importing ``agentmem.policy.types`` does not import torch.
+# Names load on first use (PEP 562), so importing ``agentmem.backends.types`` does not import torch.
 _WHERE = {
     "BackendError": "agentmem.errors", "ModelError": "agentmem.errors", "PolicyError": "agentmem.errors",
     "DEFAULT_MODEL": ".model_files", "load_model": ".model_files", "prepare_default_model": ".model_files",
@@ -17,7 +17,7 @@ _WHERE = {
 
 def __getattr__(name: str):
     if name not in _WHERE:
-        raise AttributeError(f"module 'agentmem.policy' has no attribute {name!r}")
+        raise AttributeError(f"module 'agentmem.backends' has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name], __name__), name)
 
 

@@ -50,7 +50,7 @@ into prefill and decode.
 
 Log-probs: for each sampled token the backend stores ``log_softmax(logits / T)`` at that token,
 over the FULL vocabulary, computed in float32 from the model's logits (with shaping options, of the shaped
-logits: ``policy.shaping``; with a ``grammar``, of the logits with the tokens it forbids removed). Top-p only restricts which
+logits: ``backends.shaping``; with a ``grammar``, of the logits with the tokens it forbids removed). Top-p only restricts which
 tokens may be sampled (the smallest set of most likely tokens whose tempered probability reaches
 ``top_p``; the most likely token is always in it); it does not renormalise the stored log-prob.
 Greedy decoding (T == 0) takes the argmax and stores the log-prob under T = 1.
@@ -76,11 +76,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from agentmem.backends.model_files import DType, load_model
+from agentmem.backends.shaping import Grammars, Shaper
+from agentmem.backends.static_decode import StaticDecoder, unsupported_reason, version_key
+from agentmem.backends.types import Generation, SamplingParams
 from agentmem.errors import ModelError
-from agentmem.policy.model_files import DType, load_model
-from agentmem.policy.shaping import Grammars, Shaper
-from agentmem.policy.static_decode import StaticDecoder, unsupported_reason, version_key
-from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
 MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a separate prefill
@@ -159,7 +159,7 @@ StepHook = Callable[[list[Step]], Collection[int] | None]
 
 class TransformersBackend:
     name = "transformers"
-    shaping = True  # applies SamplingParams' shaping options (policy.shaping)
+    shaping = True  # applies SamplingParams' shaping options (backends.shaping)
     constrains = True  # applies SamplingParams.grammar (constrained decoding)
     lists_top_logprobs = True  # generate(..., top_logprobs=k)
 
@@ -524,7 +524,7 @@ def sample_from(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, shaper: Shaper | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, the log-softmax [batch, vocab] they were drawn from): ``log_softmax(logits / T)`` (T = 1 for
-    greedy), after ``shaper``'s bias, penalties, top-k and min-p when given (``policy.shaping``). Top-p
+    greedy), after ``shaper``'s bias, penalties, top-k and min-p when given (``backends.shaping``). Top-p
     restricts the draw to the nucleus without renormalising."""
     if shaper is not None:
         logits = shaper.shape(logits)

@@ -56,7 +56,7 @@ def adapter_hash(path: Path) -> str:
 def merged_folder(path: Path, cache_dir: Path) -> Path:
     """The plain model folder of the adapter in ``path`` merged into its base (made on first use under
     ``cache_dir/adapters``)."""
-    from agentmem.policy.model_files import is_model_folder, resolve_model
+    from agentmem.backends.model_files import is_model_folder, resolve_model
 
     base_ref = adapter_base(path)
     target = cache_dir / "adapters" / f"{path.resolve().name}-{adapter_hash(path)}"
@@ -75,7 +75,7 @@ def _merge(adapter: Path, base: str, target: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentmem.policy.model_files import quiet_transformers
+    from agentmem.backends.model_files import quiet_transformers
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:

@@ -16,7 +16,7 @@ The shaping options (``logit_bias``, ``repetition_penalty``, ``presence_penalty`
 ``top_k``, ``min_p``; all off by default, and agentmem's own rollouts never set them) and a ``grammar`` (constrained
 decoding) change the distribution sampled from, and then the log-prob is that distribution's: ``log_softmax`` of the
 logits with the tokens the grammar forbids removed, after the bias and penalties, divided by T, with the tokens top-k
-and min-p cut removed (``policy.shaping``). Top-p keeps its
+and min-p cut removed (``backends.shaping``). Top-p keeps its
 rule above: it restricts the draw without renormalising.
 """
 
@@ -40,7 +40,7 @@ class SamplingParams:
     negative ones of tokens in the prompt or output), ``presence_penalty`` and ``frequency_penalty`` 0
     (subtracted once per token present in the output, and per occurrence), ``logit_bias`` () (token id, bias)
     pairs added to the logits. ``grammar``: a constraint (an llguidance grammar, Lark syntax) that every output must
-    follow: tokens it does not allow next are masked before any other option (``policy.shaping``)."""
+    follow: tokens it does not allow next are masked before any other option (``backends.shaping``)."""
 
     temperature: float = 1.0
     top_p: float = 1.0

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from agentmem.policy.transformers_backend import TransformersBackend
-from agentmem.policy.types import SamplingParams
+from agentmem.backends.transformers_backend import TransformersBackend
+from agentmem.backends.types import SamplingParams
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 

@@ -5,7 +5,7 @@ Each ``generate`` call is ONE ``POST {base_url}/completions`` whose ``prompt`` i
 lists (the server consumes them exactly, no re-tokenisation) with ``"return_token_ids": true``, so the
 server's batch is the caller's batch and the stored output ids are the sampled ids, never re-tokenised
 text. ``logprobs: 0`` asks for each sampled token's log-prob (the server's sampler's, under the
-temperature-scaled distribution; ``policy.types``). Only the standard library is used (urllib).
+temperature-scaled distribution; ``backends.types``). Only the standard library is used (urllib).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 
 from transformers import PreTrainedTokenizerBase
 
+from agentmem.backends.http import HttpError, request_json
+from agentmem.backends.types import Generation, SamplingParams
 from agentmem.errors import BackendError
-from agentmem.policy.http import HttpError, request_json
-from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
 

