@@ -13,7 +13,7 @@ from agentmem.backends import SamplingParams, TransformersBackend
 from agentmem.backends.decode_batch import DecodeBatch, joinable
 from agentmem.backends.static_decode import StaticDecoder
 from agentmem.records import FinishReason
-from agentmem.serve.sampler import Job, Sampler
+from agentmem.serve.sampler import BatchSampler, Job
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 
 HI, SIBLING, SIBLING2, SIBLING3, FRANCE, UPDATE = 0, 1, 2, 3, 5, 6  # in sample_prompts
@@ -151,7 +151,7 @@ def test_a_late_request_joins_the_running_batch(tok, prompts, monkeypatch):
     widths = []
     original = StaticDecoder.step
     monkeypatch.setattr(StaticDecoder, "step", lambda self, t, p: widths.append(len(t)) or original(self, t, p))
-    sampler = Sampler(backend, window_s=0)
+    sampler = BatchSampler(backend, window_s=0)
     started = threading.Event()
     try:
         first = sampler.submit(Job([prompts[HI]], 1, greedy), emit=lambda tokens: started.set())
@@ -184,7 +184,7 @@ def test_one_requests_error_after_decoding_is_its_own(tok, prompts, monkeypatch)
     monkeypatch.setattr(sampler_module, "score_prompt", broken)
     backend = TransformersBackend.from_model(tiny_llama(), tok)
     greedy = SamplingParams(temperature=0, max_new_tokens=5)
-    sampler = Sampler(backend, window_s=0.05)
+    sampler = BatchSampler(backend, window_s=0.05)
     try:
         scored = sampler.submit(Job([prompts[HI]], 1, greedy, prompt_logprobs=True))
         plain = sampler.submit(Job([prompts[FRANCE]], 1, greedy))

@@ -273,7 +273,7 @@ def test_migration_0008_marks_stored_calls_replayable(tmp_path):
 def test_a_groups_choices_route_where_the_group_went():
     """Choice i of an n > 1 call is episode E.i: its later calls go to E's upstream (rendezvous by E), other
     episodes spread over the upstreams."""
-    from agentmem.serve.upstream import UpstreamSampler, affinity
+    from agentmem.serve.gateway import UpstreamSampler, affinity
 
     assert [affinity(e) for e in ("e7", "e7.0", "e7.12", "a.b", "v1.2.3", "x.")] == ["e7", "e7", "e7", "a.b", "v1.2",
                                                                                     "x."]

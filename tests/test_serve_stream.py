@@ -15,7 +15,7 @@ from serve_helpers import running
 from agentmem.backends.transformers_backend import Step
 from agentmem.backends.types import Generation, SamplingParams
 from agentmem.records import FinishReason
-from agentmem.serve.responses import LiveText
+from agentmem.serve.formatting import LiveText
 from agentmem.serve.sampler import Tokens
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer

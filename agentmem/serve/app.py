@@ -40,6 +40,7 @@ from agentmem.serve.openapi import openapi
 from agentmem.serve.protocol import ApiError, bad_request, server_error
 from agentmem.serve.recorder import Recorder
 from agentmem.serve.routes import chat, completions, episodes, models, responses
+from agentmem.serve.sampler import Sampler
 from store.errors import ValueOutOfBounds
 
 __all__ = ["ServeSettings", "create_app"]
@@ -47,7 +48,7 @@ __all__ = ["ServeSettings", "create_app"]
 OPENAI_ROUTERS = (chat.router, completions.router, responses.router, models.router)
 
 
-def create_app(sampler, recorder: Recorder, tokenizer, settings: ServeSettings) -> FastAPI:
+def create_app(sampler: Sampler, recorder: Recorder, tokenizer, settings: ServeSettings) -> FastAPI:
     app = FastAPI(title="agentmem serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.calls = Calls(sampler, recorder, tokenizer, settings)
     for router in OPENAI_ROUTERS:

@@ -24,6 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from agentmem.serve.behind_gateway import NO, RECORD_HEADER
 from agentmem.serve.bounds import (
     DEFAULT_MAX_BODY_BYTES,
     EPISODE,
@@ -35,11 +36,10 @@ from agentmem.serve.bounds import (
     too_large,
 )
 from agentmem.serve.constraints import Constraint
-from agentmem.serve.gateway import NO, RECORD_HEADER
+from agentmem.serve.formatting import Formatter, LiveText, usage
 from agentmem.serve.protocol import ApiError, bad_request, refuse_unsupported, server_error
 from agentmem.serve.recorder import CallContext, Planned, Recorder, Sent
-from agentmem.serve.responses import Formatter, LiveText, usage
-from agentmem.serve.sampler import Choice, Job, Tokens
+from agentmem.serve.sampler import Choice, Job, Sampler, Tokens
 from agentmem.serve.tool_calls import ToolCallParser
 from store.errors import ValueOutOfBounds
 
@@ -77,7 +77,7 @@ class Prepared:
 
 
 class Calls:
-    def __init__(self, sampler, recorder: Recorder, tokenizer, settings: ServeSettings):
+    def __init__(self, sampler: Sampler, recorder: Recorder, tokenizer, settings: ServeSettings):
         self.sampler, self.recorder, self.tokenizer, self.settings = sampler, recorder, tokenizer, settings
 
     def check_request(self, req) -> None:

@@ -1,4 +1,5 @@
-"""Batch the generation requests of concurrent clients into backend calls.
+"""Batch the generation requests of concurrent clients into backend calls (``BatchSampler``), and what every
+sampler ``calls.Calls`` drives shares: ``Job`` in, ``Tokens`` and ``Choice`` out, the ``Sampler`` protocol.
 
 One worker thread owns the backend (a transformers model is not thread-safe). When nothing runs, the first
 request waits until no other has arrived for ``window_s`` (at most ``WINDOWS`` windows), then every pending
@@ -35,12 +36,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from agentmem.backends.decode_batch import DecodeBatch, batch_params, joinable
 from agentmem.backends.transformers_backend import Step
 from agentmem.backends.types import Backend, Generation, SamplingParams
 from agentmem.records import FinishReason
-from agentmem.serve.gateway import prompt_logprobs as score_prompt
+from agentmem.serve.behind_gateway import prompt_logprobs as score_prompt
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,20 @@ def to_choice(tokenizer, prompt: list[int], gen: Generation, stops: Sequence[str
 WINDOWS = 10
 
 
-class Sampler:
+class Sampler(Protocol):
+    """What ``calls.Calls`` drives: ``BatchSampler`` (a local backend), ``engine_sampler.EngineSampler`` (an async
+    engine, vLLM's) and ``gateway.UpstreamSampler`` (upstream servers). ``submit`` answers a job with its choices
+    (a future, resolved on another thread); ``stream`` yields, on the app's loop, ``Tokens`` as they are sampled
+    (or none, for a sampler that cannot stream) and then the choices; ``close`` stops the sampler."""
+
+    def submit(self, job: Job) -> Future[list[Choice]]: ...
+
+    def stream(self, job: Job) -> AsyncIterator[Tokens | list[Choice]]: ...
+
+    def close(self) -> None: ...
+
+
+class BatchSampler:
     """Serves ``submit(job)`` futures from one worker thread that batches pending jobs; with ``continuous`` (a
     backend with the static decode step, ``backends.decode_batch``), jobs of plain sampling join the running batch
     between decoding steps instead of waiting for it to end."""

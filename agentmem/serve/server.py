@@ -23,9 +23,9 @@ from agentmem.serve.calls import ServeSettings
 from agentmem.serve.chat_template import load as load_template
 from agentmem.serve.chat_template import with_template
 from agentmem.serve.engine_sampler import EngineSampler
+from agentmem.serve.gateway import UpstreamSampler
 from agentmem.serve.recorder import Recorder, open_run
-from agentmem.serve.sampler import Sampler
-from agentmem.serve.upstream import UpstreamSampler
+from agentmem.serve.sampler import BatchSampler, Sampler
 from store.engine import Store
 
 
@@ -91,7 +91,7 @@ class ServeConfig(BaseModel):
 @dataclass
 class Server:
     app: FastAPI
-    sampler: Sampler | UpstreamSampler | EngineSampler
+    sampler: Sampler
     recorder: Recorder
 
     @property
@@ -161,7 +161,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
         return Server(create_app(live, recorder, with_template(live.tokenizer, template), settings), live, recorder)
     if backend is None:
         backend = model_refs.backend(config.backend, ref.path, config.dtype, runtime)
-    sampler = Sampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch,
+    sampler = BatchSampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch,
                       continuous=config.continuous_batching)
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
                              config.default_max_tokens, api_key,
@@ -181,7 +181,7 @@ def _vllm_engine(path: str, dtype: str) -> AsyncEngine:
 
 def _gateway(store: Store, config: ServeConfig, api_key: str | None, template: str | None,
              upstream_api_key: str | None) -> Server:
-    """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstreams generate (``upstream.py``)."""
+    """Gateway mode: the tokenizer of ``config.model`` renders prompts, the upstreams generate (``gateway.py``)."""
     assert config.upstream is not None
     ref = model_refs.resolve(store, config.model)
     tokenizer = with_template(model_refs.load_tokenizer(ref.path), template)

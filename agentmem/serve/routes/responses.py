@@ -1,5 +1,5 @@
 """``POST /v1/responses``: the Responses API on the chat path. The request's ``instructions`` and ``input``
-items become chat messages and its function tools chat tools (``response_items.py``), rendered by the chat
+items become chat messages and its function tools chat tools (``responses_api.py``), rendered by the chat
 template like a chat request (tools it cannot render refused the same way); each call is stored as one
 chat invocation (``serve_calls.messages`` the messages as rendered), with the exact ids and log-probs. Its
 ``id`` is the invocation id.
@@ -34,9 +34,10 @@ from agentmem.serve.bounds import INVOCATION_ID, check_id
 from agentmem.serve.calls import Calls, Prepared, read_request, stream_error
 from agentmem.serve.chat_template import check_tools_render
 from agentmem.serve.constraints import Constraint, of_request, text_format
+from agentmem.serve.formatting import Formatter, LiveText
 from agentmem.serve.protocol import ApiError, ResponsesRequest, bad_request, refuse_unsupported_responses
 from agentmem.serve.recorder import Sent
-from agentmem.serve.response_items import (
+from agentmem.serve.responses_api import (
     assistant_message,
     call_items,
     chat_messages,
@@ -46,7 +47,6 @@ from agentmem.serve.response_items import (
     output_items,
     response,
 )
-from agentmem.serve.responses import Formatter, LiveText
 from agentmem.serve.routes import calls, episode
 from agentmem.serve.sampler import Choice, Tokens
 from agentmem.serve.tool_calls import ToolCallParser

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentmem.records import FinishReason
-from agentmem.serve.gateway import vllm_prompt_logprobs
+from agentmem.serve.behind_gateway import vllm_prompt_logprobs
 from agentmem.serve.sampler import Choice, Tokens
 from agentmem.serve.tool_calls import Reply, ToolCallParser
 
