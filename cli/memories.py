@@ -58,9 +58,9 @@ def list_(
     from rich.table import Table
 
     from cli.console import console
-    from store import memories as memory_repo
     from store import repository as repo
     from store.engine import open_store
+    from store.repository import memories as memory_repo
 
     store = open_store(db)
     with store.session() as s:

@@ -22,8 +22,8 @@ from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import open_store
+from store.repository import serve as serve_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "frameworks"

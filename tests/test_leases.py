@@ -1,4 +1,4 @@
-"""Episode leases (store.leases) and rollout workers (agentmem.jobs.worker), on SQLite and Postgres.
+"""Episode leases (store.repository.leases) and rollout workers (agentmem.jobs.worker), on SQLite and Postgres.
 
 Two owners never hold one episode (also two real processes racing); a write after the lease was taken over
 raises LeaseLost and stores nothing; an expired lease is claimed again and the episode resumes exactly
@@ -35,9 +35,9 @@ from agentmem.model_refs import ModelRef, register
 from agentmem.records import EpisodeStatus, Invocation
 from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
-from store import leases
 from store import repository as repo
 from store.errors import LeaseLost
+from store.repository import leases
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
@@ -105,7 +105,7 @@ def test_two_owners_never_claim_the_same_episode(store):
 
 RACER = textwrap.dedent("""
     import json, sys
-    from store import leases
+    from store.repository import leases
     from store.engine import open_store
     store = open_store(sys.argv[1])
     mine = []

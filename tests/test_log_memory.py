@@ -36,8 +36,8 @@ from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
 from agentmem.training.selection import select
 from envs import load_env
-from store import memory_log
 from store import repository as repo
+from store.repository import memory_log
 
 SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 CHUNKS = ["An old market drew visitors at dusk.", "Vode works for Katidyne.",

@@ -28,8 +28,8 @@ from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer, tool_tokenizer
 from agentmem.view.app import create_app as create_view
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import open_read_only
+from store.repository import serve as serve_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where does Bob live?"}]

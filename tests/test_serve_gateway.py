@@ -28,9 +28,9 @@ from agentmem.errors import ConfigError
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import make_engine, open_store
 from store.migrations import upgrade
+from store.repository import serve as serve_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from agentmem.backends.types import SamplingParams
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
-from store import serve as serve_repo
+from store.repository import serve as serve_repo
 
 QUESTION = [{"role": "user", "content": "Where does Bob live?"}]
 WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]

@@ -21,7 +21,7 @@ from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
-from store import serve as serve_repo
+from store.repository import serve as serve_repo
 
 TOOLS = [{"type": "function", "name": "weather", "description": "The weather in a city", "strict": False,
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]

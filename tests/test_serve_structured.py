@@ -25,7 +25,7 @@ from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.server import ServeConfig, build_server
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from store import repository as repo
-from store import serve as serve_repo
+from store.repository import serve as serve_repo
 
 ASK = [{"role": "user", "content": "Is it sunny in Oslo? Answer in JSON."}]
 # every path of this schema ends within a few tokens, so a random model completes it

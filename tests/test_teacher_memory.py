@@ -32,9 +32,9 @@ from agentmem.jobs.sft import run_sft
 from agentmem.records import Episode, Invocation, RunKind, WorkflowMemory
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from envs import load_env
-from store import memories as memory_repo
 from store import repository as repo
 from store.errors import NotFound
+from store.repository import memories as memory_repo
 
 SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 

@@ -20,8 +20,8 @@ from agentmem.testing.tiny_models import tiny_tokenizer
 from agentmem.view import served
 from agentmem.view.app import create_app
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import open_read_only
+from store.repository import serve as serve_repo
 
 TOOLS = [{"type": "function", "function": {"name": "weather", "description": "The weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -32,8 +32,8 @@ from agentmem.runtime import CPU, Runtime
 from agentmem.tracking import TrackerKind, check_installed
 from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import Store
+from store.repository import serve as serve_repo
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
     from agentmem.training.trainer import Models

@@ -37,9 +37,9 @@ from agentmem.errors import ConfigError
 from agentmem.jobs.runs import tracked_run
 from agentmem.records import Checkpoint, Episode, Invocation, InvocationKind, RunKind, WorkflowMemory
 from agentmem.runtime import CPU, Runtime
-from store import memories as memory_repo
 from store import repository as repo
 from store.engine import Store
+from store.repository import memories as memory_repo
 
 ORACLE = "oracle"
 TRACE_CHARS = 200

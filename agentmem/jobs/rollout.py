@@ -6,7 +6,7 @@ Then the run (with its full config) and every episode are written, each round's 
 transaction, and each episode's outcome as it finishes. Episode ids are derived from (run, task, sample),
 so a killed job loses at most the calls in flight and ``resume`` finishes the run without duplicating a row.
 
-A run's episodes are work items under leases (``store.leases``): ``run_rollout`` writes the run and its
+A run's episodes are work items under leases (``store.repository.leases``): ``run_rollout`` writes the run and its
 episodes, then works them as one worker that claims every claimable episode (``work_run``); more workers
 (``agentmem.jobs.worker``, on this machine or others) may share the run, each claiming a batch at a time.
 The sink checks and renews the worker's leases in the transaction of each round's calls (and their
@@ -45,10 +45,10 @@ from agentmem.runtime import CPU, Runtime
 from envs import load_env
 from envs.files import require_file
 from envs.types import Env
-from store import leases, memory_log
 from store import repository as repo
 from store.engine import Store
 from store.errors import LeaseLost
+from store.repository import leases, memory_log
 from store.retry import retrying
 
 
@@ -64,7 +64,7 @@ def build_env(config: RolloutConfig, tokenizer) -> Env:
 
 @dataclass(frozen=True)
 class LeaseTerms:
-    """How one process holds a run's episodes (``store.leases``): its owner name (unique to the process),
+    """How one process holds a run's episodes (``store.repository.leases``): its owner name (unique to the process),
     how long a lease lasts without renewal, and how many claims an episode gets before it is marked failed."""
 
     owner: str = field(default_factory=leases.new_owner)
@@ -84,7 +84,7 @@ class StoreSink:
     policies keep no log) go to ``memory_log`` in the transaction of the calls.
 
     With ``lease`` (a worker's terms), that same transaction first checks and renews the worker's lease of
-    every episode it writes (``store.leases.insert_invocations``); when some were taken over (``LeaseLost``)
+    every episode it writes (``store.repository.leases.insert_invocations``); when some were taken over (``LeaseLost``)
     it is rolled back and redone without them, and their ids are returned (the loop drops those episodes)
     and kept in ``lost``. Their calls and log entries are never stored. Outcomes are written the same way."""
 

@@ -4,7 +4,7 @@
 and ends it whatever happens: ``finished`` on success, ``failed`` with a one-line error on an exception,
 ``interrupted`` on Ctrl-C. No error leaves a run ``running``; only a killed process does, and then the
 run's process id tells it apart (``agentmem runs``). A rollout run's episodes may be shared by several
-worker processes (``agentmem.jobs.worker``, ``store.leases``): its run (``tracked_run(shared=True)``) is
+worker processes (``agentmem.jobs.worker``, ``store.repository.leases``): its run (``tracked_run(shared=True)``) is
 marked finished only once none of its episodes is running, by whichever process finishes last; until then
 it stays running.
 
@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from agentmem.errors import ConfigError, RunError
 from agentmem.records import Run, RunKind
 from agentmem.runtime import Runtime
-from store import leases
 from store import repository as repo
 from store.engine import Store
+from store.repository import leases
 
 HEARTBEAT_EVERY_S = 30.0
 
@@ -119,7 +119,7 @@ def tracked_run(store: Store, kind: RunKind, config: BaseModel, *, resume: str |
                 extra: dict | None = None, shared: bool = False) -> Iterator[RunHandle]:
     """Open (or, with ``resume``, take over the run of that full id) a run and end it on exit as finished,
     failed or interrupted. ``shared``: a run whose episodes other workers may hold; a success marks it
-    finished only when none of its episodes is running (``store.leases.finish_run_if_done``)."""
+    finished only when none of its episodes is running (``store.repository.leases.finish_run_if_done``)."""
     with store.session() as s:
         if resume is None:
             run = Run(kind=kind, config=config.model_dump(mode="json") | (extra or {}))

@@ -3,7 +3,7 @@
 ``run_worker`` works one run (given) or every running rollout run with claimable episodes (oldest first),
 on any machine that reaches the store. Per run it rebuilds what the run's stored config describes (the
 environment and tasks, the sampling model on this machine's device: ``rollout.rollout_setup``), then
-claims episodes in batches (``store.leases``) and steps them through the agent loop with a sink that
+claims episodes in batches (``store.repository.leases``) and steps them through the agent loop with a sink that
 renews and checks its leases at every round (``rollout.StoreSink(lease=...)``): an episode whose lease was
 taken over is dropped with its in-memory state, never continued. A worker with a given run waits (polling)
 while other workers hold its last episodes, so that it takes over the leases of a worker that dies. The
@@ -38,9 +38,9 @@ from agentmem.jobs.rollout import (
 from agentmem.jobs.runs import RunHandle
 from agentmem.records import Checkpoint, RunKind
 from agentmem.runtime import CPU, Runtime
-from store import leases
 from store import repository as repo
 from store.engine import Store
+from store.repository import leases
 from store.retry import retrying
 
 

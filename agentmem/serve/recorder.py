@@ -23,9 +23,9 @@ from agentmem.records import Episode, EpisodeStatus, Invocation, Run, RunKind, S
 from agentmem.serve.protocol import ApiError
 from agentmem.serve.sampler import Choice
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import Store
 from store.errors import NotFound
+from store.repository import serve as serve_repo
 
 ENV = "serve"
 

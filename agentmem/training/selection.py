@@ -27,8 +27,8 @@ from agentmem.replay import Sequence, rebuild
 from agentmem.replay.privileged import hint_ids, privileged_ids
 from agentmem.training.chat_history import ChatHistory
 from store import repository as repo
-from store import serve as serve_repo
 from store.engine import Store
+from store.repository import serve as serve_repo
 
 __all__ = ["Selection", "select", "student_sequences", "teacher_sequences"]
 

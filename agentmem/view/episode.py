@@ -19,8 +19,8 @@ from agentmem.view import heat, served, tokens
 from agentmem.view.diff import DiffPart, word_diff
 from agentmem.view.render import Links, model_label, render
 from store import repository as repo
-from store import serve as serve_repo
 from store.errors import NotFound
+from store.repository import serve as serve_repo
 
 router = APIRouter()
 

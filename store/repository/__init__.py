@@ -11,8 +11,14 @@ resume. ``run_liveness`` tells a live running run from one whose process was kil
 
 One module per record type: ``runs``, ``checkpoints``, ``episodes``, ``invocations``, ``teacher_scores``,
 ``train_steps``, ``eval_results`` (``rows`` holds what they share: text columns, idempotent inserts, rows by
-abbreviated id; ``stored`` the check of a run's rows a job makes before it reads them). Every function is re-exported here, so callers write ``from store import repository as
-repo`` and ``repo.get_run(...)`` whatever module holds it.
+abbreviated id; ``stored`` the check of a run's rows a job makes before it reads them). Every function of these is
+re-exported here, so callers write ``from store import repository as repo`` and ``repo.get_run(...)`` whatever module
+holds it.
+
+Four modules serve one part each and are imported by name (``from store.repository import leases``), since their
+names would clash in one namespace: ``leases`` (a rollout run's episodes as work items that workers claim),
+``serve`` (``agentmem serve``'s episodes, growing one call at a time, and its ``serve_calls``), ``memories`` (workflow
+memories) and ``memory_log`` (the ``log`` memory policy's entries).
 """
 
 from store.repository.checkpoints import (

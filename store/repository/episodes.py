@@ -64,7 +64,7 @@ def _episode(row: EpisodeRow) -> Episode:
     )
 
 
-episode_record = _episode  # the record of a row (store.leases reads the rows it claims)
+episode_record = _episode  # the record of a row (store.repository.leases reads the rows it claims)
 
 
 def get_episode(session: Session, episode_id: str) -> Episode:
