@@ -1,7 +1,7 @@
 """The README's two learning paths, measured: does a new user who runs the README's three commands see learning?
 
 It runs exactly the README's commands (``README_COMMANDS``, checked against README.md by
-tests/test_quickstart.py) through the ``agentmem`` command line, each in its own process as a user would, on the
+tests/bench/test_quickstart.py) through the ``agentmem`` command line, each in its own process as a user would, on the
 default model, in a fresh folder (``WORK/agentmem.db``, ``WORK/checkpoints``):
 
   agentmem rollout --policy oracle --episodes 64 --level 2          # run_id=ORACLE

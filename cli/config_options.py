@@ -17,7 +17,7 @@ convenience flags that fold into a field (``--level`` into ``env_knobs``).
   nested), under the flags actually given on the command line (click's parameter source, never a
   comparison with a default).
 
-Only this module turns a model into options; it imports no torch (``tests/test_cli_startup.py``).
+Only this module turns a model into options; it imports no torch (``tests/cli/test_app_startup.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ printed in bash, on the database the printing command used.
   ``"``, ``\\``): JSON is read with ``->>`` (SQLite 3.38+ and Postgres alike), never a ``'$[0]'`` path;
 - a word is quoted only when bash needs it (``shlex.quote``).
 
-``tests/test_docs_commands.py`` runs every such command in bash, on SQLite and on Postgres.
+``tests/docs/test_docs_commands.py`` runs every such command in bash, on SQLite and on Postgres.
 """
 
 from __future__ import annotations

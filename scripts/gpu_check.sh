@@ -17,9 +17,9 @@ source scripts/gpu_env.sh
 { "$py" --version; nvidia-smi 2>/dev/null | head -15; } | tee "$OUT/gpu_check.log"
 if [ "${1:-}" != "--dry-run" ]; then
   # FlexAttention's CUDA cases: logits in fp32 and bf16, gradients (CI runs the CPU ones)
-  timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/test_flex_attention.py -k cuda \
+  timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/agentmem/training/test_flex_attention.py -k cuda \
     >"$OUT/pytest_cuda.log" 2>&1
-  echo "pytest tests/test_flex_attention.py on CUDA: exit $? (tail of $OUT/pytest_cuda.log:)" | tee -a "$OUT/gpu_check.log"
+  echo "pytest tests/agentmem/training/test_flex_attention.py on CUDA: exit $? (tail of $OUT/pytest_cuda.log:)" | tee -a "$OUT/gpu_check.log"
   tail -3 "$OUT/pytest_cuda.log" | tee -a "$OUT/gpu_check.log"
 fi
 timeout "${GPU_CHECK_TIMEOUT:-380}" "$py" -m bench.gpu --out "$OUT" "$@" 2>&1 | tee -a "$OUT/gpu_check.log"

@@ -24,7 +24,7 @@ if [ "$fast" -eq 0 ]; then
   echo "postgres for tests: $AGENTMEM_TEST_PG_URL"
   # The viewer's browser tests drive headless Chromium; without it (no root, no apt) they skip with the reason.
   command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
-    >/dev/null 2>&1 || echo "chromium could not be installed: tests/test_view_browser.py will skip"
+    >/dev/null 2>&1 || echo "chromium could not be installed: tests/agentmem/view/test_view_browser.py will skip"
 fi
 "$venv/bin/ruff" check .
 "$venv/bin/lint-imports"

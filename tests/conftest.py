@@ -7,7 +7,6 @@ import concurrent.futures.process
 import multiprocessing
 import os
 import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))
 
 try:
     import torch

@@ -1,5 +1,5 @@
 """Property-based requests to ``agentmem serve``, built from its OpenAPI document, and the properties every answer
-must have: shared by ``tests/test_serve_fuzz.py`` (a fixed-seed, bounded run) and ``python -m bench.fuzz``.
+must have: shared by ``tests/fuzz/test_serve_fuzz.py`` (a fixed-seed, bounded run) and ``python -m bench.fuzz``.
 
 Requests (``requests(document, model)``, a Hypothesis strategy): a route of the document (every one, the episode
 prefix and unknown routes too), its path parameters, the ``X-Agentmem-*`` headers and a body drawn from the route's

@@ -14,7 +14,7 @@ misses in a row left nothing taken over in one CI run). Each process stores its 
 
 Leases last 30 s, longer than any round even on a loaded machine, so an episode changes hands only when its
 worker was killed (the others see at once that its process is gone); a worker that stalls alive past its
-lease and is refused is ``tests/test_leases.py``'s case. With short leases a loaded machine would let a live
+lease and is refused is ``tests/store/repository/test_leases.py``'s case. With short leases a loaded machine would let a live
 worker lose an episode and later claim it back, a legitimate history the block check would call mixed.
 """
 

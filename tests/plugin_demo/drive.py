@@ -1,5 +1,5 @@
 """Drives agentmem's jobs with the demo package's policy, environment or loss term (``python drive.py SEAM
-FOLDER``) and prints what the store holds as one JSON line. ``tests/test_plugins.py`` runs it in a fresh
+FOLDER``) and prints what the store holds as one JSON line. ``tests/plugin_demo/test_plugins.py`` runs it in a fresh
 process whose ``PYTHONPATH`` holds the demo package, installed as a ``.dist-info`` with entry points."""
 
 from __future__ import annotations
