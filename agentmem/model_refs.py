@@ -11,6 +11,7 @@ rollouts of one model share one row), and every trained checkpoint names its par
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,10 +127,11 @@ def load(path: str | Path, dtype: DType | str, runtime: Runtime, *, trainable: b
 
 
 def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Runtime, *,
-            base_url: str | None = None, served_name: str | None = None, static_decode: bool = True) -> Backend:
+            base_url: str | Sequence[str] | None = None, served_name: str | None = None,
+            static_decode: bool = True) -> Backend:
     """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for);
     ``openai``: a client of the server at ``base_url`` serving the model under ``served_name``, with the
-    tokenizer of ``path`` (no weights load); ``static_decode=False``: the transformers backend's generic
+    tokenizer of ``path`` (no weights load); several URLs: a ``ServerPool`` of them (``policy.server_pool``); ``static_decode=False``: the transformers backend's generic
     decode step (for comparisons)."""
     from agentmem.backends.registry import make_backend
 
@@ -137,16 +139,23 @@ def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Run
         from agentmem.backends.openai_backend import OpenAIBackend
         from agentmem.errors import BackendError
 
-        if base_url is None:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url or ())
+        if not urls:
             raise BackendError("backend openai needs a base URL (--base-url)")
-        return OpenAIBackend(base_url, served_name or path, load_tokenizer(path))
+        tokenizer = load_tokenizer(path)
+        clients = [OpenAIBackend(url, served_name or path, tokenizer) for url in urls]
+        if len(clients) == 1:
+            return clients[0]
+        from agentmem.backends.server_pool import ServerPool
+
+        return ServerPool(clients)
 
     return make_backend(str(kind), path, str(runtime.dtype_for(dtype)), device=runtime.device,
                         static_decode=static_decode)
 
 
 def sampler(store: Store, model: ModelRef, kind: BackendKind | str, dtype: DType | str,
-            runtime: Runtime, *, base_url: str | None = None) -> tuple[Checkpoint, Backend]:
+            runtime: Runtime, *, base_url: str | Sequence[str] | None = None) -> tuple[Checkpoint, Backend]:
     """(checkpoint row, generation backend) of the model that samples a run's calls; ``base_url``: the
     server of backend ``openai`` (which serves the model under the reference's name)."""
     return register(store, model), backend(kind, model.path, dtype, runtime, base_url=base_url, served_name=model.ref)

@@ -21,6 +21,11 @@ Then 2 worker processes on one SQLite file (WAL): their stderr must hold no "dat
 a fresh one started; lost, duplicated and mixed calls are counted as ``tests/faults/test_worker_kills.py``
 does. ``--sleep S``: every batch of the scaling runs takes S seconds more, as if a model generated it
 elsewhere (a GPU): then the workers' own CPU no longer bounds the runs on a small machine. The last line is ``workers4_vs_1=<r> p99_ms=<x> lost=<n>`` (p99 of the 4-worker run; lost over all).
+
+``--ray`` (the ``ray`` extra; a local Ray cluster of 4 logical CPUs): 1 and 2 plain worker processes against 1
+and 2 Ray actors on the same episodes, each batch taking ``--sleep`` (default 0.1 s) as if a server generated it,
+then 2 actors of which one is SIGKILLed mid-episode ``--kills`` times (default 3; Ray restarts it): the last line
+is ``ray_vs_plain_2=<r> scale_2_vs_1=<r> lost=<n> duplicates=<n> restart_s=<s>`` (``ray_phase``).
 """
 
 from __future__ import annotations
@@ -172,6 +177,97 @@ def kills(url: str, cfg: RolloutConfig, want: dict, k: int, seed: int) -> tuple[
     return done, lost, dup, mixed
 
 
+def ray_phase(server: str, cfg: RolloutConfig, sleep_s: float, kills_wanted: int) -> str:
+    """``--ray``: 1 and 2 plain worker processes against 1 and 2 Ray actors (``jobs.ray_rollout``, the same
+    scripted backend) on fresh databases, then 2 actors of which one is SIGKILLed mid-episode ``kills_wanted``
+    times (Ray restarts it). The last line's keys: ``ray_vs_plain_2`` (calls/s of 2 actors over 2 processes),
+    ``scale_2_vs_1`` (2 actors over 1), ``lost`` and ``duplicates`` (calls, against the 1-process run, over
+    every run), ``restart_s`` (mean time from a kill to the first call stored by the restarted actor)."""
+    import functools
+    import threading
+
+    import ray
+
+    from agentmem.jobs import ray_rollout
+    from agentmem.jobs.rollout import LeaseTerms
+    from agentmem.testing.scripted_worker import tagged_sampler
+
+    ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False,
+             logging_level="WARNING")
+    lease = LeaseTerms(seconds=30, max_attempts=1000)
+    sampler = functools.partial(tagged_sampler, sleep_s=sleep_s)
+    rates: dict = {}
+    want, lost, dup = None, 0, 0
+    try:
+        for kind in ("plain", "ray"):
+            for n in (1, 2):
+                url = fresh_pg(server)
+                run_id = new_run(url, cfg)
+                if kind == "plain":
+                    procs = [start(url, run_id, k, lease_s=lease.seconds, sleep_s=sleep_s) for k in range(n)]
+                    for p in procs:
+                        _, err = p.communicate(timeout=3600)
+                        if p.returncode != 0:
+                            raise SystemExit(f"worker failed:\n{err}")
+                else:
+                    ray_rollout.work_with_ray(url, run_id, ray_rollout.Placement(workers=n), lease, device="cpu",
+                                              sampler=sampler)
+                count, rates[kind, n] = span_rate(url, run_id)
+                got = calls(url, run_id)
+                want = want or got
+                lo, du, mixed = compare(want, got)
+                lost, dup = lost + lo, dup + du
+                print(f"{kind} workers={n} calls={count} calls_per_s={rates[kind, n]:.1f} lost={lo} duplicates={du} "
+                      f"mixed={mixed}", flush=True)
+        url = fresh_pg(server)
+        run_id = new_run(url, cfg)
+        box: dict = {}
+        thread = threading.Thread(target=lambda: box.update(r=ray_rollout.work_with_ray(
+            url, run_id, ray_rollout.Placement(workers=2), lease, device="cpu", sampler=sampler)), daemon=True)
+        thread.start()
+        engine = sa.create_engine(resolve_url(url))
+        restarts: list[float] = []
+
+        def running_owners() -> tuple[set[int], set[float]]:
+            with engine.connect() as c:
+                owners = c.execute(sa.text(
+                    "select distinct e.lease_owner from episodes e where e.run_id = :r and e.status = 'running' and "
+                    "e.lease_owner is not null and exists (select 1 from invocations i where i.episode_id = e.id)"),
+                    {"r": run_id}).scalars().all()
+                tags = c.execute(sa.text("select distinct i.latency_s from invocations i join episodes e on "
+                                         "e.id = i.episode_id where e.run_id = :r"), {"r": run_id}).scalars().all()
+            return {int(o.split(":")[1]) for o in owners}, set(tags)
+
+        killed: set[int] = set()
+        while len(restarts) < kills_wanted and thread.is_alive():
+            time.sleep(0.3)
+            pids, tags = running_owners()
+            pids -= killed
+            if not pids:
+                continue
+            victim = min(pids)
+            os.kill(victim, signal.SIGKILL)
+            killed.add(victim)
+            t0 = time.perf_counter()
+            while thread.is_alive():  # the restarted actor's first stored call carries a new process tag
+                time.sleep(0.05)
+                _, now = running_owners()
+                if now - tags - {float(k) for k in killed}:
+                    restarts.append(time.perf_counter() - t0)
+                    break
+        thread.join(3600)
+        engine.dispose()
+        lo, du, mixed = compare(want, calls(url, run_id))
+        lost, dup = lost + lo, dup + du
+        restart = sum(restarts) / len(restarts) if restarts else float("nan")
+        print(f"ray kills={len(restarts)} lost_calls={lo} duplicates={du} mixed={mixed} restart_s={restart:.1f}",
+              flush=True)
+    finally:
+        ray.shutdown()
+    return (f"ray_vs_plain_2={rates['ray', 2] / rates['plain', 2]:.2f} scale_2_vs_1={rates['ray', 2] / rates['ray', 1]:.2f} "
+            f"lost={lost} duplicates={dup} restart_s={restart:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg-url", default=os.environ.get("AGENTMEM_TEST_PG_URL"))
@@ -182,8 +278,13 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds added to every batch of the scaling runs")
     ap.add_argument("--kills", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ray", action="store_true", help="1 and 2 Ray actors against 1 and 2 plain workers, and "
+                    "--kills actor kills (default 3; --sleep default 0.1); needs the ray extra")
     ap.add_argument("--smoke", action="store_true", help="4 episodes, 1 and 2 workers, 1 kill: every phase runs")
     args = ap.parse_args()
+    if args.ray:
+        args.kills = args.kills or 3
+        args.sleep = args.sleep or 0.1
     if args.smoke:
         args.episodes, args.group_size, args.workers, args.kills = 4, 1, "1,2", 1
     cfg = config(args.episodes, args.group_size, args.batch)
@@ -199,6 +300,9 @@ def main() -> None:
     try:
         print(f"cpus={os.cpu_count()} episodes={args.episodes * args.group_size} batch={args.batch} "
               f"sleep_s={args.sleep}", flush=True)
+        if args.ray:
+            print(ray_phase(server, cfg, args.sleep, args.kills))
+            return
         rates, p99, total_lost, want = {}, {}, 0, None
         for n in [int(x) for x in args.workers.split(",")]:
             url = fresh_pg(server)

@@ -12,6 +12,14 @@ from cli.config_options import CommandLineError, invocation, job_command
 from cli.job_specs import ROLLOUT
 from cli.options import DbOption, DeviceOption, ThreadsOption
 from cli.paste import command, sql_command
+from cli.ray_workers import (
+    RayAddressOption,
+    RayOption,
+    WorkerCpusOption,
+    WorkerGpusOption,
+    check_flags,
+    with_ray,
+)
 
 ReplayFromOption = Annotated[str | None, typer.Option(
     help="ReOPD: branch from stored run RUN_ID instead of reading an environment: per episode one step t drawn "
@@ -22,14 +30,15 @@ ResumeOption = Annotated[str | None, typer.Option(help="Finish run RUN_ID (its s
 WorkersOption = Annotated[int, typer.Option(
     help="Local worker processes: 1 does the calls in this process; N > 1 writes the run and its episodes, then "
          "starts N `agentmem worker --run RUN_ID` processes that share them (each loads the model). More workers "
-         "on other machines may join with `agentmem worker`.", min=1)]
+         "on other machines may join with `agentmem worker`. With --ray: N Ray actors instead.", min=1)]
 
 
 @job_command(ROLLOUT)
 def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
             kappa: KappaOption = ReplayConfig.model_fields["kappa"].default, resume: ResumeOption = None,
-            workers: WorkersOption = 1, device: DeviceOption = Device.auto, threads: ThreadsOption = None,
-            db: DbOption = None) -> None:
+            workers: WorkersOption = 1, ray: RayOption = False, ray_address: RayAddressOption = None,
+            worker_gpus: WorkerGpusOption = 0.0, worker_cpus: WorkerCpusOption = 1.0,
+            device: DeviceOption = Device.auto, threads: ThreadsOption = None, db: DbOption = None) -> None:
     """Run the memory agent over an environment and stream every call to the store.
 
     With no flags: 8 synthetic tasks with the default model on sqlite:///agentmem.db (measured on an idle
@@ -43,6 +52,7 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
 
     call = invocation(ctx)
     call.refuse_on_resume(resume)
+    check_flags(ray, ray_address, worker_gpus, worker_cpus, db)
     if replay_from is not None or call.passed("kappa") or (resume and _is_replay(resume, db)):
         return _replay(call, replay_from, resume, kappa=kappa, device=device, threads=threads, db=db)
     config = None if resume else call.config()
@@ -51,6 +61,9 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
     plan = agent_plan(config or _stored_config(str(resume), db), db)
     after_run_id(plan.line())
     config = measured_dtype(call, config, db, threads)
+    if ray:
+        return with_ray(workers, ray_address, worker_gpus, worker_cpus, config, resume, db=db, device=device,
+                        threads=threads)
     if workers > 1:
         return _with_workers(workers, config, resume, db=db, device=device, threads=threads)
     result = _run(config, resume, device, threads, db, plan)

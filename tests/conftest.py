@@ -92,6 +92,17 @@ def store(db_url):
     s.dispose()
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> str:
+    """One local Ray cluster for the whole test run (it takes seconds to start), 4 logical CPUs and a small
+    object store; yields its address. Skips when the ``ray`` extra is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False,
+             logging_level="WARNING")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
 @pytest.fixture
 def sqlite_store(tmp_path):
     """A migrated SQLite store, for tests that are not about the backend."""

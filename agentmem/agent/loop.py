@@ -21,6 +21,8 @@ Invariants:
 - an episode's state is rebuilt from its stored calls (``AgentLoop.start``), so a resumed episode
   continues exactly where the store says it stopped (an answer stored without its outcome is scored,
   not asked again);
+- a ``KeyedBackend`` (several servers: ``policy.server_pool``) gets each call's episode id with its prompt, so
+  an episode's calls go to one server;
 - a failing call is data, not a crash: its episode ends ``failed`` with the error, siblings go on;
 - an episode whose calls the sink refuses (``Sink.invocations`` returns its id: a rollout worker lost its
   lease to another worker) is dropped at once, in-memory state and all: it is neither continued nor finished.
@@ -36,7 +38,7 @@ from typing import Any, Protocol
 from agentmem.agent.memory import Call, MemoryPolicy, consume
 from agentmem.agent.oracle import OracleWriter
 from agentmem.agent.registry import memory_policy, register_memory_policy
-from agentmem.backends.types import Backend, Generation, SamplingParams
+from agentmem.backends.types import Backend, Generation, KeyedBackend, SamplingParams
 from agentmem.config import AgentConfig
 from agentmem.errors import AgentError
 from agentmem.records import Episode, EpisodeStatus, FinishReason, Invocation, SamplingContext, Task, utcnow
@@ -120,6 +122,13 @@ def _routes(backend: Backend | Mapping[str, Backend] | None, oracle: OracleWrite
     if not routes:
         raise AgentError("no backend: give a Backend or a mapping {call kind: Backend}")
     return routes
+
+
+def _call(backend: Backend, keys: list[str], prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    """``backend``'s generations; a ``KeyedBackend`` (several servers) also gets each call's episode id."""
+    if isinstance(backend, KeyedBackend):
+        return backend.generate_keyed(keys, prompts, params)
+    return backend.generate(prompts, params)
 
 
 class AgentLoop:
@@ -217,15 +226,15 @@ class AgentLoop:
         return SamplingParams(temperature=self.config.temperature, top_p=self.config.top_p,
                               max_new_tokens=max_new_tokens, seed=self.config.seed * 1_000_003 + self._round)
 
-    def _generate(self, backend: Backend, prompts: list[list[int]], params: SamplingParams
+    def _generate(self, backend: Backend, prompts: list[list[int]], params: SamplingParams, keys: list[str]
                   ) -> list[Generation | Exception]:
         try:
-            return list(backend.generate(prompts, params))
+            return list(_call(backend, keys, prompts, params))
         except Exception:  # noqa: BLE001 - isolate the failing call; its siblings must go on
             out: list[Generation | Exception] = []
-            for p in prompts:
+            for k, p in zip(keys, prompts, strict=True):
                 try:
-                    out.extend(backend.generate([p], params))
+                    out.extend(_call(backend, [k], [p], params))
                 except Exception as exc:  # noqa: BLE001
                     out.append(exc)
             return out
@@ -261,7 +270,8 @@ class AgentLoop:
             else:
                 prompts = [(self._splice(states[i], calls[i]) or []) + calls[i].prompt.ids  # type: ignore[arg-type,union-attr]
                            for i in idx]
-                gens = self._generate(self._backend(kind), prompts, self._params(max_new_tokens))
+                gens = self._generate(self._backend(kind), prompts, self._params(max_new_tokens),
+                                      [states[i].episode.id for i in idx])
             results.update(zip(idx, gens, strict=True))
         return results
 

@@ -4,6 +4,7 @@ message (its ``error.message`` when the body is OpenAI's error shape)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -34,5 +35,6 @@ def request_json(url: str, body: dict | None, api_key: str | None, timeout_s: fl
         except (ValueError, KeyError, TypeError):
             pass
         raise HttpError(err.code, detail) from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
+        # HTTPException: the server closed the connection in the middle of its answer (it died mid-call)
         raise HttpError(None, str(err)) from None

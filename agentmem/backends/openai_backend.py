@@ -20,6 +20,11 @@ from agentmem.errors import BackendError
 from agentmem.records import FinishReason
 
 
+class ServerUnavailable(BackendError):
+    """The server could not be reached, dropped the connection, or answered 5xx: another server may answer the
+    same call (``policy.server_pool``). A 4xx is the request's fault and is a plain ``BackendError``."""
+
+
 class OpenAIBackend:
     name = "openai"
 
@@ -59,5 +64,7 @@ class OpenAIBackend:
             return request_json(self.base_url + path, body, self.api_key, self.timeout_s)
         except HttpError as err:
             if err.status is None:
-                raise BackendError(f"cannot reach {self.base_url}{path}: {err.detail}") from None
+                raise ServerUnavailable(f"cannot reach {self.base_url}{path}: {err.detail}") from None
+            if err.status >= 500:
+                raise ServerUnavailable(f"{self.base_url}{path} answered {err.status}: {err.detail}") from None
             raise BackendError(f"{self.base_url}{path} answered {err.status}: {err.detail}") from None

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentmem.records import FinishReason
 
@@ -107,6 +107,16 @@ class Backend(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One ``Generation`` per prompt, same order."""
+        ...
+
+
+@runtime_checkable
+class KeyedBackend(Backend, Protocol):
+    """A backend that places each prompt by a key: the agent loop passes each call's episode id, so that every
+    call of an episode goes to the same server (``policy.server_pool``)."""
+
+    def generate_keyed(self, keys: list[str], prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One ``Generation`` per prompt, same order; ``keys[i]`` places ``prompts[i]``."""
         ...
 
 

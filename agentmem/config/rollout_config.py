@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentmem.config.agent_config import AgentConfig
 from agentmem.config.base import Frozen
@@ -38,8 +38,10 @@ class RolloutConfig(Frozen):
     evidence and gold answer: no model, no log-probs; --model gives only the tokenizer and chat template)."""
     backend: BackendKind = BackendKind.transformers
     """Generation backend (openai: a client of an `agentmem serve` server at --base-url serving --model)."""
-    base_url: str | None = None  # backend openai: the server's /v1 URL (``agentmem serve``)
-    """With --backend openai: the server's URL, e.g. http://127.0.0.1:8000/v1."""
+    base_url: list[str] | None = None  # backend openai: the servers' /v1 URLs (``agentmem serve``, ``vllm serve``)
+    """With --backend openai: the server's URL, e.g. http://127.0.0.1:8000/v1; several servers of the same model
+    share the calls, each episode staying on one (a server that fails mid-call is skipped: its calls go to
+    the next)."""
     # fp32 by default: on CPU it is faster end to end for long prompts (prefill dominates), and the stored
     # sampler log-probs then match the fp32 training recompute (bf16 differs by ~0.03 on average).
     dtype: DType = DType.float32
@@ -62,9 +64,14 @@ class RolloutConfig(Frozen):
     evidence as a system message before every prompt, stored apart: PSD's off-policy samples, `distill --psd
     off_policy`) or hint (each memory update's hint line before its prompt: a hint teacher's validation)."""
 
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _one_url(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # a run stored with one URL, a file's one string
+
     @model_validator(mode="after")
     def _server(self) -> RolloutConfig:
-        if (self.backend is BackendKind.openai) != (self.base_url is not None):
+        if (self.backend is BackendKind.openai) != bool(self.base_url):
             raise ValueError("--backend openai and --base-url URL go together")
         return self
 

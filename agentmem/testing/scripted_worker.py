@@ -58,6 +58,16 @@ class TimedSink(rollout.StoreSink):
             TimedSink.times.append(time.perf_counter() - t0)
 
 
+def tagged_sampler(store, sleep_s: float = 0.0):
+    """(checkpoint, backend) of a Ray actor in the fault tests and ``bench/workers.py --ray``
+    (``jobs.ray_rollout.SamplerFactory``): the scripted answers after ``sleep_s`` per batch, every call tagged
+    with the process id (a restarted actor is a new process, so a new tag)."""
+    import os
+
+    policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
+    return policy, TaggedBackend(tiny_tokenizer(), float(os.getpid()), sleep_s)
+
+
 def main() -> None:
     import os
 

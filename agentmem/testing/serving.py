@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
@@ -35,3 +35,24 @@ def running(app, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def dies_at(app, call: int, die: Callable[[], None] | None = None):
+    """``app`` until its ``call``-th ``/completions`` request has arrived; then that request and every later
+    one get ``die()`` (default: an exception, so the server answers 500; ``agentmem.testing.dying_server``
+    passes a SIGKILL of its own process: a server that dies mid-call)."""
+    seen = 0
+
+    def fail() -> None:
+        raise RuntimeError("this server has died")
+
+    async def wrapped(scope, receive, send):
+        nonlocal seen
+        if scope["type"] == "http" and scope["path"].endswith("/completions"):
+            seen += 1
+            if seen >= call:
+                await receive()  # the request has arrived: the server dies while it holds it
+                (die or fail)()
+        await app(scope, receive, send)
+
+    return wrapped

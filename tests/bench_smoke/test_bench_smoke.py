@@ -66,3 +66,16 @@ def test_generation_without_batch_one_leaves_the_bandwidth_fraction_empty(tmp_pa
     assert proc.returncode == 0, proc.stderr[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("new_vs_old_b8=") and last.endswith(" bandwidth_fraction_b1="), last
+
+
+@pytest.mark.bench_smoke
+def test_workers_ray_smoke_prints_its_keys(tmp_path):
+    pytest.importorskip("ray")
+    # Ray's sockets live under its temp folder, and a Unix socket's path has at most 107 bytes: not under tmp_path
+    proc = subprocess.run(bench("workers", "--ray", "--smoke"), cwd=tmp_path, env=bench_env(tmp_path, RAY_TMPDIR="/tmp"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    keys = [kv.split("=")[0] for kv in last.split()]
+    assert keys == ["ray_vs_plain_2", "scale_2_vs_1", "lost", "duplicates", "restart_s"], last
+    assert " lost=0 duplicates=0 " in last, last

@@ -292,7 +292,7 @@ def test_rollout_through_the_server_stores_the_direct_ids(store, model_dir, temp
     server = build_server(store, ServeConfig(model=model_dir, dtype="float32", batch_window_ms=0))
     with running(server.app) as root:
         served = run_rollout(store, config.model_copy(update={"backend": BackendKind.openai,
-                                                                     "base_url": f"{root}/v1"}))
+                                                                     "base_url": [f"{root}/v1"]}))
     server.close("finished")
 
     def calls(run_id: str) -> dict:
