@@ -37,8 +37,8 @@ def to_yaml(data: dict) -> str:
 
 
 def stored_config(run) -> dict:
-    """A stored run's config read through its job's model (extra keys a job stores beside it dropped, old
-    fields mapped by the model's own legacy rules), as the JSON a job would store now."""
+    """A stored run's config read through its job's model (extra keys a job stores beside it dropped), as the
+    JSON a job would store now."""
     from agentmem.config import ReplayConfig, RolloutConfig
     from agentmem.errors import ConfigError
 
@@ -48,8 +48,7 @@ def stored_config(run) -> dict:
     if job == "replay":
         return ReplayConfig.model_validate(run.config).model_dump(mode="json")
     model = JOBS[job].model
-    flat = getattr(model, "FLAT_FIELDS", {})  # a distill run stored before the sections
-    known = {k: v for k, v in run.config.items() if k in model.model_fields or k in flat or k in ("truncate",)}
+    known = {k: v for k, v in run.config.items() if k in model.model_fields}
     reader = RolloutConfig.stored if job == "rollout" else model.model_validate
     return reader(known).model_dump(mode="json")
 

@@ -579,9 +579,7 @@ def test_the_train_loop_accepts_an_events_rollout(sqlite_store, tiny_folder, tmp
         rollout=RolloutConfig(env_knobs=SYNTH, episodes=2, group_size=2, chunk_tokens=48,
                               agent=AgentConfig(memory_policy="events", memory_options={"recorder": "rules"},
                                                 memory_tokens=16, answer_max_new_tokens=4, max_batch=4)),
-        distill=DistillConfig(student=tiny_folder, teacher=tiny_folder, context=TeacherContext.privileged, steps=1,
-                              invocations_per_step=8, lr=1e-3, rl_weight=1.0, out=str(tmp_path / "ckpt"),
-                              oversize=Oversize.skip),
+        distill=DistillConfig(student=tiny_folder, out=str(tmp_path / "ckpt"), teacher=dict(model=tiny_folder, context=TeacherContext.privileged), loss=dict(rl_weight=1.0), optim=dict(steps=1, lr=1e-3), batch=dict(invocations_per_step=8, oversize=Oversize.skip)),
     )
     _, (round_one,) = run_train(sqlite_store, config)
     with sqlite_store.session() as s:

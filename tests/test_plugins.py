@@ -62,7 +62,7 @@ def test_an_unknown_loss_term_or_kind_fails_before_the_train_loop_starts(sqlite_
 
     with pytest.raises(ConfigError, match=r"unknown loss term\(s\) \['entropy_bonus'\] in loss_terms; installed: none "
                                           r"\(entry-point group agentmem.loss_terms\)"):
-        run_train(sqlite_store, TrainConfig(distill=DistillConfig(loss_terms={"entropy_bonus": 1.0})))
+        run_train(sqlite_store, TrainConfig(distill=DistillConfig(loss=dict(terms={"entropy_bonus": 1.0}))))
     with pytest.raises(ConfigError, match=r"unknown call kind\(s\) \['jot'\]"):
         run_train(sqlite_store, TrainConfig(distill=DistillConfig(kinds="jot")))
     with sqlite_store.session() as s:

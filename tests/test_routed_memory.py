@@ -350,8 +350,7 @@ def test_privileged_distill_accepts_a_routed_run(sqlite_store, tmp_path):
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     models = Models(student, tok, policy, tiny_llama(seed=1).requires_grad_(False), tok)
     result = run_distill(sqlite_store, DistillConfig(
-        run_ids=[run.run_id], steps=1, invocations_per_step=8, lr=1e-3, out=str(tmp_path), rl=RLKind.none,
-        context=TeacherContext.privileged, kinds=["route"]), models=models)
+        run_ids=[run.run_id], out=str(tmp_path), kinds=["route"], teacher=dict(context=TeacherContext.privileged), rl=dict(kind=RLKind.none), optim=dict(steps=1, lr=1e-3), batch=dict(invocations_per_step=8)), models=models)
     assert result.history[0].metrics["actions"] == 2 and np.isfinite(result.history[0].loss)
     assert any(not torch_equal(before[n], p) for n, p in student.named_parameters())
 

@@ -1,7 +1,7 @@
 """The driver: one seed of a suite per unit of work, run through the product's own jobs.
 
 For training seed N a unit makes the seed's warm start (``agentmem sft`` on the oracle calls, keeping its AdamW
-state), then trains each arm as ``agentmem train --config examples/learning/ARM.yaml --init WARM --seed N
+state), then trains each arm as ``agentmem train --config examples/learning/ARM.yaml --student WARM --seed N
 --rounds S/2`` builds it (``cli.config_show.effective_config``: the same spec, so a user reproduces an arm with
 that command), evaluates each arm's checkpoints at ``eval_steps`` on the held-out ladder, and writes one record
 per arm-seed (``records``). Models no seed changes (the base model, the teacher) are evaluated once. Every
@@ -161,7 +161,7 @@ class Campaign:
 
     def train_args(self, arm: Arm, seed: int, warm: dict, extra: list[str] = ()) -> list[str]:
         """The ``agentmem train`` command line of an arm-seed (after ``agentmem train``)."""
-        args = ["--config", str(arm.path), "--seed", str(seed), "--init", warm["id"],
+        args = ["--config", str(arm.path), "--seed", str(seed), "--student", warm["id"],
                 "--rounds", str(self.plan.rounds),
                 "--out", str(self.work / "ckpt" / f"{arm.name}-{seed}-S{self.plan.steps}"),
                 *self.plan.train_args]
