@@ -81,18 +81,8 @@ FLAG_NAMES: dict[str, str] = {
     "batch.row_tokens": "--row-tokens", "ScoreConfig.row_tokens": "--row-tokens",
     "batch.packing": "--packing", "ScoreConfig.packing": "--packing",
     "DistillConfig.dtype": "--train-dtype", "SftConfig.dtype": "--train-dtype",
-    # sft keeps distill's optimizer and batch fields at its top level
-    "optim.steps": "--steps", "SftConfig.steps": "--steps", "optim.lr": "--lr", "SftConfig.lr": "--lr",
-    "optim.warmup_steps": "--warmup-steps", "SftConfig.warmup_steps": "--warmup-steps",
-    "optim.schedule": "--schedule", "SftConfig.schedule": "--schedule",
-    "optim.min_lr_ratio": "--min-lr-ratio", "SftConfig.min_lr_ratio": "--min-lr-ratio",
-    "optim.weight_decay": "--weight-decay", "SftConfig.weight_decay": "--weight-decay",
-    "optim.max_grad_norm": "--max-grad-norm", "SftConfig.max_grad_norm": "--max-grad-norm",
-    "optim.carry_optimizer": "--carry-optimizer", "SftConfig.carry_optimizer": "--carry-optimizer",
-    "optim.carry_first_moment": "--carry-first-moment", "SftConfig.carry_first_moment": "--carry-first-moment",
-    "batch.invocations_per_step": "--invocations-per-step", "SftConfig.invocations_per_step": "--invocations-per-step",
-    "SftConfig.row_tokens": "--row-tokens", "SftConfig.packing": "--packing", "SftConfig.path": "--attention",
-    "batch.oversize": "--oversize", "SftConfig.oversize": "--oversize",
+    "ServeConfig.max_batch": "--batch", "MemoriesConfig.batch": "--batch",
+    "MemoriesConfig.run": "--run",
 }
 CONFIG_FILE = "config_file"
 _PREFIX = "cfg__"

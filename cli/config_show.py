@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from cli.config_options import invocation, job_command
-from cli.job_specs import JOBS
+from cli.job_specs import JOBS, MEMORIES
 from cli.options import DbOption
 
 app = typer.Typer(help="Experiment configs: print a job's effective config or schema, or a stored run's config.",
@@ -81,11 +81,12 @@ def _printer(job: str):
             typer.echo("# dtype auto: measured when the job runs; stored as the dtype it picks")
         typer.echo(to_yaml(config.model_dump(mode="json")), nl=False)
 
-    print_config.__doc__ = f"The config `agentmem {job}` would store, with the same flags and --config FILE."
+    command = "memories build" if job == "memories" else job
+    print_config.__doc__ = f"The config `agentmem {command}` would store, with the same flags and --config FILE."
     return print_config
 
 
-for _job, _spec in JOBS.items():
+for _job, _spec in {**JOBS, "memories": MEMORIES}.items():
     show_app.command(_job)(job_command(_spec)(_printer(_job)))
 
 

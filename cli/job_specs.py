@@ -11,7 +11,16 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import DistillConfig, EvalConfig, RolloutConfig, ScoreConfig, SftConfig, TrainConfig
+from agentmem.config import (
+    DistillConfig,
+    EvalConfig,
+    MemoriesConfig,
+    RolloutConfig,
+    ScoreConfig,
+    ServeConfig,
+    SftConfig,
+    TrainConfig,
+)
 from cli.config_options import CommandLineError, JobSpec
 from cli.options import EnvName, GenDType
 
@@ -86,7 +95,13 @@ TRAIN = JobSpec(
                           "distill.optim.schedule_offset", "distill.optim.schedule_steps", "warm_start.context"}),
     ties={"warm_start.out": "distill.out", "warm_start.seed": "seed",
           "warm_start.mixed_precision": "distill.mixed_precision",
-          "warm_start.invocations_per_step": "distill.batch.invocations_per_step"},
+          "warm_start.batch.invocations_per_step": "distill.batch.invocations_per_step"},
     extras=_LEVEL, prepare=_train_prepare)
 
-JOBS = {"rollout": ROLLOUT, "eval": EVAL, "score": SCORE, "distill": DISTILL, "sft": SFT, "train": TRAIN}
+SERVE = JobSpec(ServeConfig, common=frozenset(("--config", "--model", "--backend", "--run-name", "--upstream",
+                                                "--chat-template", "--db", "--host", "--port", "--api-key",
+                                                "--device", "--help", "--help-all")))
+MEMORIES = JobSpec(MemoriesConfig)  # `agentmem memories build`
+
+JOBS = {"rollout": ROLLOUT, "eval": EVAL, "score": SCORE, "distill": DISTILL, "sft": SFT, "train": TRAIN,
+        "serve": SERVE}

@@ -25,7 +25,7 @@ from store.engine import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {"rollout": "rollout", "eval": "eval", "score": "score", "distill": "distill", "sft": "sft",
-            "train": "train"}
+            "train": "train", "serve": "serve"}
 
 
 def show(*args: str) -> dict:
@@ -148,7 +148,7 @@ def test_show_prints_the_config_the_job_stores(tmp_path):
         DistillConfig(run_ids=["a", "b"], kinds=["memory_update"], teacher=dict(model=None)).model_dump(mode="json")
     assert show("score", "--run", "a", "--kinds", "answer")["kinds"] == ["answer"]
     train = show("train", "--warm-start-run", "o1", "--out", "ck", "--seed", "3", "--env", "hotpotqa")
-    assert train["warm_start"]["run_ids"] == ["o1"] and train["warm_start"]["steps"] == 16
+    assert train["warm_start"]["run_ids"] == ["o1"] and train["warm_start"]["optim"]["steps"] == 16
     assert (train["warm_start"]["out"], train["warm_start"]["seed"]) == ("ck", 3)  # follow the loop's
     assert train["rollout"]["env_knobs"] == {}  # the recipe's knobs are the synthetic task's
 
@@ -292,7 +292,7 @@ def test_a_stored_train_config_exports_and_loads_again(tmp_path):
     """A train run's stored config (with a warm start) exports to a file that builds the same config."""
     db = f"sqlite:///{tmp_path / 't.db'}"
     store = open_store(db, create=True)
-    config = TrainConfig(rounds=3, warm_start={"run_ids": ["o1"], "steps": 4}, distill={"optim": {"lr": 3e-6}})
+    config = TrainConfig(rounds=3, warm_start={"run_ids": ["o1"], "optim": {"steps": 4}}, distill={"optim": {"lr": 3e-6}})
     run = Run(kind=RunKind.train, config=config.model_dump(mode="json"))
     with store.session() as s:
         repo.start_run(s, run)
@@ -384,3 +384,30 @@ def test_the_flag_table_in_the_docs_is_flag_names():
     rows = re.findall(r"^\| `(--[\w-]+)` \| (.*) \|$", text, flags=re.M)
     assert {(key, flag) for flag, keys in rows for key in re.findall(r"`([\w.]+)`", keys)} == {
         (key, flag) for key, flag in FLAG_NAMES.items()}
+
+
+# A command's own option whose flag is also a config flag: the same setting, never a default of its own.
+OWN_FLAGS = {"--run": "the run(s) a command reads, as a job's run ids",
+             "--batch": "worker: the run's agent.max_batch, for this worker",
+             "--out": "the path a command writes (report, export: a file; a training job: its checkpoints)"}
+
+
+def test_no_command_restates_a_config_field_or_its_default():
+    """An option of a command's own that takes a config flag is the same setting (``OWN_FLAGS``) and has no
+    default of its own: every default lives in the config class."""
+    from typer.main import get_command
+
+    from cli.app import app as root
+    from cli.config_options import _PREFIX
+
+    config_flags = {option.flags[0].split("/")[0] for spec in JOBS.values() for option in spec.options()}
+    own = {}
+    for words, command in _commands(get_command(root)):
+        for param in command.params:
+            if param.name.startswith(_PREFIX) or not getattr(param, "opts", None):
+                continue
+            for flag in param.opts:
+                if flag in config_flags:
+                    own[(" ".join(words), flag)] = param.default
+    assert {flag for _, flag in own} <= set(OWN_FLAGS), own
+    assert {key: default for key, default in own.items() if default is not None and key[1] != "--out"} == {}

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from serve_helpers import running
 
+from agentmem.config import ServeConfig
 from agentmem.policy.scripted import ScriptedBackend
 from agentmem.records import EpisodeStatus, RunKind
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 from store import serve as serve_repo

@@ -96,7 +96,7 @@ def test_train_recipe_flags_reach_the_config(captured):
     assert isinstance(result.exception, Called), result.output
     config: TrainConfig = captured["train"]
     d = config.distill
-    assert config.warm_start is not None and config.warm_start.run_ids == ["oracle1"] and config.warm_start.steps == 3
+    assert config.warm_start is not None and config.warm_start.run_ids == ["oracle1"] and config.warm_start.optim.steps == 3
     o = d.optim
     assert (d.student, o.schedule, o.warmup_steps, o.carry_optimizer, d.rl.reward, o.steps, o.lr) == (
         "ckpt9", LrSchedule.constant, 0, False, RewardKind.sub_em, 3, 3e-6)

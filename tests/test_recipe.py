@@ -125,7 +125,7 @@ def test_carry_without_first_moment_moves_by_the_new_gradients_alone(tmp_path):
 def test_first_moment_choice_reaches_the_trainer_and_concerns_round_one():
     from agentmem.config import SftConfig
 
-    sft = SftConfig(run_ids=["r"], student="s", carry_optimizer=True, carry_first_moment=False)
+    sft = SftConfig(run_ids=["r"], student="s", optim=dict(carry_optimizer=True, carry_first_moment=False))
     assert sft.distill_config().optim.carry_first_moment is False
     # the loop's default: round 1 takes the warm start's (or --student's) scale without its first moment; later
     # rounds carry their own round's moments
@@ -293,8 +293,7 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
                                                      chunk_tokens=48, episodes=3,
                                                      agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=4)))
     config = tiny_train(folder, tmp_path, optim=dict(carry_optimizer=True), keep_optimizer=True)  # the last keeps its state
-    config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], steps=2, invocations_per_step=4,
-                                                               lr=1e-3, out="ignored"),
+    config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], out="ignored", optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4)),
                                        "teacher_check_episodes": 0})
 
     class Killed(Exception):

@@ -325,8 +325,7 @@ def test_sft_on_oracle_labelled_route_calls_trains_the_router(sqlite_store, toke
     assert SftConfig(run_ids=["r"], kinds="route, update").kinds == ["route", "memory_update"]
     folder = save_tiny(tmp_path / "tiny")
     before = route_nll(AutoModelForCausalLM.from_pretrained(folder), picked.invocations)
-    result = run_sft(sqlite_store, SftConfig(run_ids=runs, student=folder, kinds="route", steps=3, lr=1e-2,
-                                             invocations_per_step=64, out=str(tmp_path / "ckpt")))
+    result = run_sft(sqlite_store, SftConfig(run_ids=runs, student=folder, kinds="route", out=str(tmp_path / "ckpt"), optim=dict(steps=3, lr=1e-2), batch=dict(invocations_per_step=64)))
     assert result.history[0].metrics["actions"] == 6
     assert result.history[0].loss == pytest.approx(before, abs=1e-4)
     after = route_nll(AutoModelForCausalLM.from_pretrained(result.last_checkpoint.path), picked.invocations)

@@ -20,11 +20,11 @@ import torch
 from fastapi.testclient import TestClient
 from serve_helpers import running
 
-from agentmem.config import ScoreConfig
+from agentmem.config import ScoreConfig, ServeConfig
 from agentmem.jobs.score import run_score
 from agentmem.records import EpisodeStatus, RunKind, TeacherContext
 from agentmem.serve.recorder import episode_row_id, serve_run_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer, tool_tokenizer
 from agentmem.view.app import create_app as create_view
 from store import repository as repo

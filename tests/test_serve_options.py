@@ -15,8 +15,9 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from serve_helpers import running
 
+from agentmem.config import ServeConfig
 from agentmem.policy.types import SamplingParams
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 from store import serve as serve_repo

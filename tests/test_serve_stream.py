@@ -12,12 +12,13 @@ import openai
 import pytest
 from serve_helpers import running
 
+from agentmem.config import ServeConfig
 from agentmem.policy.transformers_backend import Step
 from agentmem.policy.types import Generation, SamplingParams
 from agentmem.records import FinishReason
 from agentmem.serve.responses import LiveText
 from agentmem.serve.sampler import Tokens
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 

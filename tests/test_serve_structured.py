@@ -16,13 +16,14 @@ import pytest
 import torch
 from serve_helpers import running
 
+from agentmem.config import ServeConfig
 from agentmem.policy.shaping import Grammars
 from agentmem.policy.transformers_backend import TransformersBackend
 from agentmem.policy.types import SamplingParams
 from agentmem.policy.vllm_backend import guidance_backend, structured
 from agentmem.serve.constraints import json_grammar
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from store import repository as repo
 from store import serve as serve_repo

@@ -110,10 +110,7 @@ class Campaign:
 
         def make() -> dict:
             say(f"warm start, seed {seed}: {p.warm_steps} SFT steps on the oracle calls")
-            config = SftConfig(run_ids=self.oracle_runs(), student=p.model, steps=p.warm_steps,
-                               invocations_per_step=p.warm_calls, lr=p.warm_lr, warmup_steps=1,
-                               schedule=LrSchedule.cosine, seed=seed, keep_optimizer=True,
-                               out=str(self.work / "ckpt" / f"warm-{seed}"))
+            config = SftConfig(run_ids=self.oracle_runs(), student=p.model, seed=seed, keep_optimizer=True, out=str(self.work / "ckpt" / f"warm-{seed}"), optim=dict(steps=p.warm_steps, lr=p.warm_lr, warmup_steps=1, schedule=LrSchedule.cosine), batch=dict(invocations_per_step=p.warm_calls))
             started = time.monotonic()
             result = run_sft(self.store, config, self.runtime)
             assert result.last_checkpoint is not None

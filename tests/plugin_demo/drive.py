@@ -57,8 +57,7 @@ def policy_seam(store, model, out):
                                                   "memory_tokens": 32, "answer_max_new_tokens": 32}))).run_id
     scored = run_score(store, ScoreConfig(run_ids=[sampled], teacher=model, kinds="jot"))
     distilled = run_distill(store, DistillConfig(run_ids=[sampled], student=model, kinds="jot", out=str(out / "d"), teacher=dict(model=model), optim=dict(steps=1), batch=dict(invocations_per_step=4)))
-    tuned = run_sft(store, SftConfig(run_ids=[oracle], student=model, kinds="jot", steps=1, invocations_per_step=4,
-                                     out=str(out / "s")))
+    tuned = run_sft(store, SftConfig(run_ids=[oracle], student=model, kinds="jot", out=str(out / "s"), optim=dict(steps=1), batch=dict(invocations_per_step=4)))
     with store.session() as s:
         n_scores = s.execute(sa.text("select count(*) from teacher_scores")).scalar()
     eps, invs = calls(store, sampled)
