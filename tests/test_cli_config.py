@@ -265,7 +265,7 @@ def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
     out = str(tmp_path / "ck")
     jobs = {"rollout": run_id}
     for job, args in [
-        ("score", ["--run", run_id, "--teacher", model, "--kind", "answer"]),
+        ("score", ["--run", run_id, "--teacher", model, "--kinds", "answer"]),
         ("distill", ["--config", "examples/psd_distill.yaml", "--run", run_id, "--student", model, "--teacher",
                      model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
         ("sft", ["--run", run_id, "--student", model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),

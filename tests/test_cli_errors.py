@@ -204,7 +204,7 @@ WALK = [
     (f"replay-audit --student-run {NONE} --teacher-run {NONE}", 1, f"error: no run with id '{NONE}'"),
     ("serve --backend nosuch", 2, "error: unknown backend 'nosuch'"),
     ("serve --model {root}/no/such/model", 1, "error: "),
-    ("memories build", 2, "error: Missing option '--run'"),
+    ("memories build", 2, "error: --run is required"),
     (f"memories build --run {NONE}", 1, f"error: no run with id '{NONE}'"),
     ("memories list --full=yes", 2, "error: "),
     ("memories list --db {root}/nothing.db", 1, "error: no database at"),

@@ -85,7 +85,7 @@ def test_an_installed_memory_policy_runs_through_every_job(tmp_path):
     assert out["oracle_f1"] == [1.0, 1.0]  # the oracle answers the gold answer
     assert set(out["oracle_jots"]) <= set(out["gold_facts"])  # its oracle_text: the facts of the chunk, or nothing
     assert "nothing" in out["oracle_jots"] and len(out["oracle_jots"]) > 1
-    assert out["scored"] == out["score_rows"] == out["jot_calls"] > 0  # score --kind jot: only the jots
+    assert out["scored"] == out["score_rows"] == out["jot_calls"] > 0  # score --kinds jot: only the jots
     assert out["distill_steps"] == 1 and out["sft_steps"] == 1
     assert out["bad_kind"].startswith("unknown call kind(s) ['jotting']: give comma-separated memory_update, ")
     assert "jot" in out["bad_kind"].split(": give comma-separated ")[1].split(", ")

@@ -368,7 +368,7 @@ def test_distill_and_sft_take_the_policies_call_kinds():
     assert DistillConfig(run_ids=["r"], kinds="route").kinds == ["route"]
     assert DistillConfig(run_ids=["r"], kinds="update,answer").kinds == ["memory_update", "answer"]
     assert SftConfig(run_ids=["r"], kinds="log_search,event_view").kinds == ["log_search", "event_view"]
-    assert ScoreConfig(run_ids=["r"], kinds="route").kinds == ["route"]  # score --kind route
+    assert ScoreConfig(run_ids=["r"], kinds="route").kinds == ["route"]  # score --kinds route
     check_kinds(["route", "memory_update", "answer", "event_view", "log_note", "chat"])
     with pytest.raises(ConfigError, match=r"unknown call kind\(s\) \['routing'\]: give comma-separated "
                                           r"memory_update, answer, event_record"):

@@ -578,9 +578,9 @@ def test_cli_refuses_bad_flags_with_one_line(tmp_path):
     zero = am("serve", "--max-n", "0", "--db", db)
     assert zero.returncode == 2 and "--max-n" in zero.stderr
     relay = am("serve", "--backend", "openai", "--db", db)
-    assert relay.returncode == 1 and relay.stderr.startswith("error: --backend") and "--upstream" in relay.stderr
+    assert relay.returncode == 2 and relay.stderr.startswith("error: --backend") and "--upstream" in relay.stderr
     template = am("serve", "--chat-template", str(tmp_path / "none.jinja"), "--db", db)
-    assert template.returncode == 1 and template.stderr.startswith("error: --chat-template")
+    assert template.returncode == 2 and template.stderr.startswith("error: --chat-template")
     assert "chatml_tools" in template.stderr and len(template.stderr.strip().splitlines()) == 1
 
 
