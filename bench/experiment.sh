@@ -22,10 +22,10 @@ export OMP_NUM_THREADS=${THREADS:-1}
 
 $am eval --model default --env synthetic "${KNOBS[@]}" "${SHAPE[@]}" --episodes "$EVAL" --db "$db"
 run=$($am rollout --env synthetic "${KNOBS[@]}" "${SHAPE[@]}" --episodes "$EPISODES" --group-size "$GROUP" \
-      --temperature "${TEMPERATURE:-0.7}" --seed 0 --db "$db" | sed -n 's/^run_id=\([0-9a-f]*\).*/\1/p')
+      --sample-temperature "${TEMPERATURE:-0.7}" --seed 0 --db "$db" | sed -n 's/^run_id=\([0-9a-f]*\).*/\1/p')
 echo "rollout run $run"
 for ctx in aligned persistent privileged; do
-  ckpt=$($am distill --run "$run" --context "$ctx" --steps "$STEPS" --invocations-per-step 8 --lr "$LR" \
+  ckpt=$($am distill --run "$run" --teacher-context "$ctx" --steps "$STEPS" --invocations-per-step 8 --lr "$LR" \
          --out "$work/ckpt-$ctx" --threads "${THREADS:-1}" --db "$db" | sed -n 's/.* checkpoint=\([0-9a-f]*\) .*/\1/p')
   echo "$ctx -> checkpoint $ckpt"
   $am eval --model "$ckpt" --env synthetic "${KNOBS[@]}" "${SHAPE[@]}" --episodes "$EVAL" --db "$db"

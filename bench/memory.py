@@ -109,8 +109,7 @@ def train(store, arm: str, plan: Plan, state: State, runtime: Runtime, work: Pat
     key = f"sft/{arm}"
     if state.get(key) is None:
         oracle = oracle_run(store, arm, plan, state, runtime)
-        result = run_sft(store, SftConfig(run_ids=[oracle], student=plan.model, steps=plan.steps, invocations_per_step=plan.calls_per_step,
-                                          lr=plan.lr, seed=plan.seed, out=str(work / "ckpt" / arm)), runtime)
+        result = run_sft(store, SftConfig(run_ids=[oracle], student=plan.model, seed=plan.seed, out=str(work / "ckpt" / arm), optim=dict(steps=plan.steps, lr=plan.lr), batch=dict(invocations_per_step=plan.calls_per_step)), runtime)
         with store.session() as s:
             last = repo.list_checkpoints(s, result.run_id)[-1]
         state.put(key, {"id": last.id, "path": last.path, "step": last.step})

@@ -11,7 +11,7 @@ then kills: no call whose response a client received may be missing from the sto
    both backends) and K threads each making ``--calls`` calls with the ``openai`` client, same prompts, greedy.
    ``serve_vs_direct`` = served calls/s over direct calls/s, measured in this one run; p50/p99 are the
    served calls' latencies as the clients saw them. On transformers the same load first runs on a server with
-   ``--static-batching`` (batches fixed when they start), printed beside it.
+   ``--no-continuous-batching`` (batches fixed when they start), printed beside it.
 2. Kills: ``--client-kills`` client processes are SIGKILLed at random moments mid-stream of their calls, and
    the server (its process group: vLLM's engine process too) is SIGKILLed once under load and restarted
    with the same ``--run-name``; clients retry
@@ -74,7 +74,7 @@ def messages(client: int, call: int) -> list[dict]:
 
 def start_server(model: str, db: str, port: int, window_ms: float, backend: str, *, static: bool = False,
                  run_name: str = "bench") -> subprocess.Popen:
-    batching = ["--static-batching"] if static else []
+    batching = ["--no-continuous-batching"] if static else []
     proc = subprocess.Popen([sys.executable, "-m", "cli.app", "serve", "--model", model, "--db", db, "--port", str(port),
                              "--run-name", run_name, "--dtype", "float32", "--batch-window-ms", str(window_ms),
                              "--device", "cpu", "--backend", backend, *batching], cwd=ROOT, env=ENV,
@@ -285,7 +285,7 @@ def main() -> None:
     print(f"direct   {direct_rate:8.2f} calls/s  (one backend batch of K prompts per round)")
     print(f"served   {served_rate:8.2f} calls/s  ({args.backend}, continuous batching, window {args.window_ms} ms)")
     if static_rate is not None:
-        print(f"static   {static_rate:8.2f} calls/s  (--static-batching: continuous/static "
+        print(f"static   {static_rate:8.2f} calls/s  (--no-continuous-batching: continuous/static "
               f"{served_rate / static_rate:.2f}x)")
     print(f"kills    {args.client_kills} clients, {args.server_kills} server (restarted with the same run); "
           f"{len(done | received)} responses received, {stored} calls stored")

@@ -108,9 +108,7 @@ def step_profile(top: int, what: str):
 def measure(store, run_id: str, dtype: DType, steps: int, args, work: Path, runtime: Runtime) -> dict:
     history: list[TrainStep] = []
     t0 = time.perf_counter()
-    config = SftConfig(run_ids=[run_id], student=args.model, steps=steps, invocations_per_step=args.calls_per_step,
-                       row_tokens=args.row_tokens, lr=1e-5, dtype=dtype, lora_rank=args.lora_rank,
-                       out=str(work / f"ckpt-{dtype}"))
+    config = SftConfig(run_ids=[run_id], student=args.model, dtype=dtype, lora_rank=args.lora_rank, out=str(work / f"ckpt-{dtype}"), optim=dict(steps=steps, lr=1e-5), batch=dict(invocations_per_step=args.calls_per_step, row_tokens=args.row_tokens))
     with step_profile(args.profile if steps > 1 else 0, f"{dtype} step 2") as on_step:
         result = run_sft(store, config, runtime, on_step=lambda h: (history.append(h), on_step()))
     wall = time.perf_counter() - t0

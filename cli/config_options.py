@@ -1,17 +1,18 @@
 """A job's typer options, generated from its pydantic config: the config is the one source of every option.
 
-``JobSpec`` names a job's config model and the few things the model cannot say: the flags whose names differ
-from their field's (``--run`` for ``run_ids``), the fields the job sets itself (no option), the fields that
-follow another one unless set (a rollout's sampling seed follows ``--seed``), and a ``prepare`` hook for the
-convenience flags that fold into a field (``--level`` into ``env_knobs``).
+``JobSpec`` names a job's config model and the few things the model cannot say: the parts that are another
+job's config (train's ``rollout``, ``distill`` and ``warm_start``), the fields the job sets itself (no option),
+the fields that follow another one unless set (a rollout's sampling seed follows ``--seed``), and a ``prepare``
+hook for the convenience flags that fold into a field (``--level`` into ``env_knobs``).
 
 ``job_command(spec)`` decorates a command function (its own options: ``--db``, ``--device``, ``--resume``,
 ...) with one option per config field and ``--config FILE``; inside, ``job_config(ctx)`` is the config:
 
 - the field's ``description`` is the help, its Enum the choice list, its default the default shown;
-- a field of a nested section gets its own name as flag (``agent.memory_tokens`` -> ``--memory-tokens``)
-  unless two sections share it: the first section in ``JobSpec.sections`` keeps the plain name, the others
-  are dotted (``--rollout.agent.seed``);
+- a field's flag is its name (``agent.memory_tokens`` -> ``--memory-tokens``) unless ``FLAG_NAMES``, the one
+  table of other names, gives it one (``agent.temperature`` -> ``--sample-temperature``); a flag means the same
+  field in every command that has it, and a field has one flag (a train's warm start: ``--warm-start-`` and the
+  flag the field has in ``sft``);
 - lists take repeated or comma-separated values, dicts ``KEY=VALUE`` (values parsed as JSON when they are);
 - the config is the model's defaults, under the ``--config`` file (YAML or TOML; any field, sections
   nested), under the flags actually given on the command line (click's parameter source, never a
@@ -49,16 +50,39 @@ class CommandLineError(ConfigError):
     errors; an error found later (files, the database, runs, models, the job itself) exits 1."""
 
 
-# A field whose flag is not its own name (kept from before the options were generated, so docs and scripts
-# keep working). Keyed by the field's name in any section.
-FLAG_NAMES: dict[str, tuple[str, ...]] = {
-    "run_ids": ("--run",),
-    "env_knobs": ("--knob",),
-    "answer_max_new_tokens": ("--answer-tokens",),
-    "memory_policy": ("--memory", "--memory-policy"),
-    "memory_options": ("--memory-option",),
-    "max_batch": ("--batch",),
-    "path": ("--attention",),
+# The one table of flag names: the flag of every config field whose flag is not ``--`` + its name. A field is
+# keyed by its place in its job's config (``agent.temperature``; train's rollout and distill parts keyed as in
+# rollout's and distill's configs), or by ``Config.field`` where one place names different things in two jobs'
+# configs (score's ``context`` is the teacher's, rollout's the sampler's). A flag has one meaning in every command:
+# two keys under one flag are one setting that two jobs keep in different places (score's ``teacher`` and distill's
+# ``teacher.model``), and ``tests/test_cli_config.py`` fails on any flag that sets two fields not listed here.
+FLAG_NAMES: dict[str, str] = {
+    "run_ids": "--run",
+    "env_knobs": "--knob",
+    "agent.answer_max_new_tokens": "--answer-tokens",
+    "agent.memory_policy": "--memory",
+    "agent.memory_options": "--memory-option",
+    "agent.max_batch": "--batch",
+    "agent.temperature": "--sample-temperature",
+    "agent.seed": "--sample-seed",
+    "teacher.model": "--teacher", "ScoreConfig.teacher": "--teacher",
+    "teacher.source": "--teacher-source",
+    "teacher.context": "--teacher-context", "ScoreConfig.context": "--teacher-context",
+    "teacher.temperature": "--teacher-temperature",
+    "teacher.min_confidence": "--teacher-min-confidence",
+    "teacher.truncation": "--teacher-truncation", "ScoreConfig.teacher_truncation": "--teacher-truncation",
+    "loss.divergence": "--loss",
+    "loss.temperature": "--kd-temperature", "ScoreConfig.temperature": "--kd-temperature",
+    "loss.terms": "--loss-terms",
+    "loss.anchor_weight": "--anchor-weight", "SftConfig.anchor_weight": "--anchor-weight",
+    "loss.weighting": "--weighting", "SftConfig.weighting": "--weighting",
+    "rl.kind": "--rl",
+    "batch.path": "--attention", "ScoreConfig.path": "--attention",
+    "batch.row_tokens": "--row-tokens", "ScoreConfig.row_tokens": "--row-tokens",
+    "batch.packing": "--packing", "ScoreConfig.packing": "--packing",
+    "DistillConfig.dtype": "--train-dtype", "SftConfig.dtype": "--train-dtype",
+    "ServeConfig.max_batch": "--batch", "MemoriesConfig.batch": "--batch",
+    "MemoriesConfig.run": "--run",
 }
 CONFIG_FILE = "config_file"
 _PREFIX = "cfg__"
@@ -78,9 +102,22 @@ def usage_error(*kinds: type[Exception]) -> Iterator[None]:
         raise CommandLineError(str(exc)) from exc
 
 
-def flag_of(name: str) -> str:
-    """The flag of config field ``name`` (for one-line error messages)."""
-    return FLAG_NAMES.get(name, (f"--{name.replace('_', '-')}",))[0]
+def flag_of(path: str) -> str:
+    """The flag of the config field at dotted ``path`` (or of its longest tail the table names), for one-line
+    error messages."""
+    parts = path.split(".")
+    for start in range(len(parts)):
+        if ".".join(parts[start:]) in FLAG_NAMES:
+            return FLAG_NAMES[".".join(parts[start:])]
+    return f"--{parts[-1].replace('_', '-')}"
+
+
+def _base(model: type[BaseModel], name: str) -> type[BaseModel]:
+    """The first class of ``model``'s bases that has field ``name`` (``EvalConfig.seed``: ``RolloutConfig``)."""
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and name in getattr(cls, "model_fields", {}):
+            return cls
+    return model
 
 
 @dataclass(frozen=True)
@@ -88,8 +125,10 @@ class JobSpec:
     """What the options of one job's config need beside the model itself (see the module docstring)."""
 
     model: type[BaseModel]
-    sections: tuple[str, ...] = ()
-    names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # a part of the config that is another job's config (train's ``rollout``, ``distill``, ``warm_start``) -> the
+    # prefix of its flags: its fields are keyed in ``FLAG_NAMES`` as in that job's config
+    parts: Mapping[str, str] = field(default_factory=dict)
+    panels: tuple[str, ...] = ()  # the sections whose options `--help` shows under their own heading
     set_by_job: frozenset[str] = frozenset()
     types: Mapping[str, Any] = field(default_factory=dict)
     ties: Mapping[str, str] = field(default_factory=dict)
@@ -100,32 +139,39 @@ class JobSpec:
     def options(self) -> list[Option]:
         return self._options
 
+    def key(self, path: str) -> tuple[str, str, str]:
+        """(flag prefix, ``FLAG_NAMES`` key, the ``Config.field`` key) of the field at ``path``: its place
+        within the part of the config it belongs to, and that part's config class with its top-level name."""
+        part = max((p for p in self.parts if path.startswith(p + ".")), key=len, default="")
+        relative = path[len(part) + 1:] if part else path
+        model = self.model
+        for name in part.split(".") if part else ():
+            sub = _section(model.model_fields[name].annotation)
+            assert sub is not None
+            model = sub
+        top = relative.partition(".")[0]
+        return self.parts.get(part, ""), relative, f"{_base(model, top).__name__}.{relative}"
+
+    def flag(self, path: str) -> str:
+        """The flag of the field at ``path``: ``FLAG_NAMES``'s, else ``--`` and its name, after its part's prefix."""
+        prefix, relative, qualified = self.key(path)
+        name = FLAG_NAMES.get(qualified) or FLAG_NAMES.get(relative) or f"--{relative.rpartition('.')[2].replace('_', '-')}"
+        return f"--{prefix}{name[2:]}"
+
     @functools.cached_property
     def _options(self) -> list[Option]:
-        leaves = [leaf for leaf in _leaves(self.model, "", self.model_defaults()) if leaf[0] not in self.set_by_job]
-        owners: dict[str, list[str]] = {}
-        for path, *_ in leaves:
-            owners.setdefault(path.rpartition(".")[2], []).append(path.rpartition(".")[0])
-        order = ("", *self.sections)
-
-        def listed(section: str) -> str:
-            """The section itself when the spec lists it, else its nearest listed one (distill.optim: distill)."""
-            while section and section not in order:
-                section = section.rpartition(".")[0]
-            return section
-
-        def rank(section: str) -> int:
-            return order.index(listed(section))
-
         out = []
-        for path, info, default, _ in leaves:
-            section, _, name = path.rpartition(".")
-            plain = min(owners[name], key=rank) == section
-            flags = self.names.get(path) or (
-                FLAG_NAMES.get(name, (f"--{name.replace('_', '-')}",)) if plain
-                else (f"--{section.replace('_', '-')}.{name.replace('_', '-')}",))
-            # a section the spec does not list shows in its listed one's panel (distill's own sections: in distill's)
-            out.append(_option(path, flags, info, default, self.types.get(name), listed(section)))
+        seen: dict[str, str] = {}
+        for path, info, default, title in _leaves(self.model, "", self.model_defaults()):
+            if path in self.set_by_job:
+                continue
+            flag = self.flag(path)
+            if flag in seen:
+                raise ValueError(f"{self.model.__name__}: {seen[flag]} and {path} both get {flag}: name one in "
+                                 "FLAG_NAMES")
+            seen[flag] = path
+            panel = max((p for p in self.panels if title == p or title.startswith(p + ".")), key=len, default="")
+            out.append(_option(path, (flag,), info, default, self.types.get(path.rpartition(".")[2]), panel))
         return out
 
     def fields(self) -> dict[str, Any]:
@@ -278,61 +324,23 @@ class ConfigFile:
             key = key.rpartition(".")[0]
         return f"{self.files.get(key, self.path)}, line {self.lines[key]}" if key else self.path
 
-    def nested(self, model: type[BaseModel]) -> ConfigFile:
-        """The file with the flat keys a model still reads (its ``FLAT_FIELDS``: fields written at the model's
-        level that now live in one of its sections, as in files written before the sections) moved into their
-        sections, their lines with them; the same field given twice is an error naming both lines."""
-        lines, files = dict(self.lines), dict(self.files)
-
-        def walk(data: dict, model: type[BaseModel], prefix: str) -> dict:
-            flat = _flat_fields(model)
-            out: dict = {}
-            moved = []
-            for key, value in data.items():
-                info = model.model_fields.get(key)
-                sub = _section(info.annotation) if info is not None else None
-                if key in flat and not (sub is not None and isinstance(value, dict)):
-                    moved.append((key, flat[key], value))
-                else:
-                    out[key] = walk(value, sub, f"{prefix}{key}.") if sub is not None and isinstance(value, dict) \
-                        else value
-            for key, path, value in moved:
-                if get_path(out, path) is not None:
-                    raise CommandLineError(f"--config {self.where(prefix + key)}: {prefix}{key} sets {prefix}{path}, "
-                                           f"which {self.where(prefix + path)} sets too: give one")
-                _put(out, path, value)
-                old = f"{prefix}{key}"
-                for line_key in [k for k in lines if k == old or k.startswith(old + ".")]:
-                    lines[prefix + path + line_key[len(old):]] = lines.pop(line_key)
-                    if line_key in files:
-                        files[prefix + path + line_key[len(old):]] = files.pop(line_key)
-            return out
-
-        return ConfigFile(self.path, walk(self.data, model, ""), lines, files)
-
     def check_keys(self, model: type[BaseModel]) -> None:
         """A ``ConfigError`` for the first key that is no field of ``model`` (sections nested), naming the
-        file, the line and the closest field (a flat name read from before the sections suggests its place)."""
+        file, the line and the closest field."""
         import difflib
 
         def walk(data: dict, model: type[BaseModel], prefix: str) -> None:
             for key, value in data.items():
                 info = model.model_fields.get(key)
                 if info is None:
-                    flat = _flat_fields(model)
-                    close = difflib.get_close_matches(str(key), [*model.model_fields, *flat], n=1)
-                    hint = f" (did you mean {prefix}{flat.get(close[0], close[0])}?)" if close else ""
+                    close = difflib.get_close_matches(str(key), list(model.model_fields), n=1)
+                    hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
                     raise CommandLineError(f"--config {self.where(prefix + str(key))}: unknown key {prefix}{key}{hint}")
                 sub = _section(info.annotation)
                 if sub is not None and isinstance(value, dict):
                     walk(value, sub, f"{prefix}{key}.")
 
         walk(self.data, model, "")
-
-
-def _flat_fields(model: type[BaseModel]) -> Mapping[str, str]:
-    """A model's flat names from before its sections (``DistillConfig.FLAT_FIELDS``: name -> section.field)."""
-    return getattr(model, "FLAT_FIELDS", {})
 
 
 def _yaml_lines(text: str) -> dict[str, int]:
@@ -470,7 +478,7 @@ class Invocation:
         """The ``--config`` file read and its keys checked against the job's config (None: no file)."""
         if not self.file:
             return None
-        file = read_config_file(self.file).nested(self.spec.model)
+        file = read_config_file(self.file)
         file.check_keys(self.spec.model)
         return file
 
@@ -517,7 +525,7 @@ class Invocation:
         for key, err in zip(keys, exc.errors(), strict=True):
             text = "is required" if err["type"] == "missing" else _flags_in(err["msg"].removeprefix("Value error, "),
                                                                             flag)
-            name = key if from_file else flag.get(key) or (flag_of(key.rpartition(".")[2]) if key else "")
+            name = key if from_file else flag.get(key) or (flag_of(key) if key else "")
             problems.append(f"{name} {text}" if err["type"] == "missing" else f"{name}: {text}" if name else text)
         if from_file and file is not None:
             return f"--config {file.where(from_file[0])}: {'; '.join(problems)}"

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from cli.config_options import invocation, job_command
-from cli.job_specs import JOBS
+from cli.job_specs import JOBS, MEMORIES
 from cli.options import DbOption
 
 app = typer.Typer(help="Experiment configs: print a job's effective config or schema, or a stored run's config.",
@@ -37,8 +37,8 @@ def to_yaml(data: dict) -> str:
 
 
 def stored_config(run) -> dict:
-    """A stored run's config read through its job's model (extra keys a job stores beside it dropped, old
-    fields mapped by the model's own legacy rules), as the JSON a job would store now."""
+    """A stored run's config read through its job's model (extra keys a job stores beside it dropped), as the
+    JSON a job would store now."""
     from agentmem.config import ReplayConfig, RolloutConfig
     from agentmem.errors import ConfigError
 
@@ -48,8 +48,7 @@ def stored_config(run) -> dict:
     if job == "replay":
         return ReplayConfig.model_validate(run.config).model_dump(mode="json")
     model = JOBS[job].model
-    flat = getattr(model, "FLAT_FIELDS", {})  # a distill run stored before the sections
-    known = {k: v for k, v in run.config.items() if k in model.model_fields or k in flat or k in ("truncate",)}
+    known = {k: v for k, v in run.config.items() if k in model.model_fields}
     reader = RolloutConfig.stored if job == "rollout" else model.model_validate
     return reader(known).model_dump(mode="json")
 
@@ -82,11 +81,12 @@ def _printer(job: str):
             typer.echo("# dtype auto: measured when the job runs; stored as the dtype it picks")
         typer.echo(to_yaml(config.model_dump(mode="json")), nl=False)
 
-    print_config.__doc__ = f"The config `agentmem {job}` would store, with the same flags and --config FILE."
+    command = "memories build" if job == "memories" else job
+    print_config.__doc__ = f"The config `agentmem {command}` would store, with the same flags and --config FILE."
     return print_config
 
 
-for _job, _spec in JOBS.items():
+for _job, _spec in {**JOBS, "memories": MEMORIES}.items():
     show_app.command(_job)(job_command(_spec)(_printer(_job)))
 
 

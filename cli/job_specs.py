@@ -1,5 +1,5 @@
 """The options of every job, as ``JobSpec``s of its config (``cli.config_options``): the one place that says
-which flag names differ from their fields, which fields a job sets itself, and which fields follow another.
+which fields a job sets itself and which fields follow another (the flags' names are ``FLAG_NAMES``').
 
 The commands (``cli/rollout.py`` ...) and ``agentmem config show JOB`` use the same specs, so ``config show``
 prints the config the job would store.
@@ -11,7 +11,16 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import DistillConfig, EvalConfig, RolloutConfig, ScoreConfig, SftConfig, TrainConfig
+from agentmem.config import (
+    DistillConfig,
+    EvalConfig,
+    MemoriesConfig,
+    RolloutConfig,
+    ScoreConfig,
+    ServeConfig,
+    SftConfig,
+    TrainConfig,
+)
 from cli.config_options import CommandLineError, JobSpec
 from cli.options import EnvName, GenDType
 
@@ -57,48 +66,42 @@ _LEVEL = {"level": (LevelOption, None)}
 # The flags `--help` shows per job (`--help-all` shows every one): the few a first run sets.
 _ALWAYS = ("--config", "--resume", "--device", "--db", "--help", "--help-all")
 _ENV = ("--level", "--env", "--data", "--knob", "--episodes", "--seed", "--memory", "--memory-option")
-# A teacher's temperature and context are not a sampler's (`rollout --temperature`, `rollout --context`): the
-# teacher's flags say so; the old names stay as hidden aliases for one version.
-_TEACHER = {"temperature": ("--kd-temperature", "--temperature"), "context": ("--teacher-context", "--context")}
-# A training job's weights dtype is not a generating one's (`rollout --dtype`, which also takes auto).
-_TRAIN_DTYPE = {"dtype": ("--train-dtype", "--dtype")}
-# distill's fields sit in sections (teacher.source, rl.kind, ...); each keeps the flag of its name before them
-_DISTILL_FLAGS = {path: (f"--{name.replace('_', '-')}",) for name, path in DistillConfig.FLAT_FIELDS.items()
-                  if path.rpartition(".")[2] != name}
-_DISTILL = {**_DISTILL_FLAGS, **{DistillConfig.FLAT_FIELDS[k]: v for k, v in _TEACHER.items()}, **_TRAIN_DTYPE}
 
-ROLLOUT = JobSpec(RolloutConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
+ROLLOUT = JobSpec(RolloutConfig, panels=("agent",), types={"env": EnvName, "dtype": GenDType},
                   ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""),
                   common=frozenset((*_ALWAYS, *_ENV, "--workers", "--model", "--policy", "--group-size",
-                                    "--temperature", "--chunk-tokens", "--memory-tokens", "--dtype",
+                                    "--sample-temperature", "--chunk-tokens", "--memory-tokens", "--dtype",
                                     "--replay-from")))
-EVAL = JobSpec(EvalConfig, sections=("agent",), types={"env": EnvName, "dtype": GenDType},
+EVAL = JobSpec(EvalConfig, panels=("agent",), types={"env": EnvName, "dtype": GenDType},
                ties={"agent.seed": "seed"}, extras=_LEVEL, prepare=_with_level(""),
                common=frozenset((*_ALWAYS, *_ENV, "--model", "--docs", "--sweep", "--plot", "--chunk-tokens",
                                  "--memory-tokens", "--dtype")))
-SCORE = JobSpec(ScoreConfig, names={"kinds": ("--kind", "--kinds"), **_TEACHER})
-DISTILL = JobSpec(DistillConfig, names=_DISTILL,
+SCORE = JobSpec(ScoreConfig)
+DISTILL = JobSpec(DistillConfig,
                   common=frozenset((*_ALWAYS, "--run", "--student", "--teacher", "--teacher-context", "--loss",
                                     "--rl", "--kinds", "--steps", "--lr", "--invocations-per-step", "--out",
                                     "--report-to")))
-SFT = JobSpec(SftConfig, names=_TRAIN_DTYPE, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--min-f1", "--steps", "--lr",
+SFT = JobSpec(SftConfig, common=frozenset((*_ALWAYS, "--run", "--student", "--kinds", "--min-f1", "--steps", "--lr",
                                            "--invocations-per-step", "--lora-rank", "--out", "--keep-last",
                                            "--train-dtype", "--report-to")))
 TRAIN = JobSpec(
-    TrainConfig, sections=("distill", "rollout", "rollout.agent", "warm_start"), types={"env": EnvName},
-    names={**{f"distill.{k}": v for k, v in _DISTILL.items()},
-           "distill.student": ("--student", "--init"), "distill.optim.steps": ("--steps-per-round",),
-           "warm_start.run_ids": ("--warm-start-sft",), "warm_start.steps": ("--warm-start-steps",),
-           "warm_start.lr": ("--warm-start-lr",)},
-    common=frozenset((*_ALWAYS, *_ENV, "--rounds", "--student", "--teacher", "--group-size", "--steps-per-round",
-                      "--lr", "--out", "--warm-start-sft", "--warm-start-steps")),
-    # each round sets its rollout's model and seed, and its distill's run ids, seed and schedule position; the warm
-    # start trains the student under its own prompt (never the privileged one)
-    set_by_job=frozenset({"rollout.model", "rollout.seed", "distill.run_ids", "distill.seed",
+    TrainConfig, parts={"rollout": "", "distill": "", "warm_start": "warm-start-"},
+    panels=("distill", "rollout", "rollout.agent", "warm_start"), types={"env": EnvName},
+    common=frozenset((*_ALWAYS, *_ENV, "--rounds", "--student", "--teacher", "--group-size", "--steps",
+                      "--lr", "--out", "--warm-start-run", "--warm-start-steps")),
+    # each round sets its rollout's model and seeds, and its distill's run ids, seed and schedule position; the
+    # warm start trains the student under its own prompt (never the privileged one)
+    set_by_job=frozenset({"rollout.model", "rollout.seed", "rollout.agent.seed", "distill.run_ids", "distill.seed",
                           "distill.optim.schedule_offset", "distill.optim.schedule_steps", "warm_start.context"}),
     ties={"warm_start.out": "distill.out", "warm_start.seed": "seed",
           "warm_start.mixed_precision": "distill.mixed_precision",
-          "warm_start.invocations_per_step": "distill.batch.invocations_per_step"},
+          "warm_start.batch.invocations_per_step": "distill.batch.invocations_per_step"},
     extras=_LEVEL, prepare=_train_prepare)
 
-JOBS = {"rollout": ROLLOUT, "eval": EVAL, "score": SCORE, "distill": DISTILL, "sft": SFT, "train": TRAIN}
+SERVE = JobSpec(ServeConfig, common=frozenset(("--config", "--model", "--backend", "--run-name", "--upstream",
+                                                "--chat-template", "--db", "--host", "--port", "--api-key",
+                                                "--device", "--help", "--help-all")))
+MEMORIES = JobSpec(MemoriesConfig)  # `agentmem memories build`
+
+JOBS = {"rollout": ROLLOUT, "eval": EVAL, "score": SCORE, "distill": DISTILL, "sft": SFT, "train": TRAIN,
+        "serve": SERVE}

@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
-from agentmem.config import BackendKind, Device, DType
+from agentmem.config import Device
+from cli.config_options import job_command, job_config
+from cli.job_specs import MEMORIES
 from cli.options import DbOption, DeviceOption, ThreadsOption
 
 app = typer.Typer(help="Workflow memories written from a run's successful episodes (the teacher memory policy).",
@@ -14,32 +16,24 @@ app = typer.Typer(help="Workflow memories written from a run's successful episod
 
 
 @app.command()
+@job_command(MEMORIES)
 def build(
-    run: Annotated[str, typer.Option("--run", help="Source run id: a teacher's (or the oracle's) rollout run.")],
-    min_f1: Annotated[float, typer.Option(help="Write from episodes with F1 >= this.")] = 1.0,
-    writer: Annotated[str, typer.Option(help="Who writes: 'oracle' (a deterministic template) or a model "
-                                             "(folder, checkpoint id or 'default').")] = "oracle",
-    backend: Annotated[BackendKind, typer.Option(help="Generation backend of a model writer.")]
-    = BackendKind.transformers,
-    dtype: Annotated[DType, typer.Option(help="Model writer weights dtype.")] = DType.float32,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest memory a model writer writes, in tokens.", min=1)]
-    = 128,
+    ctx: typer.Context,
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
 ) -> None:
     """Write one workflow memory per successful episode of --run into the memories table, in a new run of
     kind memories; use it with `agentmem rollout --memory teacher --memory-option memories=BUILD_RUN`."""
-    from agentmem.jobs.memories import MemoriesConfig, build_memories
+    from agentmem.jobs.memories import ORACLE, build_memories
     from cli.common import preflight, runtime, setup_logging
     from cli.job_session import job_session
     from store.engine import open_store
 
-    config = MemoriesConfig(run=run, min_f1=min_f1, writer=writer, backend=backend, dtype=dtype,
-                            max_new_tokens=max_new_tokens)
+    config = job_config(ctx)
     store = open_store(db)
-    preflight(db, runs=[run], models=() if writer == "oracle" else (writer,))
-    rt = None if writer == "oracle" else runtime(device, threads)
+    preflight(db, runs=[config.run], models=() if config.writer == ORACLE else (config.writer,))
+    rt = None if config.writer == ORACLE else runtime(device, threads)
     setup_logging()
     from contextlib import nullcontext
 

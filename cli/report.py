@@ -13,7 +13,8 @@ from cli.view import TokenizerOption
 def report(
     run: Annotated[str, typer.Option("--run", help="Run id (abbreviations allowed; see `agentmem runs`).")],
     out: Annotated[str, typer.Option(help="HTML file to write.")] = "report.html",
-    episodes: Annotated[int, typer.Option(help="Show this many episodes in full (all are in the table).", min=0)]
+    episodes: Annotated[int, typer.Option("--full-episodes", help="Show this many episodes in full (all are in the "
+                                                              "table).", min=0)]
     = 20,
     tokenizer: TokenizerOption = None,
     db: DbOption = None,

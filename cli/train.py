@@ -48,11 +48,11 @@ def _steps(store, config, resume: str | None) -> tuple[int, int]:
     from agentmem.jobs.train import load_train_state
 
     if not resume:
-        warm = config.warm_start.steps if config.warm_start else 0
+        warm = config.warm_start.optim.steps if config.warm_start else 0
         return warm + config.rounds * config.distill.optim.steps, 0
     state = load_train_state(store, resume)
     rounds, per_round = state.config.rounds, state.config.distill.optim.steps
-    warm = state.config.warm_start.steps if state.config.warm_start else 0
+    warm = state.config.warm_start.optim.steps if state.config.warm_start else 0
     return warm + rounds * per_round, len(state.finished) * per_round + (warm if state.finished else 0)
 
 

@@ -7,14 +7,13 @@ import pytest
 
 from agentmem.config import (
     DistillConfig,
-    Divergence,
-    Oversize,
-    Packing,
+    LossSection,
     PromptLayout,
     RLKind,
+    RLSection,
     RolloutConfig,
     ScoreConfig,
-    TeacherTruncation,
+    TeacherSection,
 )
 from agentmem.records import Invocation, SamplingContext, TeacherContext
 
@@ -34,21 +33,6 @@ OLD_SCORE = {
     "topk_dir": "agentmem_topk", "path": "fast", "packing": "shared_prefix", "teacher_truncation": "error",
     "dtype": "float32", "temperature": 1.0, "privileged_file": None,
 }
-# A distill config as runs stored it before its fields were grouped into sections (and before loss_terms).
-OLD_DISTILL = {
-    "run_ids": ["r"], "student": "default", "teacher": "teacher-ckpt", "teacher_source": "model",
-    "context": "persistent_chat", "aligned_kinds": None, "loss": "forward_kl", "beta": 0.5, "temperature": 1.0,
-    "teacher_temperature": 1.0, "teacher_min_confidence": 0.0, "teacher_centering": "none", "rl": "none",
-    "kd_weight": 1.0, "rl_weight": 1.0, "ce_weight": 0.0, "anchor_weight": 0.0, "normalize_std": False,
-    "clip_eps": 0.2, "weighting": "token", "steps": 3, "invocations_per_step": 4, "row_tokens": 4096, "lr": 3e-05,
-    "warmup_steps": 0, "schedule": "constant", "min_lr_ratio": 0.1, "schedule_offset": 0, "schedule_steps": None,
-    "carry_optimizer": False, "carry_first_moment": True, "reward": "sub_em", "monitor_start_kl": False,
-    "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": 0, "out": "checkpoints", "save_every": None, "kinds": None,
-    "path": "fast", "packing": "shared_prefix", "oversize": "error", "teacher_truncation": "error",
-    "dtype": "float32", "mixed_precision": False, "target": "teacher", "alpha_tau": 0.1, "alpha_topk": 20,
-    "alpha_min": 0.0, "alpha_max": 1.0, "alpha_ema": 0.0, "prob_floor": 0.0, "jsd_clip": None, "psd": "none",
-    "psd_mix": 0.5,
-}
 
 
 def test_stored_configs_from_before_read_through_the_new_models():
@@ -62,34 +46,18 @@ def test_stored_configs_from_before_read_through_the_new_models():
     assert score.model_dump(mode="json") == OLD_SCORE
 
 
-
-
-def test_a_distill_config_stored_flat_reads_into_its_sections():
-    """A run stored before the sections names every field at the top level: it loads, each value in its
-    section, and stores the nested form, which loads to the same config."""
-    distill = DistillConfig.model_validate(OLD_DISTILL)
-    assert (distill.teacher.model, distill.teacher.context, distill.loss.divergence, distill.rl.kind) == (
-        "teacher-ckpt", TeacherContext.persistent_chat, Divergence.forward_kl, RLKind.none)
-    assert (distill.optim.steps, distill.optim.lr, distill.batch.invocations_per_step, distill.batch.packing) == (
-        3, 3e-5, 4, Packing.shared_prefix)
-    assert distill.rl.reward.value == "sub_em" and distill.loss.terms == {} and distill.loss.kd_form.value == "additive"
+def test_a_distill_config_takes_its_fields_in_their_sections_only():
+    """A field of a section given at the top level is an unknown field, never moved into its section."""
+    distill = DistillConfig(run_ids=["r"], teacher=TeacherSection(model=None), rl=RLSection(kind=RLKind.none),
+                            loss=LossSection(ce_weight=1.0))
+    assert distill.teacher.model is None
     stored = distill.model_dump(mode="json")
     assert list(stored) == ["run_ids", "student", "kinds", "seed", "out", "save_every", "keep_last", "keep_optimizer",
                             "dtype", "mixed_precision", "monitor_start_kl", "teacher", "loss", "rl", "optim", "batch"]
-    assert stored["optim"]["lr"] == 3e-5 and stored["teacher"]["model"] == "teacher-ckpt"
     assert DistillConfig.model_validate(stored) == distill
-    # every flat value lands where the sections keep it
-    flat = {name: stored[path.split(".")[0]][path.split(".")[1]] for name, path in DistillConfig.FLAT_FIELDS.items()}
-    top = {k: v for k, v in stored.items() if not isinstance(v, dict)}
-    assert {**top, **flat} == {**OLD_DISTILL, "loss_terms": {}, "kd_form": "additive", "keep_last": None,
-                               "keep_optimizer": False}  # with the fields added since
-    # a flat call reads the same way; ``teacher`` is the teacher's name when it is no mapping
-    assert DistillConfig(run_ids=["r"], teacher=None, rl="none", ce_weight=1.0).teacher.model is None
-    # the field ``truncate`` of older runs: ``left`` skipped long calls and cut long teacher contexts
-    legacy = DistillConfig.model_validate({"run_ids": ["r"], "truncate": "left"})
-    assert (legacy.batch.oversize, legacy.teacher.truncation) == (Oversize.skip, TeacherTruncation.left)
-    with pytest.raises(ValueError, match="optim.lr is given twice"):
-        DistillConfig.model_validate({"lr": 1e-4, "optim": {"lr": 2e-4}})
+    for flat in ({"lr": 1e-4}, {"teacher_temperature": 0.5}, {"truncate": "left"}):
+        with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+            DistillConfig.model_validate({"run_ids": ["r"], **flat})
 
 
 def test_a_rollout_samples_under_the_student_and_the_two_teacher_prompts_only():

@@ -18,6 +18,7 @@ from agentmem.jobs.distill import check_psd_runs, check_rl_runs, load_distill_ru
 from agentmem.jobs.rollout import run_rollout
 from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
 from agentmem.replay import ReplayError, pack
+from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, accumulate_step
@@ -55,9 +56,9 @@ def shards_of(cfg: DistillConfig) -> DistillConfig:
 
 
 def config(run_id, tmp_path, **kw) -> DistillConfig:
-    base = dict(run_ids=[run_id], steps=2, invocations_per_step=4, row_tokens=4096, lr=1e-3, out=str(tmp_path),
-                context=TeacherContext.privileged)
-    return DistillConfig(**(base | kw))
+    base = dict(run_ids=[run_id], out=str(tmp_path), teacher=dict(context=TeacherContext.privileged),
+                optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4, row_tokens=4096))
+    return DistillConfig(**merged(base, kw))
 
 
 def test_trains_every_parameter_and_registers_checkpoint(rolled, tmp_path):
@@ -92,9 +93,9 @@ def test_checkpoints_keep_the_optimizer_as_sft_does(rolled, tmp_path):
 
     store, run_id, policy = rolled
     assert (DistillConfig(run_ids=["r"]).keep_optimizer, DistillConfig(run_ids=["r"]).keep_last) == (False, None)
-    runs = {"dropped": config(run_id, tmp_path / "a", steps=3, save_every=1),
-            "kept": config(run_id, tmp_path / "b", steps=3, save_every=1, keep_optimizer=True, keep_last=2),
-            "round": config(run_id, tmp_path / "c", steps=3, save_every=1, schedule_steps=6)}
+    runs = {"dropped": config(run_id, tmp_path / "a", save_every=1, optim=dict(steps=3)),
+            "kept": config(run_id, tmp_path / "b", save_every=1, keep_optimizer=True, keep_last=2, optim=dict(steps=3)),
+            "round": config(run_id, tmp_path / "c", save_every=1, optim=dict(steps=3, schedule_steps=6))}
     done = {name: run_distill(store, cfg, models=models(policy)) for name, cfg in runs.items()}
     with store.session() as s:
         paths = {name: [Path(c.path) for c in repo.list_checkpoints(s, r.run_id)] for name, r in done.items()}
@@ -116,7 +117,7 @@ def test_packed_and_unpacked_step_agree(rolled, kind, weighting):
                                           row_tokens=4096)
     inputs = StepInputs({i.id: i.episode_id for i in selection.invocations}, advantages(selection, False),
                         {i.id: 1.0 for i in selection.invocations}, teacher.targets([s.invocation_id for s in seqs]))
-    objective = objective_from_config(DistillConfig(run_ids=[run_id], loss=kind, beta=0.3, weighting=weighting))
+    objective = objective_from_config(DistillConfig(run_ids=[run_id], loss=dict(divergence=kind, beta=0.3, weighting=weighting)))
     student = PackedModel.create(m.student, m.tokenizer)
     results, grads = [], []
     for row_tokens in (4096, max(len(s) for s in seqs)):  # all in one row, then (almost) one per row
@@ -154,7 +155,7 @@ class Interrupt(Exception):
 
 def test_resume_gives_the_same_next_steps(rolled, tmp_path):
     store, run_id, policy = rolled
-    cfg = config(run_id, tmp_path, steps=4, save_every=2, invocations_per_step=3)
+    cfg = config(run_id, tmp_path, save_every=2, optim=dict(steps=4), batch=dict(invocations_per_step=3))
     straight = run_distill(store, cfg, models=(m_straight := models(policy)))
 
     def die_after_3(step):
@@ -211,7 +212,7 @@ def test_distill_from_a_stored_run_on_each_database(store, tmp_path):
                         agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, seed=1))
     policy = register_policy(store, "/models/tiny", "tiny")
     rolled = run_rollout(store, cfg, backend=TransformersBackend.from_model(tiny_llama(seed=3), tok), policy=policy)
-    result = run_distill(store, config(rolled.run_id, tmp_path, steps=1), models=models(policy))
+    result = run_distill(store, config(rolled.run_id, tmp_path, optim=dict(steps=1)), models=models(policy))
     with store.session() as s:
         (step,) = repo.list_train_steps(s, result.run_id)
         assert repo.get_checkpoint(s, result.last_checkpoint.id).step == 1
@@ -228,7 +229,7 @@ def test_distill_from_topk_shards(rolled, tmp_path):
     store, run_id, policy = rolled
     tok = tiny_tokenizer()
     teacher = tiny_llama(seed=1)
-    cfg = config(run_id, tmp_path, steps=2, context=TeacherContext.aligned, rl="none")
+    cfg = config(run_id, tmp_path, teacher=dict(context=TeacherContext.aligned), rl=dict(kind="none"), optim=dict(steps=2))
     with pytest.raises(ValueError, match="run `agentmem score --topk K` first"):
         run_distill(store, shards_of(cfg),
                     models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
@@ -275,8 +276,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
     seqs = student_sequences(select(store, [run_id]))
     budget = max(len(s) for s in seqs) - 1
     long = {s.invocation_id: len(s) for s in seqs if len(s) > budget}
-    cfg = config(run_id, tmp_path, invocations_per_step=len(seqs), row_tokens=budget, oversize="skip",
-                 teacher_truncation="left")
+    cfg = config(run_id, tmp_path, teacher=dict(truncation="left"), batch=dict(invocations_per_step=len(seqs), row_tokens=budget, oversize="skip"))
     skipping = Trainer(store, cfg, models(policy), "a")
     skipping.teacher = recorder = RecordingTeacher(skipping.teacher)
     step = skipping.step(0)
@@ -309,7 +309,7 @@ def test_a_step_counts_the_tokens_the_teacher_read(rolled, tmp_path, context):
     store, run_id, policy = rolled
     selection = select(store, [run_id])
     every = len(student_sequences(selection))
-    step = Trainer(store, config(run_id, tmp_path, invocations_per_step=every, context=context), models(policy),
+    step = Trainer(store, config(run_id, tmp_path, teacher=dict(context=context), batch=dict(invocations_per_step=every)), models(policy),
                    context.value).step(0)
     read = sum(len(s) for s in teacher_sequences(selection, context, tiny_tokenizer()))
     assert step.metrics["teacher_tokens"] == read
@@ -322,7 +322,7 @@ def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_pat
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
     budget = max(len(s) for s in seqs)  # every student call fits; the privileged teacher contexts do not
-    cfg = config(run_id, tmp_path, invocations_per_step=len(seqs), row_tokens=budget)
+    cfg = config(run_id, tmp_path, batch=dict(invocations_per_step=len(seqs), row_tokens=budget))
     with pytest.raises(ReplayError, match="exceed the row budget"):
         Trainer(store, cfg, models(policy), "a").step(0)
 
@@ -358,8 +358,7 @@ def test_two_barycenter_steps_with_clipping_on_each_database(store, tmp_path):
     m = models(policy)
     before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
     # per-token divergences towards q are 0.0053 to 0.0068 here: the clip splits them
-    distill_cfg = config(rolled.run_id, tmp_path, target="barycenter", alpha_tau=0.02, alpha_ema=0.5, jsd_clip=0.0057,
-                         rl="none")
+    distill_cfg = config(rolled.run_id, tmp_path, loss=dict(target="barycenter", alpha_tau=0.02, alpha_ema=0.5, jsd_clip=0.0057), rl=dict(kind="none"))
     result = run_distill(store, distill_cfg, models=m)
     with store.session() as s:
         stored = repo.list_train_steps(s, result.run_id)
@@ -378,8 +377,7 @@ def test_resume_restores_the_alpha_ema(rolled, tmp_path):
     """The barycenter's alpha EMA is saved in each checkpoint's trainer state: a run killed after step 3
     and resumed from its step-2 checkpoint gives the uninterrupted run's steps 3 and 4."""
     store, run_id, policy = rolled
-    cfg = config(run_id, tmp_path, steps=4, save_every=2, invocations_per_step=3, target="barycenter",
-                 alpha_tau=0.05, alpha_ema=0.5, rl="none")
+    cfg = config(run_id, tmp_path, save_every=2, loss=dict(target="barycenter", alpha_tau=0.05, alpha_ema=0.5), rl=dict(kind="none"), optim=dict(steps=4), batch=dict(invocations_per_step=3))
     straight = run_distill(store, cfg, models=models(policy))
 
     def die_after_3(step):
@@ -409,7 +407,7 @@ def test_anchor_is_zero_at_the_start_and_grows_after_a_step(rolled, tmp_path):
     m = models(policy)
     reference = tiny_llama(seed=0).requires_grad_(False)
     anchored = Models(m.student, m.tokenizer, policy, m.teacher, m.teacher_tokenizer, reference=reference)
-    result = run_distill(store, config(run_id, tmp_path, anchor_weight=0.5, rl="none"), models=anchored)
+    result = run_distill(store, config(run_id, tmp_path, loss=dict(anchor_weight=0.5), rl=dict(kind="none")), models=anchored)
     first, second = result.history
     assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
     assert second.metrics["anchor_loss"] > 1e-6
@@ -426,14 +424,13 @@ def test_distill_reads_the_stored_sampling_context_and_policy_through_the_config
             repo.insert_run(s, run)
             ids[name] = run.id
         s.commit()
-    check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["plain"]], teacher=None, kd_weight=0))
+    check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["plain"]], teacher=dict(model=None), loss=dict(kd_weight=0)))
     with pytest.raises(ConfigError, match=f"run {ids['privileged']} was sampled under the privileged prompt"):
-        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["privileged"]], teacher=None, kd_weight=0))
+        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["privileged"]], teacher=dict(model=None), loss=dict(kd_weight=0)))
     with pytest.raises(ConfigError, match=f"run {ids['oracle']} is an oracle rollout"):
-        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["oracle"]], teacher=None, kd_weight=0))
+        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["oracle"]], teacher=dict(model=None), loss=dict(kd_weight=0)))
     # a hint teacher's samples are not the student's either: no RL term, no on-policy PSD
     with pytest.raises(ConfigError, match=f"run {ids['hint']} was sampled under the hint prompt"):
-        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["hint"]], teacher=None, kd_weight=0))
+        check_rl_runs(sqlite_store, DistillConfig(run_ids=[ids["hint"]], teacher=dict(model=None), loss=dict(kd_weight=0)))
     with pytest.raises(ConfigError, match=f"but run {ids['hint']} was sampled under the hint prompt"):
-        check_psd_runs(sqlite_store, DistillConfig(run_ids=[ids["hint"]], psd="on_policy", context="privileged",
-                                                  rl="none"))
+        check_psd_runs(sqlite_store, DistillConfig(run_ids=[ids["hint"]], teacher=dict(psd="on_policy", context="privileged"), rl=dict(kind="none")))

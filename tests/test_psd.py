@@ -24,6 +24,7 @@ from agentmem.jobs.rollout import StoreSink, run_rollout
 from agentmem.records import Episode, Invocation, SamplingContext, TeacherContext
 from agentmem.replay import pack, rebuild_aligned
 from agentmem.replay.privileged import privileged_ids
+from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import Mix, StepInputs, accumulate_step
@@ -83,9 +84,9 @@ def models(policy) -> Models:
 
 
 def psd_config(run_ids, tmp_path, **kw) -> DistillConfig:
-    base = dict(run_ids=run_ids, steps=2, invocations_per_step=4, lr=1e-3, out=str(tmp_path), rl="none",
-                context=TeacherContext.privileged)
-    return DistillConfig(**(base | kw))
+    base = dict(run_ids=run_ids, out=str(tmp_path), rl=dict(kind="none"), teacher=dict(context=TeacherContext.privileged),
+                optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4))
+    return DistillConfig(**merged(base, kw))
 
 
 # --- off-policy: the stored calls and their rebuilds ----------------------------------------------------
@@ -190,11 +191,11 @@ def test_runs_must_match_the_psd_mode_and_rl_is_refused_before_models_load(runs,
     monkeypatch.setattr(distill_job, "load_models", no_load)
     monkeypatch.setattr(distill_job, "resolve_models", no_load)
     cases = [
-        (dict(run_ids=[privileged], rl="grpo"), f"run {privileged} was sampled under the privileged prompt.*--rl none"),
-        (dict(run_ids=[normal, privileged], psd="mixed", rl="grpo"), "sampled under the privileged prompt"),
-        (dict(run_ids=[privileged], psd="on_policy"), f"psd=on_policy .* run {privileged} was sampled under"),
-        (dict(run_ids=[normal], psd="off_policy"), f"psd=off_policy .* run {normal} is not a privileged rollout"),
-        (dict(run_ids=[privileged], psd="mixed"), "psd=mixed trains on a normal rollout and a privileged rollout"),
+        (dict(run_ids=[privileged], rl=dict(kind="grpo")), f"run {privileged} was sampled under the privileged prompt.*--rl none"),
+        (dict(run_ids=[normal, privileged], teacher=dict(psd="mixed"), rl=dict(kind="grpo")), "sampled under the privileged prompt"),
+        (dict(run_ids=[privileged], teacher=dict(psd="on_policy")), f"psd=on_policy .* run {privileged} was sampled under"),
+        (dict(run_ids=[normal], teacher=dict(psd="off_policy")), f"psd=off_policy .* run {normal} is not a privileged rollout"),
+        (dict(run_ids=[privileged], teacher=dict(psd="mixed")), "psd=mixed trains on a normal rollout and a privileged rollout"),
     ]
     for kw, message in cases:
         with pytest.raises(ConfigError, match=message):
@@ -205,13 +206,13 @@ def test_runs_must_match_the_psd_mode_and_rl_is_refused_before_models_load(runs,
 
 def test_psd_config_is_checked():
     with pytest.raises(ValueError, match="psd=off_policy distils from the privileged teacher: set teacher.context=privileged"):
-        DistillConfig(run_ids=["r"], psd="off_policy")
+        DistillConfig(run_ids=["r"], teacher=dict(psd="off_policy"))
     with pytest.raises(ValueError, match=r"psd=mixed needs a teacher and loss\.kd_weight > 0"):
-        DistillConfig(run_ids=["r"], psd="mixed", context="privileged", kd_weight=0, ce_weight=1)
+        DistillConfig(run_ids=["r"], teacher=dict(psd="mixed", context="privileged"), loss=dict(kd_weight=0, ce_weight=1))
     with pytest.raises(ValueError, match="invocations_per_step must be >= 2"):
-        DistillConfig(run_ids=["r"], psd="mixed", context="privileged", invocations_per_step=1)
+        DistillConfig(run_ids=["r"], teacher=dict(psd="mixed", context="privileged"), batch=dict(invocations_per_step=1))
     with pytest.raises(ValueError, match="psd_mix weights the off-policy loss of psd=mixed"):
-        DistillConfig(run_ids=["r"], psd="off_policy", context="privileged", psd_mix=0.3)
+        DistillConfig(run_ids=["r"], teacher=dict(psd="off_policy", context="privileged", psd_mix=0.3))
     stored = DistillConfig(run_ids=["r"]).model_dump(mode="json")
     del stored["teacher"]["psd"], stored["teacher"]["psd_mix"]
     assert DistillConfig.model_validate(stored).teacher.psd is PsdMode.none  # runs stored before PSD load
@@ -221,7 +222,7 @@ def test_off_policy_distill_runs_two_steps(runs, tmp_path):
     store, _, privileged, policy = runs
     m = models(policy)
     before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
-    result = distill_job.run_distill(store, psd_config([privileged], tmp_path, psd="off_policy"), models=m)
+    result = distill_job.run_distill(store, psd_config([privileged], tmp_path, teacher=dict(psd="off_policy")), models=m)
     assert [s.step for s in result.history] == [1, 2]
     assert all(np.isfinite(s.loss) and s.kd_loss > 0 for s in result.history)
     assert [n for n, p in m.student.named_parameters() if torch.equal(p, before[n])] == []
@@ -245,8 +246,7 @@ def test_mixed_loss_is_the_weighted_sum_of_the_per_run_losses(runs, weighting):
     teacher = OnlineTeacher.for_selection(m.teacher, m.tokenizer, "t", selection, TeacherContext.privileged,
                                           row_tokens=4096)
     targets = teacher.targets([s.invocation_id for s in on + off])
-    config = DistillConfig(run_ids=[normal], rl="none", ce_weight=0.5, weighting=weighting,
-                           context=TeacherContext.privileged)
+    config = DistillConfig(run_ids=[normal], teacher=dict(context=TeacherContext.privileged), loss=dict(ce_weight=0.5, weighting=weighting), rl=dict(kind="none"))
     objective = objective_from_config(config)
     student = PackedModel.create(m.student, m.tokenizer)
 
@@ -295,7 +295,7 @@ def test_mixed_steps_draw_from_both_parts(runs, tmp_path):
     """Every mixed step draws half its calls from each part, each in its own seeded order; two steps run."""
     store, normal, privileged, policy = runs
     m = models(policy)
-    config = psd_config([normal, privileged], tmp_path, psd="mixed", psd_mix=0.25, invocations_per_step=5)
+    config = psd_config([normal, privileged], tmp_path, teacher=dict(psd="mixed", psd_mix=0.25), batch=dict(invocations_per_step=5))
     trainer = Trainer(store, config, m, "run")
     for step in range(4):
         parts = [trainer.mix.part_of[trainer.episode_of[trainer.student_seqs[u].invocation_id]]
@@ -312,7 +312,7 @@ def test_mixed_steps_draw_from_both_parts(runs, tmp_path):
 
 def test_cli_flags_reach_the_configs(captured):
     runner = CliRunner()
-    result = runner.invoke(app, ["distill", "--run", "a", "--run", "b", "--context", "privileged", "--psd", "mixed",
+    result = runner.invoke(app, ["distill", "--run", "a", "--run", "b", "--teacher-context", "privileged", "--psd", "mixed",
                                  "--psd-mix", "0.25", "--rl", "none", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
     assert (captured["distill"].teacher.psd, captured["distill"].teacher.psd_mix) == (PsdMode.mixed, 0.25)

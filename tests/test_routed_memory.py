@@ -325,8 +325,7 @@ def test_sft_on_oracle_labelled_route_calls_trains_the_router(sqlite_store, toke
     assert SftConfig(run_ids=["r"], kinds="route, update").kinds == ["route", "memory_update"]
     folder = save_tiny(tmp_path / "tiny")
     before = route_nll(AutoModelForCausalLM.from_pretrained(folder), picked.invocations)
-    result = run_sft(sqlite_store, SftConfig(run_ids=runs, student=folder, kinds="route", steps=3, lr=1e-2,
-                                             invocations_per_step=64, out=str(tmp_path / "ckpt")))
+    result = run_sft(sqlite_store, SftConfig(run_ids=runs, student=folder, kinds="route", out=str(tmp_path / "ckpt"), optim=dict(steps=3, lr=1e-2), batch=dict(invocations_per_step=64)))
     assert result.history[0].metrics["actions"] == 6
     assert result.history[0].loss == pytest.approx(before, abs=1e-4)
     after = route_nll(AutoModelForCausalLM.from_pretrained(result.last_checkpoint.path), picked.invocations)
@@ -350,8 +349,7 @@ def test_privileged_distill_accepts_a_routed_run(sqlite_store, tmp_path):
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     models = Models(student, tok, policy, tiny_llama(seed=1).requires_grad_(False), tok)
     result = run_distill(sqlite_store, DistillConfig(
-        run_ids=[run.run_id], steps=1, invocations_per_step=8, lr=1e-3, out=str(tmp_path), rl=RLKind.none,
-        context=TeacherContext.privileged, kinds=["route"]), models=models)
+        run_ids=[run.run_id], out=str(tmp_path), kinds=["route"], teacher=dict(context=TeacherContext.privileged), rl=dict(kind=RLKind.none), optim=dict(steps=1, lr=1e-3), batch=dict(invocations_per_step=8)), models=models)
     assert result.history[0].metrics["actions"] == 2 and np.isfinite(result.history[0].loss)
     assert any(not torch_equal(before[n], p) for n, p in student.named_parameters())
 
@@ -370,7 +368,7 @@ def test_distill_and_sft_take_the_policies_call_kinds():
     assert DistillConfig(run_ids=["r"], kinds="route").kinds == ["route"]
     assert DistillConfig(run_ids=["r"], kinds="update,answer").kinds == ["memory_update", "answer"]
     assert SftConfig(run_ids=["r"], kinds="log_search,event_view").kinds == ["log_search", "event_view"]
-    assert ScoreConfig(run_ids=["r"], kinds="route").kinds == ["route"]  # score --kind route
+    assert ScoreConfig(run_ids=["r"], kinds="route").kinds == ["route"]  # score --kinds route
     check_kinds(["route", "memory_update", "answer", "event_view", "log_note", "chat"])
     with pytest.raises(ConfigError, match=r"unknown call kind\(s\) \['routing'\]: give comma-separated "
                                           r"memory_update, answer, event_record"):

@@ -24,9 +24,11 @@ from agentmem.config import AgentConfig, RolloutConfig, SftConfig
 from agentmem.errors import TrainingError
 from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.sft import load_student, run_sft
+from agentmem.jobs.training_shell import with_steps
 from agentmem.model_refs import resolve
 from agentmem.records import InvocationKind, Run, RunKind
 from agentmem.runtime import CPU
+from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from agentmem.training import lora
 from agentmem.training.selection import select
@@ -55,9 +57,9 @@ def stored(sqlite_store, tmp_path):
 def sft_config(run_id, folder, tmp_path, **kw) -> SftConfig:
     """A constant rate with no warmup, and the optimizer state kept at the end: resumed and carried runs
     continue it (the defaults' warmup, cosine and dropped state are tested on their own)."""
-    base = dict(run_ids=[run_id], student=folder, steps=2, invocations_per_step=64, lr=1e-3, warmup_steps=0,
-                schedule="constant", keep_optimizer=True, out=str(tmp_path / "ckpt"))
-    return SftConfig(**(base | kw))
+    base = dict(run_ids=[run_id], student=folder, optim=dict(steps=2, lr=1e-3, warmup_steps=0, schedule="constant"),
+                batch=dict(invocations_per_step=64), keep_optimizer=True, out=str(tmp_path / "ckpt"))
+    return SftConfig(**merged(base, kw))
 
 
 def mean_nll(model, invocations) -> float:
@@ -79,7 +81,7 @@ def test_loss_is_the_nll_of_the_outputs_given_the_prompt_and_goes_down(stored, t
     invocations = select(store, [run_id]).invocations
     start = AutoModelForCausalLM.from_pretrained(folder)
     before = mean_nll(start, invocations)
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, optim=dict(steps=3)))
     first = result.history[0]
     # every call drawn at step 1, token weighting: the loss is the mean NLL of the output tokens only
     assert first.metrics["actions"] == sum(i.output_tokens for i in invocations)
@@ -104,7 +106,7 @@ def test_min_f1_and_kinds_select_exactly_those_calls(stored, tmp_path):
     assert picked.ids == [i.id for i in all_calls.invocations if i.episode_id in good]
     answers = select(store, [run_id], min_f1=0.5, kinds=[InvocationKind.answer])
     assert answers.ids == [i.id for i in picked.invocations if i.kind == "answer"] and len(answers.ids) == 2
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1, min_f1=0.5, kinds="answer"))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, min_f1=0.5, kinds="answer", optim=dict(steps=1)))
     assert result.history[0].metrics["actions"] == sum(i.output_tokens for i in answers.invocations)
     assert SftConfig(run_ids=["r"], kinds="update, answer").kinds == [InvocationKind.memory_update,
                                                                       InvocationKind.answer]
@@ -116,7 +118,7 @@ def test_min_f1_and_kinds_select_exactly_those_calls(stored, tmp_path):
 
 def test_lora_trains_only_adapters_and_saves_a_plain_merged_model(stored, tmp_path):
     store, run_id, folder = stored
-    config = sft_config(run_id, folder, tmp_path, lora_rank=4, lr=1e-2)
+    config = sft_config(run_id, folder, tmp_path, lora_rank=4, optim=dict(lr=1e-2))
     models = load_student(store, config, CPU, resolve(store, folder))
     before = {n: p.detach().clone() for n, p in models.student.named_parameters()}
     run = Run(kind=RunKind.sft, config=config.model_dump(mode="json"))
@@ -144,7 +146,7 @@ def test_a_lora_checkpoint_keeps_its_adapter_in_peft_format_and_the_folder_loads
                                                                                           monkeypatch):
     monkeypatch.setenv("AGENTMEM_CACHE", str(tmp_path / "cache"))
     store, run_id, folder = stored
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, lora_rank=4, lr=1e-2))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, lora_rank=4, optim=dict(lr=1e-2)))
     adapter = Path(result.last_checkpoint.path) / lora.ADAPTER_DIR
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
     config = json.loads((adapter / "adapter_config.json").read_text())
@@ -189,9 +191,9 @@ def test_an_adapter_that_names_no_base_is_refused_naming_its_config(tmp_path):
 @pytest.mark.parametrize("lora_rank", [None, 4])
 def test_resume_two_plus_two_equals_four(stored, tmp_path, lora_rank):
     store, run_id, folder = stored
-    config = sft_config(run_id, folder, tmp_path, steps=4, invocations_per_step=3, lora_rank=lora_rank)
+    config = sft_config(run_id, folder, tmp_path, lora_rank=lora_rank, optim=dict(steps=4), batch=dict(invocations_per_step=3))
     straight = run_sft(store, config)
-    first = run_sft(store, config.model_copy(update={"steps": 2}))
+    first = run_sft(store, with_steps(config, 2))
     assert first.last_checkpoint.step == 2
     resumed = run_sft(store, None, resume=first.run_id[:8], steps=4)
     assert resumed.run_id == first.run_id and [h.step for h in resumed.history] == [3, 4]
@@ -213,11 +215,11 @@ def test_carried_optimizer_makes_one_plus_one_equal_two(stored, tmp_path):
     one more from its checkpoint with ``carry_optimizer``, equals two steps in one run; without it the second
     step is a fresh AdamW's and lands elsewhere."""
     store, run_id, folder = stored
-    straight = run_sft(store, sft_config(run_id, folder, tmp_path, steps=2))
-    first = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1))
+    straight = run_sft(store, sft_config(run_id, folder, tmp_path, optim=dict(steps=2)))
+    first = run_sft(store, sft_config(run_id, folder, tmp_path, optim=dict(steps=1)))
     start = first.last_checkpoint.id
-    carried = run_sft(store, sft_config(run_id, start, tmp_path, steps=1, carry_optimizer=True))
-    fresh = run_sft(store, sft_config(run_id, start, tmp_path, steps=1))
+    carried = run_sft(store, sft_config(run_id, start, tmp_path, optim=dict(steps=1, carry_optimizer=True)))
+    fresh = run_sft(store, sft_config(run_id, start, tmp_path, optim=dict(steps=1)))
     assert carried.history[0].loss == pytest.approx(straight.history[1].loss, abs=1e-6)
     p = AutoModelForCausalLM.from_pretrained(straight.last_checkpoint.path).state_dict()
     q = AutoModelForCausalLM.from_pretrained(carried.last_checkpoint.path).state_dict()
@@ -227,13 +229,13 @@ def test_carried_optimizer_makes_one_plus_one_equal_two(stored, tmp_path):
     assert sum(not torch.allclose(p[n], r[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
     # the carried second moment without the first: the carried scale, no push along step 1's direction, so it
     # lands neither where the fully carried step does nor where a fresh AdamW's does
-    scaled = run_sft(store, sft_config(run_id, start, tmp_path, steps=1, carry_optimizer=True, carry_first_moment=False))
+    scaled = run_sft(store, sft_config(run_id, start, tmp_path, optim=dict(steps=1, carry_optimizer=True, carry_first_moment=False)))
     u = AutoModelForCausalLM.from_pretrained(scaled.last_checkpoint.path).state_dict()
     assert scaled.history[0].loss == pytest.approx(carried.history[0].loss, abs=1e-6)  # the same start and calls
     assert sum(not torch.allclose(q[n], u[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
     assert sum(not torch.allclose(r[n], u[n], atol=1e-6, rtol=0) for n in p) > len(p) // 2
     with pytest.raises(ValueError, match="cannot start LoRA adapters"):
-        sft_config(run_id, start, tmp_path, carry_optimizer=True, lora_rank=4)
+        sft_config(run_id, start, tmp_path, lora_rank=4, optim=dict(carry_optimizer=True))
 
 
 def test_bad_run_ids_fail_before_any_model_loads(stored, tmp_path, monkeypatch):
@@ -276,7 +278,7 @@ def test_anchor_is_zero_at_the_start_and_grows_after_a_step(stored, tmp_path, lo
     """`sft --anchor-weight`: KL to a frozen copy of the starting weights is 0 at the first step and
     positive once the student (or its LoRA adapters) moved; the loss adds it to the cross-entropy."""
     store, run_id, folder = stored
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, anchor_weight=0.5, lora_rank=lora_rank, lr=1e-2))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, anchor_weight=0.5, lora_rank=lora_rank, optim=dict(lr=1e-2)))
     first, second = result.history
     assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
     assert second.metrics["anchor_loss"] > 1e-6
@@ -303,7 +305,7 @@ def test_privileged_context_trains_under_the_privileged_splice(stored, tmp_path)
     assert all(len(s.prompt_ids) > len(i.prompt_ids) for s, i in zip(spliced, selection.invocations, strict=True))
     expected, plain = mean_nll(start, spliced), mean_nll(start, selection.invocations)
     assert abs(expected - plain) > 1e-3  # the splice changes what the model predicts from
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1, context=SamplingContext.privileged))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, context=SamplingContext.privileged, optim=dict(steps=1)))
     assert result.history[0].loss == pytest.approx(expected, abs=1e-5)
     with pytest.raises(ValueError, match="warm start trains the student"):
         WarmStartConfig(run_ids=[run_id], context=SamplingContext.privileged)
@@ -313,15 +315,20 @@ def test_defaults_are_the_warm_start_recipe():
     """`agentmem sft`'s defaults are the measured warm start (docs/learning.md): 16 steps of 8 calls at 5e-5,
     one warmup step, cosine; the finished run's last checkpoint keeps no optimizer state and no folder is
     pruned."""
-    from agentmem.config import LrSchedule, WarmStartConfig
+    from agentmem.config import DistillConfig, LrSchedule, WarmStartConfig
 
     config = SftConfig(run_ids=["r"])
-    assert (config.steps, config.invocations_per_step, config.lr, config.warmup_steps, config.schedule) == (
+    optim = config.optim
+    assert (optim.steps, config.batch.invocations_per_step, optim.lr, optim.warmup_steps, optim.schedule) == (
         16, 8, 5e-5, 1, LrSchedule.cosine)
     assert (config.keep_optimizer, config.keep_last) == (False, None)
     warm = WarmStartConfig(run_ids=["r"])
-    assert (warm.steps, warm.lr, warm.warmup_steps, warm.schedule, warm.keep_optimizer) == (
-        config.steps, config.lr, config.warmup_steps, config.schedule, True)
+    assert (warm.optim, warm.batch, warm.keep_optimizer) == (config.optim, config.batch, True)
+    # the sections are distill's: only the four optimizer defaults differ
+    distill = DistillConfig(run_ids=["r"])
+    assert config.batch == distill.batch
+    assert {k for k, v in optim.model_dump().items() if distill.optim.model_dump()[k] != v} == {
+        "steps", "lr", "warmup_steps", "schedule"}
 
 
 def test_only_the_last_checkpoint_of_a_running_job_keeps_the_optimizer(stored, tmp_path):
@@ -332,8 +339,8 @@ def test_only_the_last_checkpoint_of_a_running_job_keeps_the_optimizer(stored, t
     from agentmem.training.checkpoints import TRAINER_STATE, has_optimizer_state, load_objective_state
 
     store, run_id, folder = stored
-    dropped = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3, save_every=1, keep_optimizer=False))
-    kept = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3, save_every=1))
+    dropped = run_sft(store, sft_config(run_id, folder, tmp_path, save_every=1, keep_optimizer=False, optim=dict(steps=3)))
+    kept = run_sft(store, sft_config(run_id, folder, tmp_path, save_every=1, optim=dict(steps=3)))
     with store.session() as s:
         paths = {r.run_id: [Path(c.path) for c in repo.list_checkpoints(s, r.run_id)] for r in (dropped, kept)}
     assert [has_optimizer_state(p) for p in paths[dropped.run_id]] == [False, False, False]
@@ -352,7 +359,7 @@ def test_keep_last_deletes_all_but_the_last_folders(stored, tmp_path):
     """--keep-last 2 with a save every step: after four steps only steps 3 and 4 are on disk; every
     checkpoint row stays (the lineage), and the last folder loads."""
     store, run_id, folder = stored
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=4, save_every=1, keep_last=2))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, save_every=1, keep_last=2, optim=dict(steps=4)))
     with store.session() as s:
         ckpts = repo.list_checkpoints(s, result.run_id)
     assert [(c.step, Path(c.path).is_dir()) for c in ckpts] == [(1, False), (2, False), (3, True), (4, True)]
@@ -369,7 +376,7 @@ def test_a_pruned_checkpoint_is_refused_in_one_line_naming_its_run(stored, tmp_p
     from cli.app import main
 
     store, run_id, folder = stored
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=3, save_every=1, keep_last=1))
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, save_every=1, keep_last=1, optim=dict(steps=3)))
     with store.session() as s:
         first, _, last = repo.list_checkpoints(s, result.run_id)
     want = (f"checkpoint {first.id} was pruned by --keep-last 1 of run {result.run_id}; its folder {first.path} "
@@ -398,7 +405,7 @@ def test_coasting_moves_the_weights_by_the_carried_adamw_state_alone(stored, tmp
     from agentmem.training.checkpoints import carry_trainer_state
 
     store, run_id, folder = stored
-    start = run_sft(store, sft_config(run_id, folder, tmp_path, steps=1)).last_checkpoint
+    start = run_sft(store, sft_config(run_id, folder, tmp_path, optim=dict(steps=1))).last_checkpoint
     config = DistillConfig(run_ids=[run_id], student=start.id, out=str(tmp_path / "coast"),
                            teacher=TeacherSection(model=None), rl=RLSection(kind=RLKind.none),
                            loss=LossSection(kd_weight=0.0, rl_weight=0.0),
@@ -436,7 +443,7 @@ def test_resume_names_a_gone_checkpoint_and_a_config_of_another_version(stored, 
     from store.orm import RunRow
 
     store, run_id, folder = stored
-    done = run_sft(store, sft_config(run_id, folder, tmp_path, steps=2, save_every=1, keep_optimizer=True))
+    done = run_sft(store, sft_config(run_id, folder, tmp_path, save_every=1, keep_optimizer=True, optim=dict(steps=2)))
     shutil.rmtree(done.last_checkpoint.path)
     with pytest.raises(RunError, match=rf"^run {done.run_id}: its last checkpoint {done.last_checkpoint.id} is gone "
                                        r"\(no folder .*step-000002\), so the run cannot go on: start a new run$"):

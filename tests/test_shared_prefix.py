@@ -274,7 +274,7 @@ def test_distill_step_equal_between_packing_modes(rolled):
     student_model, teacher_model, reference = tiny_llama(seed=0).train(), tiny_llama(seed=1), tiny_llama(seed=2)
     selection = select(store, [run_id])
     seqs = student_sequences(selection)
-    cfg = DistillConfig(run_ids=[run_id], kd_weight=1.0, rl_weight=0.5, anchor_weight=0.1, weighting="call")
+    cfg = DistillConfig(run_ids=[run_id], loss=dict(kd_weight=1.0, rl_weight=0.5, anchor_weight=0.1, weighting="call"))
     objective = objective_from_config(cfg)
     student, ref = PackedModel.create(student_model, tok), PackedModel.create(reference, tok)
     results, grads = {}, {}
@@ -304,8 +304,7 @@ def test_distill_job_runs_with_shared_prefix(rolled, tmp_path):
     history = {}
     for packing in Packing:
         models = Models(tiny_llama(seed=0).train(), tok, policy, tiny_llama(seed=1).requires_grad_(False), tok)
-        cfg = DistillConfig(run_ids=[run_id], steps=2, invocations_per_step=64, row_tokens=2048, lr=1e-3,
-                            out=str(tmp_path / packing.value), context=TeacherContext.aligned, packing=packing)
+        cfg = DistillConfig(run_ids=[run_id], out=str(tmp_path / packing.value), teacher=dict(context=TeacherContext.aligned), optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=64, row_tokens=2048, packing=packing))
         history[packing] = run_distill(store, cfg, models=models).history
     for a, b in zip(history[Packing.segments], history[Packing.shared_prefix], strict=True):
         assert a.loss == pytest.approx(b.loss, abs=1e-4) and a.metrics["actions"] == b.metrics["actions"]

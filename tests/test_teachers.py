@@ -128,8 +128,7 @@ def test_distill_from_stored_scores_of_the_student_itself_is_zero(rolled, teache
     store, run_id, policy = rolled
     tok = tiny_tokenizer()
     run_score(store, ScoreConfig(run_ids=[run_id]), teacher=LoadedModel(teacher_model, tok, "self"))
-    cfg = DistillConfig(run_ids=[run_id], teacher="self", teacher_source=TeacherSourceKind.scores, rl="none",
-                        steps=2, invocations_per_step=4, lr=1e-3, out=str(tmp_path))
+    cfg = DistillConfig(run_ids=[run_id], out=str(tmp_path), teacher=dict(model="self", source=TeacherSourceKind.scores), rl=dict(kind="none"), optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4))
     student = tiny_llama(seed=1).train()
     result = run_distill(store, cfg, models=Models(student, tok, policy, teacher_name="self"))
     first, second = result.history

@@ -21,6 +21,7 @@ from agentmem.config import (
 )
 from agentmem.jobs.train import run_train
 from agentmem.records import SamplingContext, TeacherContext
+from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
 
@@ -30,9 +31,10 @@ def tiny_train(folder: str, tmp_path, **distill) -> TrainConfig:
         rounds=2,
         rollout=RolloutConfig(env_knobs=SYNTH, episodes=2, group_size=2, chunk_tokens=48,
                               agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, max_batch=4)),
-        distill=DistillConfig(student=folder, teacher=folder, context=TeacherContext.privileged, steps=1,
-                              invocations_per_step=4, lr=1e-3, out=str(tmp_path / "ckpt"),
-                              oversize=Oversize.skip, **distill),
+        distill=DistillConfig(**merged(dict(student=folder, out=str(tmp_path / "ckpt"),
+                                            teacher=dict(model=folder, context=TeacherContext.privileged),
+                                            optim=dict(steps=1, lr=1e-3),
+                                            batch=dict(invocations_per_step=4, oversize=Oversize.skip)), distill)),
         # the tiny random teacher writes noise into an 8-token memory; the forgetting check has its own test
         # (test_recipe: a teacher that writes `(empty)` after evidence is refused)
         max_teacher_forgot=1.0,
@@ -66,7 +68,7 @@ def test_train_leaves_out_a_call_over_the_budget_and_counts_it(sqlite_store, tmp
     every drawn call as skipped, and no call is ever cut to fit (the student never trains on a state it
     did not see)."""
     folder = save_tiny(tmp_path / "tiny")
-    config = tiny_train(folder, tmp_path, row_tokens=64, rl_weight=1.0)
+    config = tiny_train(folder, tmp_path, batch=dict(row_tokens=64), loss=dict(rl_weight=1.0))
     run_id, rounds = run_train(sqlite_store, config.model_copy(update={"rounds": 1}))
     with sqlite_store.session() as s:
         invs = list(repo.stream_invocations(s, run_ids=[rounds[0].rollout_run_id]))

@@ -296,7 +296,7 @@ def am(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_report_and_errors(seeded, tmp_path):
     url, seed, _ = seeded
-    done = am("report", "--run", seed.rollout.id, "--out", str(tmp_path / "x.html"), "--episodes", "1", "--db", url)
+    done = am("report", "--run", seed.rollout.id, "--out", str(tmp_path / "x.html"), "--full-episodes", "1", "--db", url)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "x.html").read_text().count('class="episode"') == 1
     missing = am("report", "--run", "ffffffff", "--out", str(tmp_path / "y.html"), "--db", url)

@@ -12,7 +12,9 @@ Each job takes exactly one of these configs; a run stores ``config.model_dump(mo
 - ``DistillConfig`` (``distill_config``): training from stored calls, in sections: the teacher, the loss terms,
   the RL term, the optimizer and the batching;
 - ``SftConfig`` (``sft_config``): supervised fine-tuning on stored calls; ``WarmStartConfig``: the loop's;
-- ``TrainConfig`` (``train_config``): the on-policy loop: a ``RolloutConfig`` and a ``DistillConfig`` per round.
+- ``TrainConfig`` (``train_config``): the on-policy loop: a ``RolloutConfig`` and a ``DistillConfig`` per round;
+- ``ServeConfig`` (``serve_config``): an OpenAI-compatible server that records every call;
+- ``MemoriesConfig`` (``memories_config``): workflow memories written from a run's successful episodes.
 
 Every fixed choice is an Enum (``choices``). Device and threads are not here: they describe the process, not
 the job (``agentmem.runtime``).
@@ -23,14 +25,16 @@ from agentmem.config.agent_config import AgentConfig
 from agentmem.config.base import KIND_ALIASES, SERVE_KINDS, Frozen, kind_names
 from agentmem.config.choices import *  # noqa: F403 (every Enum: the names of choices.__all__)
 from agentmem.config.distill_config import *  # noqa: F403 (DistillConfig and its sections)
+from agentmem.config.memories_config import MemoriesConfig
 from agentmem.config.replay_config import ReplayConfig
 from agentmem.config.rollout_config import HELD_OUT_SEED, EvalConfig, RolloutConfig
 from agentmem.config.score_config import ScoreConfig
+from agentmem.config.serve_config import ServeConfig, load_template
 from agentmem.config.sft_config import LORA_TARGETS, SftConfig, WarmStartConfig
 from agentmem.config.train_config import TrainConfig
 
 __all__ = [
     *choices.__all__, *distill_config.__all__, "HELD_OUT_SEED", "KIND_ALIASES", "LORA_TARGETS", "SERVE_KINDS",
-    "AgentConfig", "EvalConfig", "Frozen", "ReplayConfig", "RolloutConfig", "ScoreConfig", "SftConfig",
-    "TrainConfig", "WarmStartConfig", "kind_names",
+    "AgentConfig", "EvalConfig", "Frozen", "MemoriesConfig", "ReplayConfig", "RolloutConfig", "ScoreConfig",
+    "ServeConfig", "SftConfig", "TrainConfig", "WarmStartConfig", "kind_names", "load_template",
 ]

@@ -1,13 +1,9 @@
 """Training from stored calls: ``DistillConfig``, its fields in five sections (``teacher``, ``loss``, ``rl``,
-``optim``, ``batch``) beside the few that say what is trained on and how it is kept.
-
-Runs stored before the sections (and config files written then) name every field at the top level: the
-model reads them (``DistillConfig.FLAT_FIELDS`` says where each one lives now) and stores the nested form.
-"""
+``optim``, ``batch``) beside the few that say what is trained on and how it is kept."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, Field, NonNegativeFloat, ValidationInfo, field_validator, model_validator
 
@@ -216,7 +212,7 @@ class OptimSection(Frozen):
     """With --carry-optimizer (without it, no state is carried and this is moot): also carry AdamW's first
     moment (its running mean of the earlier job's gradients). --no-carry-first-moment starts it at zero and
     keeps the second moment and step count: the carried state sets each weight's step size but pushes along no
-    earlier direction (train: round 1 only, the one that starts from --init or the warm start, and off by
+    earlier direction (train: round 1 only, the one that starts from --student or the warm start, and off by
     default there; later rounds carry their own)."""
 
     @property
@@ -243,29 +239,6 @@ class DistillConfig(Frozen):
     """Training from stored calls, in five sections: ``teacher``, ``loss`` (the terms and their weights),
     ``rl``, ``optim`` and ``batch``. ``run_ids`` may be empty only inside a ``TrainConfig`` (each round fills
     it). The checks that read two sections are this model's."""
-
-    # the flat name of every sectioned field (as runs stored before the sections name it) -> section.field
-    FLAT_FIELDS: ClassVar[dict[str, str]] = {
-        "teacher": "teacher.model", "teacher_source": "teacher.source", "context": "teacher.context",
-        "aligned_kinds": "teacher.aligned_kinds", "teacher_temperature": "teacher.temperature",
-        "teacher_min_confidence": "teacher.min_confidence", "teacher_truncation": "teacher.truncation",
-        "psd": "teacher.psd", "psd_mix": "teacher.psd_mix",
-        "loss": "loss.divergence", "beta": "loss.beta", "temperature": "loss.temperature",
-        "kd_weight": "loss.kd_weight", "kd_form": "loss.kd_form", "rl_weight": "loss.rl_weight",
-        "ce_weight": "loss.ce_weight", "anchor_weight": "loss.anchor_weight", "loss_terms": "loss.terms",
-        "weighting": "loss.weighting",
-        "teacher_centering": "loss.teacher_centering", "target": "loss.target", "alpha_tau": "loss.alpha_tau",
-        "alpha_topk": "loss.alpha_topk", "alpha_min": "loss.alpha_min", "alpha_max": "loss.alpha_max",
-        "alpha_ema": "loss.alpha_ema", "prob_floor": "loss.prob_floor", "jsd_clip": "loss.jsd_clip",
-        "rl": "rl.kind", "reward": "rl.reward", "normalize_std": "rl.normalize_std", "clip_eps": "rl.clip_eps",
-        "steps": "optim.steps", "lr": "optim.lr", "warmup_steps": "optim.warmup_steps",
-        "schedule": "optim.schedule", "min_lr_ratio": "optim.min_lr_ratio",
-        "schedule_offset": "optim.schedule_offset", "schedule_steps": "optim.schedule_steps",
-        "weight_decay": "optim.weight_decay", "max_grad_norm": "optim.max_grad_norm",
-        "carry_optimizer": "optim.carry_optimizer", "carry_first_moment": "optim.carry_first_moment",
-        "invocations_per_step": "batch.invocations_per_step", "row_tokens": "batch.row_tokens",
-        "packing": "batch.packing", "path": "batch.path", "oversize": "batch.oversize",
-    }
 
     run_ids: list[str] = Field(default_factory=list)
     """Run id(s) to train on (a train run's rounds set it themselves)."""
@@ -311,13 +284,6 @@ class DistillConfig(Frozen):
     """AdamW: steps, learning rate and schedule, weight decay, gradient clip, the state carried in."""
     batch: BatchSection = Field(default_factory=BatchSection)
     """Calls per step and their layout in packed rows."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat(cls, data: Any) -> Any:
-        """A stored run's flat fields (or a flat call ``DistillConfig(lr=...)``) nested into their sections;
-        ``truncate`` (runs stored before it was split): ``left`` is ``oversize=skip, teacher_truncation=left``."""
-        return nest_flat(data, cls.FLAT_FIELDS)
 
     @model_validator(mode="after")
     def _consistent(self) -> DistillConfig:
@@ -378,32 +344,3 @@ class DistillConfig(Frozen):
     def effective_rl_weight(self) -> float:
         return self.loss.rl_weight if self.rl.kind is RLKind.grpo else 0.0
 
-
-def nest_flat(data: Any, flat_fields: dict[str, str]) -> Any:
-    """``data`` with every flat field of ``flat_fields`` moved into its section (a name that is also a section's
-    is flat unless its value is a mapping or a model: ``teacher: default`` names the teacher's model). A field
-    given both flat and in its section with two values is an error, never a silent choice."""
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    if "truncate" in data:
-        if data.pop("truncate") == "left":
-            data.setdefault("oversize", "skip")
-            data.setdefault("teacher_truncation", "left")
-    out: dict[str, Any] = {}
-    moved: list[tuple[str, str, Any]] = []
-    sections = {path.partition(".")[0] for path in flat_fields.values()}
-    for key, value in data.items():
-        if key in flat_fields and not (key in sections and isinstance(value, dict | BaseModel)):
-            section, _, leaf = flat_fields[key].partition(".")
-            moved.append((section, leaf, value))
-        else:
-            out[key] = value
-    for section, leaf, value in moved:
-        given = out.get(section)
-        nested = dict(given) if isinstance(given, dict) else given.model_dump() if isinstance(given, BaseModel) else {}
-        if leaf in nested and nested[leaf] != value:
-            raise ValueError(f"{section}.{leaf} is given twice, flat and in its section, with two values")
-        nested[leaf] = value
-        out[section] = nested
-    return out

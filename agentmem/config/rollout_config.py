@@ -83,7 +83,7 @@ class RolloutConfig(Frozen):
 
 
 def _greedy_agent() -> AgentConfig:
-    return AgentConfig(memory_tokens=128, temperature=0.0, seed=HELD_OUT_SEED)
+    return AgentConfig(temperature=0.0, seed=HELD_OUT_SEED)  # the memory budget is AgentConfig's own
 
 
 class EvalConfig(RolloutConfig):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, model_validator
 
 from agentmem.config.base import Frozen, Kinds, PackedPath, RowLayout
@@ -54,13 +52,3 @@ class ScoreConfig(Frozen):
         if self.privileged_file is not None and self.context is not TeacherContext.privileged:
             raise ValueError("--privileged-file is the privileged context's: give --context privileged")
         return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "truncate" in data:  # runs stored before the field was renamed
-            data = dict(data)
-            data["teacher_truncation"] = data.pop("truncate")
-            data.pop("teacher_name", None)
-        return data
-

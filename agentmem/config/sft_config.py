@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from agentmem.config.base import Frozen, Kinds, MixedPrecision, PackedPath, RowLayout
-from agentmem.config.choices import AttentionPath, DType, LrSchedule, Oversize, Packing, RLKind, Weighting
+from agentmem.config.base import Frozen, Kinds, MixedPrecision
+from agentmem.config.choices import DType, LrSchedule, RLKind, Weighting
 from agentmem.config.distill_config import (
     BatchSection,
     DistillConfig,
@@ -16,6 +16,14 @@ from agentmem.config.distill_config import (
     TeacherSection,
 )
 from agentmem.records import SamplingContext
+
+
+# sft's optimizer defaults, where they differ from distill's (``OptimSection``: 10 steps at 1e-5, no warmup,
+# constant): the warm-start recipe measured in docs/learning.md (16 steps at 5e-5, one warmup step, cosine); at
+# distill's defaults the README's path learned to write `(empty)` and gained nothing
+def _sft_optim() -> OptimSection:
+    return OptimSection(steps=16, lr=5e-5, warmup_steps=1, schedule=LrSchedule.cosine)
+
 
 # LoRA targets of llama-style models (Llama, Qwen2, SmolLM2): every attention and MLP projection.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -28,7 +36,8 @@ class SftConfig(Frozen):
     ``run_ids`` (oracle runs, a teacher's runs or the student's own), of ``kinds`` (``update`` is an alias
     of ``memory_update``; a comma-separated string is accepted), of episodes with ``f1 >= min_f1`` when
     given. ``lora_rank``: train LoRA adapters on ``lora_targets`` instead of every weight (the saved
-    checkpoints hold the merged weights)."""
+    checkpoints hold the merged weights). The optimizer and batch sections are distill's (``OptimSection``,
+    ``BatchSection``), with sft's own optimizer defaults (``_sft_optim``)."""
 
     run_ids: list[str] = Field(min_length=1)
     """Run id(s) whose stored calls to train on: oracle runs, a teacher's runs or the student's own."""
@@ -47,26 +56,6 @@ class SftConfig(Frozen):
     """Dropout on the LoRA input."""
     lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
     """Modules that get LoRA adapters."""
-    # the defaults are the warm-start recipe measured in docs/learning.md (16 steps at 5e-5, one warmup step,
-    # cosine): at the old 10 steps at 1e-5 (constant) the README's path learned to write `(empty)` and gained nothing
-    steps: int = Field(16, ge=1)
-    """Optimizer steps in all (on --resume, the stored value unless given)."""
-    invocations_per_step: int = Field(8, ge=1)
-    """Stored calls per optimizer step."""
-    row_tokens: int = Field(4096, ge=16)
-    """Tokens per packed row."""
-    lr: float = Field(5e-5, gt=0)
-    """Peak AdamW learning rate."""
-    warmup_steps: int = Field(1, ge=0)
-    """Linear warmup steps (step s at lr x (s+1)/(warmup+1))."""
-    schedule: LrSchedule = LrSchedule.cosine
-    """Learning rate after warmup: constant, or cosine decay to --min-lr-ratio x lr at the last step."""
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    """Cosine schedule: the last step's learning rate as a share of lr."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    max_grad_norm: float = Field(1.0, gt=0)
-    """Gradient norm clip."""
     seed: int = 0
     """Seed of the data order (and of the LoRA initialisation)."""
     out: str = "checkpoints"
@@ -82,10 +71,6 @@ class SftConfig(Frozen):
     job always keeps it in its latest checkpoint, so a killed run resumes exactly."""
     weighting: Weighting = Weighting.token
     """Token averaging over the global step: every token, every call or every episode equal."""
-    path: PackedPath = AttentionPath.fast
-    packing: RowLayout = Packing.segments
-    oversize: Oversize = Oversize.error
-    """A stored call longer than --row-tokens: error, or skip (left out and counted). Never cut."""
     dtype: DType = DType.float32
     """Weights dtype of training (bf16 is faster on most CPUs)."""
     mixed_precision: MixedPrecision = False
@@ -94,14 +79,6 @@ class SftConfig(Frozen):
     anchor_weight: float = Field(0.0, ge=0)  # x KL(student || frozen starting student), as in distill
     """Weight of KL(student || frozen starting student), OPTD's frozen anchor against drift (the starting
     weights, without LoRA adapters)."""
-    carry_optimizer: bool = False
-    """Start AdamW from the state saved in the student's checkpoint folder (an earlier sft's or distill's),
-    when it kept one: its moments and step count go on, so the first step is not fresh AdamW's sign-like step
-    of size lr on every weight. Full-parameter training only (not with --lora-rank)."""
-    carry_first_moment: bool = True
-    """With --carry-optimizer (without it, moot): also carry AdamW's first moment (its running mean of the
-    earlier job's gradients). --no-carry-first-moment starts it at zero and keeps the second moment and step
-    count: the carried state sets each weight's step size but pushes along no earlier direction."""
     # privileged: the model learns the stored outputs under the privileged message (gold answer and evidence)
     # spliced before each prompt, exactly what the ``privileged`` teacher context reads: a privileged teacher
     # fine-tuned in its own context. Never a student's recipe: a student reads only its own prompt
@@ -112,13 +89,20 @@ class SftConfig(Frozen):
     update, one line saying whether its chunk holds a fact about the question's entity: the hint teacher's SFT
     for `distill --context hint`)."""
 
-    @field_validator("carry_optimizer")
-    @classmethod
-    def _carry_full_parameters(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and info.data.get("lora_rank") is not None:
-            raise ValueError("carry_optimizer restores a full-parameter AdamW state: it cannot start LoRA adapters "
-                             "(leave out --lora-rank or --carry-optimizer)")
-        return value
+    optim: OptimSection = Field(default_factory=_sft_optim)
+    """AdamW: steps in all (on --resume, the stored value unless given), learning rate and schedule, weight
+    decay, gradient clip, the state carried in (an earlier sft's or distill's, full-parameter training only)."""
+    batch: BatchSection = Field(default_factory=BatchSection)
+    """Calls per step and their layout in packed rows."""
+
+    @model_validator(mode="after")
+    def _optimizer(self) -> SftConfig:
+        if self.optim.carry_optimizer and self.lora_rank is not None:
+            raise ValueError("optim.carry_optimizer restores a full-parameter AdamW state: it cannot start LoRA "
+                             "adapters (leave out --lora-rank or --carry-optimizer)")
+        if self.optim.coast:
+            raise ValueError("optim.coast takes steps with zero gradients: a distill option, not sft's")
+        return self
 
     def distill_config(self) -> DistillConfig:
         """The ``DistillConfig`` of the same training: cross-entropy (weight 1) on the action tokens only
@@ -129,27 +113,13 @@ class SftConfig(Frozen):
             teacher=TeacherSection(model=None),
             loss=LossSection(kd_weight=0.0, rl_weight=0.0, ce_weight=1.0, anchor_weight=self.anchor_weight,
                              weighting=self.weighting),
-            rl=RLSection(kind=RLKind.none),
-            optim=OptimSection(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, schedule=self.schedule,
-                               min_lr_ratio=self.min_lr_ratio, weight_decay=self.weight_decay,
-                               max_grad_norm=self.max_grad_norm, carry_optimizer=self.carry_optimizer,
-                               carry_first_moment=self.carry_first_moment),
-            batch=BatchSection(invocations_per_step=self.invocations_per_step, row_tokens=self.row_tokens,
-                               packing=self.packing, path=self.path, oversize=self.oversize))
+            rl=RLSection(kind=RLKind.none), optim=self.optim, batch=self.batch)
 
 
 class WarmStartConfig(SftConfig):
-    """``TrainConfig.warm_start``: an SFT before round 1 with the recipe's defaults (docs/learning.md: 16
-    steps at 5e-5, one warmup step, cosine). Stored as an ``SftConfig``'s fields."""
+    """``TrainConfig.warm_start``: an SFT before round 1 with sft's defaults (docs/learning.md: 16 steps at 5e-5,
+    one warmup step, cosine), which keeps its optimizer state for round 1. Stored as an ``SftConfig``'s fields."""
 
-    steps: int = Field(16, ge=1)
-    """Warm-start SFT steps."""
-    lr: float = Field(5e-5, gt=0)
-    """Peak learning rate of the warm start."""
-    warmup_steps: int = Field(1, ge=0)
-    """Linear warmup steps of the warm start."""
-    schedule: LrSchedule = LrSchedule.cosine
-    """Learning rate after warmup: cosine decay to --min-lr-ratio x lr at the last step, or constant."""
     keep_optimizer: bool = True
     """Keep the optimizer state in the warm start's checkpoint: round 1 starts from it (as --carry-optimizer
     does)."""

@@ -124,10 +124,10 @@ class TrainConfig(Frozen):
         rollout = self.round_rollout(round_index, policy_id)
         optim = self.distill.optim
         # every round carries AdamW from its student's folder when that kept a state: from round 2 on the previous
-        # round's; in round 1 the warm start's or --init's (a base model folder keeps none: a fresh AdamW, whose
+        # round's; in round 1 the warm start's or --student's (a base model folder keeps none: a fresh AdamW, whose
         # first step moves every weight by about lr; carrying the warm start's took the first step's KL to the
         # start from 0.24 to 0.015 in the learning benchmark, docs/learning.md)
-        # carry_first_moment concerns round 1's start only (the warm start's or --init's moments, another job's
+        # carry_first_moment concerns round 1's start only (the warm start's or --student's moments, another job's
         # direction); from round 2 on the moments carried are this loop's own
         optim = optim.model_copy(update={
             "schedule_offset": round_index * optim.steps, "schedule_steps": self.rounds * optim.steps,

@@ -27,12 +27,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import Field
-
 from agentmem import model_refs
 from agentmem.agent.prompts import render
 from agentmem.backends.types import Backend, SamplingParams
-from agentmem.config import BackendKind, DType, Frozen
+from agentmem.config import MemoriesConfig
+from agentmem.config.memories_config import ORACLE_WRITER
 from agentmem.errors import ConfigError
 from agentmem.jobs.runs import tracked_run
 from agentmem.records import Checkpoint, Episode, Invocation, InvocationKind, RunKind, WorkflowMemory
@@ -41,7 +40,7 @@ from store import repository as repo
 from store.engine import Store
 from store.repository import memories as memory_repo
 
-ORACLE = "oracle"
+ORACLE = ORACLE_WRITER
 TRACE_CHARS = 200
 
 WRITER_SYSTEM = "You write workflow memories: reusable strategies abstracted from one solved task."
@@ -54,18 +53,6 @@ WRITER_PROMPT = (
     "Replace the specific names and the answer with placeholders such as <E1> and <ANSWER>. "
     "Write only the workflow."
 )
-
-
-class MemoriesConfig(Frozen):
-    """``agentmem memories build``: the source run, the success threshold and the writer."""
-
-    run: str
-    min_f1: float = Field(1.0, ge=0, le=1)
-    writer: str = ORACLE  # "oracle" or a model reference
-    backend: BackendKind = BackendKind.transformers
-    dtype: DType = DType.float32
-    max_new_tokens: int = Field(128, ge=1)
-    batch: int = Field(8, ge=1)
 
 
 @dataclass(frozen=True)

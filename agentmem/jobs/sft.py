@@ -79,7 +79,7 @@ def run_sft(
     on_step: Callable[[TrainStep], None] | None = None,
     report_to: Sequence[TrackerKind] = (),
 ) -> DistillResult:
-    """Train for ``config.steps`` steps, or with ``resume`` (an sft run id; ``config`` may be None)
+    """Train for ``config.optim.steps`` steps, or with ``resume`` (an sft run id; ``config`` may be None)
     continue a stored run from its last checkpoint, up to ``steps`` when given. ``report_to``: trackers that
     also log each step (``agentmem.tracking``), under ``<config.out>/<run id>``."""
     config, resumed = prepare(store, RunKind.sft, SftConfig, config, resume, steps)
@@ -93,7 +93,7 @@ def run_sft(
         raise ConfigError("--fsdp with --lora-rank is not supported: train LoRA with DDP (leave out --fsdp)")
     return train(store, RunKind.sft, config, runtime, resumed,
                  lambda: load_student(store, config, runtime, ref, resumed.checkpoint), config.distill_config(),
-                 selection=selection, carry_optimizer=config.carry_optimizer,
-                 carry_first_moment=config.carry_first_moment, student_context=config.context,
+                 selection=selection, carry_optimizer=config.optim.carry_optimizer,
+                 carry_first_moment=config.optim.carry_first_moment, student_context=config.context,
                  on_start=on_start, on_step=on_step, report_to=report_to, keep_last=config.keep_last,
                  keep_optimizer=config.keep_optimizer)

@@ -197,7 +197,7 @@ def warm_start_checkpoint(store: Store, train_run_id: str, config: TrainConfig) 
         return None
     with store.session() as s:
         ckpts = repo.list_checkpoints(s, run.id)
-    if run.status != "finished" or not ckpts or config.warm_start is None or ckpts[-1].step != config.warm_start.steps:
+    if run.status != "finished" or not ckpts or config.warm_start is None or ckpts[-1].step != config.warm_start.optim.steps:
         return None
     return ckpts[-1]
 
@@ -219,7 +219,7 @@ def warm_start(store: Store, config: TrainConfig, run: RunHandle, runtime: Runti
         say(f"warm start: resuming SFT run {partial.id}")
         result = run_sft(store, None, runtime, resume=partial.id, on_step=on_step)
     else:
-        say(f"warm start: SFT on {', '.join(sft.run_ids)} for {sft.steps} steps")
+        say(f"warm start: SFT on {', '.join(sft.run_ids)} for {sft.optim.steps} steps")
         result = run_sft(store, sft, runtime, on_step=on_step)
     run.beat(force=True)
     assert result.last_checkpoint is not None

@@ -104,10 +104,8 @@ def prepare(store: Store, kind: RunKind, model: type[JobConfig], config: JobConf
 
 
 def with_steps(config: JobConfig, steps: int) -> JobConfig:
-    """``config`` run for ``steps`` steps in all (distill's steps are its optimizer section's)."""
-    if isinstance(config, DistillConfig):
-        return config.model_copy(update={"optim": config.optim.model_copy(update={"steps": steps})})
-    return config.model_copy(update={"steps": steps})
+    """``config`` run for ``steps`` steps in all."""
+    return config.model_copy(update={"optim": config.optim.model_copy(update={"steps": steps})})
 
 
 def register_start(store: Store, ref: ModelRef, runtime: Runtime) -> Checkpoint:

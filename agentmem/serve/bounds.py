@@ -24,7 +24,6 @@ from store.bounds import check_length
 from store.errors import ValueOutOfBounds
 
 MAX_DEPTH = 64
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 EPISODE = "episodes.task_id"  # an episode's name may become its task
 TASK = "episodes.task_id"

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
@@ -26,7 +26,6 @@ from pydantic import BaseModel, ValidationError
 
 from agentmem.serve.behind_gateway import NO, RECORD_HEADER
 from agentmem.serve.bounds import (
-    DEFAULT_MAX_BODY_BYTES,
     EPISODE,
     INVOCATION_ID,
     KIND,
@@ -54,14 +53,14 @@ class ServeSettings:
 
     model_name: str
     context_length: int
-    max_n: int = 16
-    default_max_tokens: int = 256
+    max_n: int
+    default_max_tokens: int
     api_key: str | None = None
     top_logprobs: bool = True  # whether the sampler can list alternatives
     nucleus: bool = True  # whether top_p < 1 keeps the stored log-probs full-vocabulary (not on vLLM)
     shaping: bool = True  # whether the backend applies logit_bias, penalties, top_k and min_p
     constrains: bool = True  # whether the backend applies a grammar (response_format json, forced tool calls)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer request body is refused (413) before it is parsed
+    max_body_bytes: int = field(kw_only=True)  # a longer request body is refused (413) before it is parsed
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The chat template a server renders with, and the check that it renders what a request sends.
 
-``agentmem serve --chat-template FILE`` replaces the tokenizer's template with FILE's Jinja text (``load``); a
+``agentmem serve --chat-template FILE`` replaces the tokenizer's template with FILE's Jinja text (``agentmem.config.load_template``); a
 name of a template shipped in ``agentmem/serve/templates/`` works too (``chatml_tools``: ChatML with Hermes
 tool calls, for SmolLM2 and other ChatML models).
 
@@ -13,30 +13,12 @@ assistant message with and without its calls) and comparing: a template that ren
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 from agentmem.serve.protocol import bad_request
 
-TEMPLATES = Path(__file__).parent / "templates"
 FIX = ("serve it with a chat template that renders them: `agentmem serve --chat-template FILE` "
        "(`--chat-template chatml_tools` for ChatML models such as the default SmolLM2)")
-
-
-def shipped() -> list[str]:
-    """The names of the templates shipped with agentmem."""
-    return sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
-
-
-def load(value: str) -> str:
-    """The Jinja text of ``value``: a file, or the name of a shipped template."""
-    path = Path(value).expanduser()
-    if path.is_file():
-        return path.read_text()
-    if (TEMPLATES / f"{value}.jinja").is_file():
-        return (TEMPLATES / f"{value}.jinja").read_text()
-    raise FileNotFoundError(f"{value}: no such file, nor the name of a shipped template "
-                            f"({', '.join(shipped())})")
 
 
 def with_template(tokenizer, text: str | None):

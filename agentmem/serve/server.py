@@ -12,80 +12,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentmem import model_refs
 from agentmem.backends.types import AsyncEngine, Backend
-from agentmem.config import BackendKind, DType
+from agentmem.config import BackendKind, ServeConfig, load_template
 from agentmem.runtime import CPU, Runtime
 from agentmem.serve.app import create_app
 from agentmem.serve.calls import ServeSettings
-from agentmem.serve.chat_template import load as load_template
 from agentmem.serve.chat_template import with_template
 from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.gateway import UpstreamSampler
 from agentmem.serve.recorder import Recorder, open_run
 from agentmem.serve.sampler import BatchSampler, Sampler
 from store.engine import Store
-
-
-class ServeConfig(BaseModel):
-    """One server's configuration (stored in its run, the API key excepted)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str | None = None
-    served_model_name: str | None = None  # the ``model`` clients send (default: the model reference)
-    backend: BackendKind = BackendKind.transformers
-    # fp32, as rollouts: on CPU it is as fast for long prompts, and the stored log-probs then match the fp32
-    # recompute of training
-    dtype: DType = DType.float32
-    run_name: str | None = None
-    max_n: int = Field(16, ge=1)
-    default_max_tokens: int = Field(256, ge=1)
-    batch_window_ms: float = Field(5.0, ge=0)
-    max_batch: int = Field(64, ge=1)
-    # transformers: plain-sampling requests join the running batch between decoding steps (backends.decode_batch);
-    # False: each batch is fixed when it starts
-    continuous_batching: bool = True
-    context_length: int | None = Field(None, ge=2)  # default: the model's
-    # gateway mode: OpenAI servers' /v1 URLs (vLLM, agentmem serve) generate instead of a local model
-    upstream: tuple[str, ...] | None = None
-    upstream_text: bool = False  # the upstreams return text, no token ids (a hosted API): calls not replayable
-    upstream_wait_s: float = Field(60.0, ge=0)  # how long start-up waits for a first upstream to answer
-    chat_template: str | None = None  # a Jinja file (or a shipped template's name) replacing the model's template
-    max_body_mb: float = Field(4.0, gt=0)  # a longer request body is refused (413) before it is parsed
-
-    @field_validator("backend")
-    @classmethod
-    def _local(cls, value: BackendKind) -> BackendKind:
-        if value is BackendKind.openai:
-            raise ValueError("a server generates with transformers or vllm; to forward to another server use --upstream")
-        return value
-
-    @field_validator("upstream", mode="before")
-    @classmethod
-    def _upstreams(cls, value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...] | None:
-        found = (value,) if isinstance(value, str) else tuple(value or ())
-        return found or None
-
-    @field_validator("chat_template")
-    @classmethod
-    def _template(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                load_template(value)
-            except FileNotFoundError as exc:
-                raise ValueError(str(exc)) from None
-        return value
-
-    @property
-    def name(self) -> str:
-        return self.served_model_name or self.model or "default"
-
-    @property
-    def max_body_bytes(self) -> int:
-        return int(self.max_body_mb * 1024 * 1024)
 
 
 @dataclass
@@ -153,7 +92,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
     if engine is not None:  # continuous batching: every request goes to the engine as it arrives
         live = EngineSampler(engine)
         settings = ServeSettings(config.name, config.context_length or live.engine.max_model_len, config.max_n,
-                                 config.default_max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus,
+                                 config.max_tokens, api_key, top_logprobs=True, nucleus=live.engine.nucleus,
                                  shaping=getattr(live.engine, "shaping", False),
                                  constrains=getattr(live.engine, "constrains", False),
                                  max_body_bytes=config.max_body_bytes)
@@ -164,7 +103,7 @@ def build_server(store: Store, config: ServeConfig, runtime: Runtime = CPU, *, a
     sampler = BatchSampler(backend, window_s=config.batch_window_ms / 1000, max_batch=config.max_batch,
                       continuous=config.continuous_batching)
     settings = ServeSettings(config.name, config.context_length or context_length(backend), config.max_n,
-                             config.default_max_tokens, api_key,
+                             config.max_tokens, api_key,
                              top_logprobs=getattr(backend, "lists_top_logprobs", False),
                              shaping=getattr(backend, "shaping", False),
                              constrains=getattr(backend, "constrains", False), max_body_bytes=config.max_body_bytes)
@@ -188,14 +127,14 @@ def _gateway(store: Store, config: ServeConfig, api_key: str | None, template: s
     sampler = UpstreamSampler(config.upstream, tokenizer, api_key=upstream_api_key, text=config.upstream_text,
                               model=config.name if config.upstream_text else None)
     try:
-        sampler.connect(config.upstream_wait_s)  # before the run opens: no upstream, no run
+        sampler.connect(config.upstream_wait)  # before the run opens: no upstream, no run
     except BaseException:
         sampler.close()
         raise
     policy_version = model_refs.register(store, ref).id
     recorder = Recorder(store, open_run(store, config.model_dump(mode="json"), config.run_name), policy_version)
     length = config.context_length or sampler.context_length() or int(tokenizer.model_max_length)
-    settings = ServeSettings(config.name, length, config.max_n, config.default_max_tokens, api_key,
+    settings = ServeSettings(config.name, length, config.max_n, config.max_tokens, api_key,
                              top_logprobs=False, shaping=True,  # the options go upstream (vLLM applies them)
                              constrains=False, max_body_bytes=config.max_body_bytes)
     return Server(create_app(sampler, recorder, tokenizer, settings), sampler, recorder)

@@ -458,12 +458,13 @@ def served(store: Store, folder: Path, *, gateway: bool = True, max_body_mb: flo
     """``agentmem serve`` on a tiny random model (``chatml_tools``: tools and forced calls) with small limits,
     and, with ``gateway``, a gateway (``--upstream``) in front of a second server on the same model: each on a
     free port in this process, writing ``store`` (the upstream records nothing, as a gateway's does)."""
-    from agentmem.serve.server import ServeConfig, build_server
+    from agentmem.config import ServeConfig
+    from agentmem.serve.server import build_server
     from agentmem.testing.serving import running
     from agentmem.testing.tiny_models import save_tiny
 
     model = save_tiny(folder / "tiny")
-    options = dict(model=model, dtype="float32", batch_window_ms=1, default_max_tokens=8, max_n=4,
+    options = dict(model=model, dtype="float32", batch_window_ms=1, max_tokens=8, max_n=4,
                    max_body_mb=max_body_mb, chat_template="chatml_tools")
     servers = [("direct", build_server(store, ServeConfig(run_name="fuzz-direct", **options)))]
     with contextlib.ExitStack() as stack:
@@ -472,7 +473,7 @@ def served(store: Store, folder: Path, *, gateway: bool = True, max_body_mb: flo
             root = stack.enter_context(running(upstream.app))
             stack.callback(upstream.close, "finished")
             servers.append(("gateway", build_server(store, ServeConfig(
-                run_name="fuzz-gateway", upstream=(f"{root}/v1",), upstream_wait_s=10, **options))))
+                run_name="fuzz-gateway", upstream=(f"{root}/v1",), upstream_wait=10, **options))))
         targets = []
         for name, server in servers:
             root = stack.enter_context(running(server.app))

@@ -135,7 +135,7 @@ def _restore(state: dict, folder: Path, optimizer: torch.optim.Optimizer, model:
     if "optimizer" not in state:
         raise TrainingError(
             f"{folder} kept no optimizer state (only the last checkpoint of a run keeps it, and a finished run's "
-            f"only with --keep-optimizer): start a new job from it instead (--student / --init with its id)")
+            f"only with --keep-optimizer): start a new job from it instead (--student / --student with its id)")
     if state.get("optimizer_format") == "by_name":
         if model is None:
             raise TrainingError(f"{folder}: an FSDP checkpoint's optimizer state needs the model to restore it")

@@ -1,7 +1,7 @@
 """The driver: one seed of a suite per unit of work, run through the product's own jobs.
 
 For training seed N a unit makes the seed's warm start (``agentmem sft`` on the oracle calls, keeping its AdamW
-state), then trains each arm as ``agentmem train --config examples/learning/ARM.yaml --init WARM --seed N
+state), then trains each arm as ``agentmem train --config examples/learning/ARM.yaml --student WARM --seed N
 --rounds S/2`` builds it (``cli.config_show.effective_config``: the same spec, so a user reproduces an arm with
 that command), evaluates each arm's checkpoints at ``eval_steps`` on the held-out ladder, and writes one record
 per arm-seed (``records``). Models no seed changes (the base model, the teacher) are evaluated once. Every
@@ -110,10 +110,7 @@ class Campaign:
 
         def make() -> dict:
             say(f"warm start, seed {seed}: {p.warm_steps} SFT steps on the oracle calls")
-            config = SftConfig(run_ids=self.oracle_runs(), student=p.model, steps=p.warm_steps,
-                               invocations_per_step=p.warm_calls, lr=p.warm_lr, warmup_steps=1,
-                               schedule=LrSchedule.cosine, seed=seed, keep_optimizer=True,
-                               out=str(self.work / "ckpt" / f"warm-{seed}"))
+            config = SftConfig(run_ids=self.oracle_runs(), student=p.model, seed=seed, keep_optimizer=True, out=str(self.work / "ckpt" / f"warm-{seed}"), optim=dict(steps=p.warm_steps, lr=p.warm_lr, warmup_steps=1, schedule=LrSchedule.cosine), batch=dict(invocations_per_step=p.warm_calls))
             started = time.monotonic()
             result = run_sft(self.store, config, self.runtime)
             assert result.last_checkpoint is not None
@@ -161,7 +158,7 @@ class Campaign:
 
     def train_args(self, arm: Arm, seed: int, warm: dict, extra: list[str] = ()) -> list[str]:
         """The ``agentmem train`` command line of an arm-seed (after ``agentmem train``)."""
-        args = ["--config", str(arm.path), "--seed", str(seed), "--init", warm["id"],
+        args = ["--config", str(arm.path), "--seed", str(seed), "--student", warm["id"],
                 "--rounds", str(self.plan.rounds),
                 "--out", str(self.work / "ckpt" / f"{arm.name}-{seed}-S{self.plan.steps}"),
                 *self.plan.train_args]

@@ -1,6 +1,6 @@
 """The arms: one table of ``Arm`` records. Each trained arm is a config file of ``agentmem train`` in
 ``examples/learning/`` that extends ``base.yaml``; the driver (``campaign``) runs it as the command line
-``agentmem train --config examples/learning/ARM.yaml --init WARM_START --seed N`` would, and evaluates it.
+``agentmem train --config examples/learning/ARM.yaml --student WARM_START --seed N`` would, and evaluates it.
 
 ``core`` is the suite that answers the question (does on-policy distillation from a teacher that knows more add
 to SFT and to RL?); ``ablations`` are runnable with ``--suite ablations``, outside the core plan. The docs' arm

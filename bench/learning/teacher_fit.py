@@ -176,9 +176,7 @@ class Fit:
         p = self.plan
 
         def make() -> dict:
-            config = SftConfig(run_ids=self.oracle_runs(), student=p.model, steps=p.warm_steps,
-                               invocations_per_step=p.calls_per_step, lr=p.warm_lr, warmup_steps=1,
-                               schedule=LrSchedule.cosine, seed=0, out=str(self.work / "ckpt" / "warm-0"))
+            config = SftConfig(run_ids=self.oracle_runs(), student=p.model, seed=0, out=str(self.work / "ckpt" / "warm-0"), optim=dict(steps=p.warm_steps, lr=p.warm_lr, warmup_steps=1, schedule=LrSchedule.cosine), batch=dict(invocations_per_step=p.calls_per_step))
             return self.checkpoint(run_sft(self.store, config, self.runtime).run_id)
         return self.state.once("warm/0", make)
 
@@ -207,11 +205,7 @@ class Fit:
             started = time.monotonic()
             prev = self.state.get(f"teacher/{steps - p.stage}") if steps > p.stage else None
             if prev is None:
-                config = SftConfig(run_ids=self.oracle_runs(), student=p.model, steps=steps,
-                                   invocations_per_step=p.calls_per_step, lr=p.lr, warmup_steps=p.warmup,
-                                   schedule=LrSchedule.constant, seed=0, context=SamplingContext(p.context),
-                                   lora_rank=p.lora_rank, lora_alpha=p.lora_alpha, keep_optimizer=True,
-                                   out=str(self.work / "ckpt" / f"teacher-{p.context}"))
+                config = SftConfig(run_ids=self.oracle_runs(), student=p.model, seed=0, context=SamplingContext(p.context), lora_rank=p.lora_rank, lora_alpha=p.lora_alpha, keep_optimizer=True, out=str(self.work / "ckpt" / f"teacher-{p.context}"), optim=dict(steps=steps, lr=p.lr, warmup_steps=p.warmup, schedule=LrSchedule.constant), batch=dict(invocations_per_step=p.calls_per_step))
                 result = run_sft(self.store, config, self.runtime, on_step=self.log_step)
             else:
                 result = run_sft(self.store, None, self.runtime, resume=prev["run_id"], steps=steps,

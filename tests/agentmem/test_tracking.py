@@ -103,7 +103,7 @@ def test_sft_steps_reach_the_tracker_with_the_stored_values(stored, tmp_path, mo
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by default
     monkeypatch.setenv("WANDB_SILENT", "true")
     store, run_id, folder = stored
-    result = run_sft(store, sft_config(run_id, folder, tmp_path, steps=2), report_to=[kind])
+    result = run_sft(store, sft_config(run_id, folder, tmp_path, optim=dict(steps=2)), report_to=[kind])
     with store.session() as s:
         steps = repo.list_train_steps(s, result.run_id)
     assert [t.step for t in steps] == [1, 2]

@@ -60,8 +60,8 @@ def test_a_config_file_error_names_the_file_line_and_key(capsys, monkeypatch, fi
 
 def test_a_flag_over_a_bad_file_value_is_reported_as_the_flag(capsys, monkeypatch, files):
     code, lines, _ = agentmem(capsys, monkeypatch, "config", "show", "rollout", "--config",
-                              str(files / "value.yaml"), "--temperature", "-2")
-    assert (code, lines) == (2, ["error: --temperature: Input should be greater than or equal to 0"])
+                              str(files / "value.yaml"), "--sample-temperature", "-2")
+    assert (code, lines) == (2, ["error: --sample-temperature: Input should be greater than or equal to 0"])
 
 
 @pytest.mark.parametrize(("args", "line"), [
@@ -73,7 +73,7 @@ def test_a_flag_over_a_bad_file_value_is_reported_as_the_flag(capsys, monkeypatc
     (["distill", "--run", "r", "--kd-weight", "0", "--rl", "none"],
      "error: every loss term has weight 0: set --kd-weight (with a teacher), --rl-weight (with --rl grpo), "
      "--ce-weight, --anchor-weight or a --loss-terms weight"),
-    (["eval", "--temperature", "1"], "error: an evaluation is greedy: --temperature must be 0, got 1.0"),
+    (["eval", "--sample-temperature", "1"], "error: an evaluation is greedy: --sample-temperature must be 0, got 1.0"),
     (["sft"], "error: --run is required"),
 ])
 def test_a_validation_error_names_flags_not_fields(capsys, monkeypatch, args, line):
@@ -204,7 +204,7 @@ WALK = [
     (f"replay-audit --student-run {NONE} --teacher-run {NONE}", 1, f"error: no run with id '{NONE}'"),
     ("serve --backend nosuch", 2, "error: unknown backend 'nosuch'"),
     ("serve --model {root}/no/such/model", 1, "error: "),
-    ("memories build", 2, "error: Missing option '--run'"),
+    ("memories build", 2, "error: --run is required"),
     (f"memories build --run {NONE}", 1, f"error: no run with id '{NONE}'"),
     ("memories list --full=yes", 2, "error: "),
     ("memories list --db {root}/nothing.db", 1, "error: no database at"),

@@ -31,7 +31,7 @@ def am(*args: str) -> subprocess.CompletedProcess:
     (["distill", "--run", "r", "--loss", "typo"], ["'reverse_kl'", "'forward_kl'", "'jsd'"]),
     (["distill", "--run", "r", "--weighting", "typo"], ["'token'", "'call'", "'episode'"]),
     (["distill", "--run", "r", "--teacher-source", "typo"], ["'model'", "'shards'", "'scores'"]),
-    (["score", "--run", "r", "--context", "typo"], ["'aligned'", "'persistent'", "'privileged'"]),
+    (["score", "--run", "r", "--teacher-context", "typo"], ["'aligned'", "'persistent'", "'privileged'"]),
     (["rollout", "--backend", "typo"], ["'transformers'", "'vllm'"]),
     (["rollout", "--dtype", "typo"], ["'float32'", "'bfloat16'"]),
     (["train", "--rl", "typo"], ["'grpo'", "'none'"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 from helpers import run_main
 
 from cli.command import WORKFLOW
@@ -35,7 +36,7 @@ def test_train_help_fits_a_screen_and_help_all_lists_every_option_whole(capsys, 
     assert "more options: agentmem train --help-all, or as a config file: agentmem config show train" in " ".join(
         short.split())
     code, full, _ = agentmem(capsys, monkeypatch, "train", "--help-all")
-    assert code == 0 and "--warm-start.invocations-per-step INTEGER" in full
+    assert code == 0 and "--warm-start-invocations-per-step INTEGER" in full
     assert set(flags(short)) < set(flags(full))
 
 
@@ -82,22 +83,27 @@ def test_a_teacher_temperature_and_context_have_their_own_flags(capsys, monkeypa
     for job in ("score", "distill", "train"):
         _, text, _ = agentmem(capsys, monkeypatch, job, "--help-all")
         assert {"--kd-temperature", "--teacher-context"} <= set(flags(text)), job
-        assert "--temperature" not in flags(text) and "--context" not in flags(text), job
-    # the old names are hidden aliases: they still set the teacher's values
-    code, out, err = agentmem(capsys, monkeypatch, "config", "show", "distill", "--run", "r", "--temperature", "2",
-                              "--context", "persistent")
+        assert "--temperature" not in flags(text), job
+    # the old names are gone, not hidden
+    code, _, err = agentmem(capsys, monkeypatch, "config", "show", "distill", "--run", "r", "--temperature", "2")
+    assert code == 2 and "No such option: --temperature" in err
+    # one name, one field: train's --sample-temperature is its rollout's, as in rollout
+    code, out, err = agentmem(capsys, monkeypatch, "config", "show", "train", "--sample-temperature", "0.5",
+                              "--context", "hint", "--teacher-context", "persistent")
+    train = yaml.safe_load(out)
     assert code == 0, err
-    assert "\nloss:\n" in out and "\n  temperature: 2.0\n" in out and "\n  context: persistent\n" in out
+    assert (train["rollout"]["agent"]["temperature"], train["distill"]["loss"]["temperature"]) == (0.5, 1.0)
+    assert (train["rollout"]["context"], train["distill"]["teacher"]["context"]) == ("hint", "persistent")
     code, out, _ = agentmem(capsys, monkeypatch, "config", "show", "score", "--run", "r", "--kd-temperature", "3",
                             "--teacher-context", "privileged")
     assert code == 0 and "\ntemperature: 3.0\n" in out and "\ncontext: privileged\n" in out
     _, rollout, _ = agentmem(capsys, monkeypatch, "rollout", "--help-all")
-    assert {"--temperature", "--context", "--dtype"} <= set(flags(rollout))
+    assert {"--sample-temperature", "--context", "--dtype"} <= set(flags(rollout))
     # a training job's weights dtype is its own flag (`rollout --dtype` also takes auto)
-    for job in ("sft", "distill", "train"):
+    for job in ("sft", "distill"):
         _, text, _ = agentmem(capsys, monkeypatch, job, "--help-all")
         assert "--train-dtype" in flags(text) and "--dtype" not in flags(text), job
-    code, out, _ = agentmem(capsys, monkeypatch, "config", "show", "sft", "--run", "r", "--dtype", "bfloat16")
+    code, out, _ = agentmem(capsys, monkeypatch, "config", "show", "sft", "--run", "r", "--train-dtype", "bfloat16")
     assert code == 0 and "\ndtype: bfloat16\n" in out
 
 

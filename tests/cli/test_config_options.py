@@ -25,7 +25,7 @@ from store.engine import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {"rollout": "rollout", "eval": "eval", "score": "score", "distill": "distill", "sft": "sft",
-            "train": "train"}
+            "train": "train", "serve": "serve"}
 
 
 def show(*args: str) -> dict:
@@ -74,11 +74,11 @@ def test_the_memory_budget_default_is_one_number():
 
 def test_a_file_sets_nested_fields_and_only_given_flags_override_it(tmp_path):
     file = tmp_path / "exp.yaml"
-    file.write_text("rollout:\n  episodes: 3\n  agent: {memory_tokens: 20}\ndistill:\n  lr: 2.0e-5\n"
-                    "  steps: 5\nrounds: 4\n")
-    config = show("train", "--config", str(file), "--steps-per-round", "2", "--memory-tokens", "48")
+    file.write_text("rollout:\n  episodes: 3\n  agent: {memory_tokens: 20}\ndistill:\n  optim: {lr: 2.0e-5, steps: 5}\n"
+                    "rounds: 4\n")
+    config = show("train", "--config", str(file), "--steps", "2", "--memory-tokens", "48")
     recipe = TrainConfig().model_dump(mode="json")
-    # --steps-per-round 2 and --memory-tokens 48 are the defaults, given: they beat the file
+    # --steps 2 and --memory-tokens 48 are the defaults, given: they beat the file
     assert (config["rounds"], config["distill"]["optim"]["steps"], config["distill"]["optim"]["lr"]) == (4, 2, 2e-5)
     assert config["rollout"]["episodes"] == 3 and config["rollout"]["agent"]["memory_tokens"] == 48
     # what neither sets keeps the recipe's section defaults, not the bare models'
@@ -86,37 +86,31 @@ def test_a_file_sets_nested_fields_and_only_given_flags_override_it(tmp_path):
     assert config["rollout"]["env_knobs"] == recipe["rollout"]["env_knobs"]
     assert config["distill"]["batch"]["oversize"] == "skip"
     toml = tmp_path / "exp.toml"
-    toml.write_text('rounds = 3\n[distill]\nlr = 3e-6\n[rollout.agent]\nmemory_tokens = 30\n')
+    toml.write_text('rounds = 3\n[distill.optim]\nlr = 3e-6\n[rollout.agent]\nmemory_tokens = 30\n')
     config = show("train", "--config", str(toml))
     assert (config["rounds"], config["distill"]["optim"]["lr"], config["rollout"]["agent"]["memory_tokens"]) == (
         3, 3e-6, 30)
 
 
-def test_distill_files_take_sections_or_the_flat_keys_from_before(tmp_path):
-    """A distill section (of distill or train) is read nested or flat, as files were written before the sections;
-    an unknown key, flat or nested, names the file, the key path and its line, and the closest key."""
+def test_distill_files_take_their_fields_in_sections(tmp_path):
+    """A distill section (of distill or train) is read nested; a field of a section given at the top level, or
+    any unknown key, names the file, the key path and its line, and the closest key."""
     nested = tmp_path / "nested.yaml"
     nested.write_text("run_ids: [r]\nteacher: {model: t1, context: privileged}\noptim:\n  lr: 2.0e-5\n")
-    flat = tmp_path / "flat.yaml"
-    flat.write_text("run_ids: [r]\nteacher: t1\ncontext: privileged\nlr: 2.0e-5\n")
     config = show("distill", "--config", str(nested))
-    assert config == show("distill", "--config", str(flat))
     assert (config["teacher"]["model"], config["teacher"]["context"], config["optim"]["lr"]) == ("t1", "privileged",
                                                                                                  2e-5)
-    # a flag beats the file whichever form the file has
-    assert show("distill", "--config", str(flat), "--lr", "1e-4")["optim"]["lr"] == 1e-4
+    assert show("distill", "--config", str(nested), "--lr", "1e-4")["optim"]["lr"] == 1e-4  # a flag beats the file
     train = tmp_path / "train.yaml"
-    train.write_text("distill:\n  teacher: {model: t2}\n  kd_weight: 0.5\n")
+    train.write_text("distill:\n  teacher: {model: t2}\n  loss: {kd_weight: 0.5}\n")
     config = show("train", "--config", str(train))
     assert (config["distill"]["teacher"]["model"], config["distill"]["loss"]["kd_weight"]) == ("t2", 0.5)
     for text, needle in [
         ("run_ids: [r]\noptim:\n  lr: 1.0e-5\n  warmup_stepz: 1\n",
          "bad.yaml, line 4: unknown key optim.warmup_stepz (did you mean optim.warmup_steps?)"),
-        ("run_ids: [r]\nwarmup_stepz: 1\n", "bad.yaml, line 2: unknown key warmup_stepz (did you mean "
-                                              "optim.warmup_steps?)"),
+        ("run_ids: [r]\nlr: 1.0e-5\n", "bad.yaml, line 2: unknown key lr"),
+        ("run_ids: [r]\nteacher: t1\n", "bad.yaml, line 2: teacher: Input should be a valid dictionary"),
         ("run_ids: [r]\noptim:\n  lr: -1\n", "bad.yaml, line 3: optim.lr: Input should be greater than 0"),
-        ("run_ids: [r]\nlr: -1\n", "bad.yaml, line 2: optim.lr: Input should be greater than 0"),
-        ("run_ids: [r]\nlr: 1.0e-5\noptim: {lr: 2.0e-5}\n", "bad.yaml, line 2: lr sets optim.lr, which"),
     ]:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
@@ -124,24 +118,21 @@ def test_distill_files_take_sections_or_the_flat_keys_from_before(tmp_path):
         assert needle in " ".join(str(result.exception).split()), (text, result.exception)
 
 
-def test_a_distill_run_stored_flat_exports_in_sections(tmp_path):
-    """`config show --run` of a distill run stored before the sections prints the nested form, which runs again."""
+def test_a_stored_distill_run_exports_in_sections(tmp_path):
+    """`config show --run` of a distill run prints its sections, which run again."""
     db = f"sqlite:///{tmp_path / 'd.db'}"
     store = open_store(db, create=True)
-    flat = {"run_ids": ["r"], "student": "s", "teacher": "t", "context": "privileged", "loss": "forward_kl",
-            "rl": "none", "lr": 3e-6, "steps": 4, "invocations_per_step": 2, "truncate": "left"}
-    run = Run(kind=RunKind.distill, config=flat)
+    stored = DistillConfig(run_ids=["r"], student="s", teacher=dict(model="t", context="privileged"),
+                           loss=dict(divergence="forward_kl"), rl=dict(kind="none"), optim=dict(lr=3e-6, steps=4),
+                           batch=dict(invocations_per_step=2)).model_dump(mode="json")
+    run = Run(kind=RunKind.distill, config=stored)
     with store.session() as s:
         repo.start_run(s, run)
         s.commit()
     result = CliRunner().invoke(app, ["config", "show", "--run", run.id, "--db", db])
     assert result.exit_code == 0, result.output
     exported = yaml.safe_load(result.output)
-    assert exported == DistillConfig.model_validate(flat).model_dump(mode="json")
-    assert (exported["teacher"]["model"], exported["loss"]["divergence"], exported["rl"]["kind"]) == (
-        "t", "forward_kl", "none")
-    assert (exported["optim"]["lr"], exported["batch"]["oversize"], exported["teacher"]["truncation"]) == (
-        3e-6, "skip", "left")
+    assert exported == stored
     file = tmp_path / "again.yaml"
     file.write_text(result.output)
     assert show("distill", "--config", str(file)) == exported
@@ -154,10 +145,10 @@ def test_show_prints_the_config_the_job_stores(tmp_path):
                              agent={"memory_policy": "log", "memory_options": {"x": 1}, "seed": 7})
     assert config == expected.model_dump(mode="json")
     assert show("distill", "--run", "a,b", "--teacher", "none", "--kinds", "update", "--rl-weight", "1") == \
-        DistillConfig(run_ids=["a", "b"], teacher=None, kinds=["memory_update"]).model_dump(mode="json")
-    assert show("score", "--run", "a", "--kind", "answer")["kinds"] == ["answer"]
-    train = show("train", "--warm-start-sft", "o1", "--out", "ck", "--seed", "3", "--env", "hotpotqa")
-    assert train["warm_start"]["run_ids"] == ["o1"] and train["warm_start"]["steps"] == 16
+        DistillConfig(run_ids=["a", "b"], kinds=["memory_update"], teacher=dict(model=None)).model_dump(mode="json")
+    assert show("score", "--run", "a", "--kinds", "answer")["kinds"] == ["answer"]
+    train = show("train", "--warm-start-run", "o1", "--out", "ck", "--seed", "3", "--env", "hotpotqa")
+    assert train["warm_start"]["run_ids"] == ["o1"] and train["warm_start"]["optim"]["steps"] == 16
     assert (train["warm_start"]["out"], train["warm_start"]["seed"]) == ("ck", 3)  # follow the loop's
     assert train["rollout"]["env_knobs"] == {}  # the recipe's knobs are the synthetic task's
 
@@ -274,7 +265,7 @@ def test_a_stored_run_runs_again_from_its_exported_file(tmp_path):
     out = str(tmp_path / "ck")
     jobs = {"rollout": run_id}
     for job, args in [
-        ("score", ["--run", run_id, "--teacher", model, "--kind", "answer"]),
+        ("score", ["--run", run_id, "--teacher", model, "--kinds", "answer"]),
         ("distill", ["--config", "examples/psd_distill.yaml", "--run", run_id, "--student", model, "--teacher",
                      model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
         ("sft", ["--run", run_id, "--student", model, "--steps", "1", "--invocations-per-step", "2", "--out", out]),
@@ -301,7 +292,7 @@ def test_a_stored_train_config_exports_and_loads_again(tmp_path):
     """A train run's stored config (with a warm start) exports to a file that builds the same config."""
     db = f"sqlite:///{tmp_path / 't.db'}"
     store = open_store(db, create=True)
-    config = TrainConfig(rounds=3, warm_start={"run_ids": ["o1"], "steps": 4}, distill={"lr": 3e-6})
+    config = TrainConfig(rounds=3, warm_start={"run_ids": ["o1"], "optim": {"steps": 4}}, distill={"optim": {"lr": 3e-6}})
     run = Run(kind=RunKind.train, config=config.model_dump(mode="json"))
     with store.session() as s:
         repo.start_run(s, run)
@@ -326,9 +317,9 @@ def test_train_runs_from_the_recipe_file_and_again_from_its_exported_config(tmp_
                 "--db", db)
     assert oracle.returncode == 0, oracle.stderr
     oracle_run = oracle.stdout.split("run_id=")[1].split()[0]
-    first = am("train", "--config", "examples/learning_recipe.yaml", "--warm-start-sft", oracle_run,
+    first = am("train", "--config", "examples/learning_recipe.yaml", "--warm-start-run", oracle_run,
                "--warm-start-steps", "1", "--student", model, "--teacher", model, "--rounds", "1",
-               "--steps-per-round", "1", "--invocations-per-step", "2", "--episodes", "1", "--group-size", "2",
+               "--steps", "1", "--invocations-per-step", "2", "--episodes", "1", "--group-size", "2",
                *small, "--teacher-check-episodes", "0", "--out", str(tmp_path / "ck"), "--device", "cpu",
                "--db", db)
     assert first.returncode == 0, first.stderr
@@ -344,3 +335,79 @@ def test_train_runs_from_the_recipe_file_and_again_from_its_exported_config(tmp_
     assert again.returncode == 0, again.stderr
     again_id = again.stdout.split("train_run_id=")[1].split()[0]
     assert again_id != train_id and _stored(db, again_id) == stored
+
+
+def _commands(command, words=()):
+    """(words, command) of every command under ``command`` (``config show train``: ("config", "show", "train"))."""
+    subs = getattr(command, "commands", None)
+    if subs is None:
+        yield words, command
+        return
+    for name, sub in subs.items():
+        yield from _commands(sub, (*words, name))
+
+
+def test_a_flag_names_one_field_in_every_command():
+    """Walk every command's config flags: a flag sets one field wherever it is given (the field's place in its
+    job's config, train's rollout and distill parts as in rollout's and distill's, and its type), unless
+    ``FLAG_NAMES`` lists each of the places under that flag: one setting that two jobs keep in two places."""
+    from typer.main import get_command
+
+    from cli.app import app as root
+    from cli.config_options import _PREFIX, FLAG_NAMES, _leaves, _strip_none
+
+    fields: dict[str, dict[str, set[str]]] = {}  # flag -> field -> commands
+    for words, command in _commands(get_command(root)):
+        spec = JOBS.get(words[-1]) if words else None
+        if spec is None:
+            continue
+        annotations = {path: _strip_none(info.annotation) for path, info, _, _ in
+                       _leaves(spec.model, "", spec.model_defaults())}
+        for param in command.params:
+            if not param.name.startswith(_PREFIX):
+                continue
+            path = param.name[len(_PREFIX):].replace("__", ".")
+            prefix, relative, qualified = spec.key(path)
+            field = qualified if qualified in FLAG_NAMES else \
+                f"{prefix}{relative}: {getattr(annotations[path], '__name__', annotations[path])}"
+            fields.setdefault(param.opts[0], {}).setdefault(field, set()).add(" ".join(words))
+    assert "--sample-temperature" in fields and "--temperature" not in fields
+    two = {flag: places for flag, places in fields.items() if len(places) > 1 and not all(
+        FLAG_NAMES.get(place.partition(":")[0]) == flag for place in places)}
+    assert two == {}
+
+
+def test_the_flag_table_in_the_docs_is_flag_names():
+    from cli.config_options import FLAG_NAMES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text().split("\n## Flags\n")[1]
+    rows = re.findall(r"^\| `(--[\w-]+)` \| (.*) \|$", text, flags=re.M)
+    assert {(key, flag) for flag, keys in rows for key in re.findall(r"`([\w.]+)`", keys)} == {
+        (key, flag) for key, flag in FLAG_NAMES.items()}
+
+
+# A command's own option whose flag is also a config flag: the same setting, never a default of its own.
+OWN_FLAGS = {"--run": "the run(s) a command reads, as a job's run ids",
+             "--batch": "worker: the run's agent.max_batch, for this worker",
+             "--out": "the path a command writes (report, export: a file; a training job: its checkpoints)"}
+
+
+def test_no_command_restates_a_config_field_or_its_default():
+    """An option of a command's own that takes a config flag is the same setting (``OWN_FLAGS``) and has no
+    default of its own: every default lives in the config class."""
+    from typer.main import get_command
+
+    from cli.app import app as root
+    from cli.config_options import _PREFIX
+
+    config_flags = {option.flags[0].split("/")[0] for spec in JOBS.values() for option in spec.options()}
+    own = {}
+    for words, command in _commands(get_command(root)):
+        for param in command.params:
+            if param.name.startswith(_PREFIX) or not getattr(param, "opts", None):
+                continue
+            for flag in param.opts:
+                if flag in config_flags:
+                    own[(" ".join(words), flag)] = param.default
+    assert {flag for _, flag in own} <= set(OWN_FLAGS), own
+    assert {key: default for key, default in own.items() if default is not None and key[1] != "--out"} == {}

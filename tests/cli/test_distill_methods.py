@@ -26,7 +26,7 @@ METHOD_FIELDS = {"target": DistillTarget.barycenter, "alpha_tau": 0.3, "alpha_to
 
 
 def test_distill_flags_reach_the_config(captured):
-    result = invoke("distill", "--run", "r1", "--context", "persistent_chat", *METHOD_FLAGS)
+    result = invoke("distill", "--run", "r1", "--teacher-context", "persistent_chat", *METHOD_FLAGS)
     assert isinstance(result.exception, Called), result.output
     config: DistillConfig = captured["distill"]
     assert {k: getattr(config.loss, k) for k in METHOD_FIELDS} == METHOD_FIELDS
@@ -51,7 +51,7 @@ def test_sft_takes_the_anchor_weight(captured):
 
 
 def test_score_accepts_persistent_chat(captured):
-    result = invoke("score", "--run", "r1", "--context", "persistent_chat")
+    result = invoke("score", "--run", "r1", "--teacher-context", "persistent_chat")
     assert isinstance(result.exception, Called), result.output
     assert captured["score"].context is TeacherContext.persistent_chat
 
@@ -90,18 +90,18 @@ def test_train_recipe_flags_reach_the_config(captured):
     TrainConfig the loop gets; with no flags the defaults are TrainConfig's recipe."""
     from agentmem.config import LrSchedule, RewardKind, TrainConfig
 
-    result = invoke("train", "--warm-start-sft", "oracle1", "--warm-start-steps", "3", "--init", "ckpt9",
+    result = invoke("train", "--warm-start-run", "oracle1", "--warm-start-steps", "3", "--student", "ckpt9",
                     "--schedule", "constant", "--warmup-steps", "0", "--no-carry-optimizer", "--reward", "sub_em",
-                    "--steps-per-round", "3", "--answer-tokens", "20", "--teacher-check-episodes", "0", "--lr", "3e-6")
+                    "--steps", "3", "--answer-tokens", "20", "--teacher-check-episodes", "0", "--lr", "3e-6")
     assert isinstance(result.exception, Called), result.output
     config: TrainConfig = captured["train"]
     d = config.distill
-    assert config.warm_start is not None and config.warm_start.run_ids == ["oracle1"] and config.warm_start.steps == 3
+    assert config.warm_start is not None and config.warm_start.run_ids == ["oracle1"] and config.warm_start.optim.steps == 3
     o = d.optim
     assert (d.student, o.schedule, o.warmup_steps, o.carry_optimizer, d.rl.reward, o.steps, o.lr) == (
         "ckpt9", LrSchedule.constant, 0, False, RewardKind.sub_em, 3, 3e-6)
     assert o.carry_first_moment is False  # the recipe's default (moot here, with nothing carried)
-    result = invoke("train", "--init", "ckpt9", "--carry-first-moment")
+    result = invoke("train", "--student", "ckpt9", "--carry-first-moment")
     assert isinstance(result.exception, Called), result.output
     assert captured["train"].distill.optim.carry_first_moment is True and captured["train"].distill.optim.carry_optimizer
     assert config.rollout.agent.answer_max_new_tokens == 20 and config.teacher_check_episodes == 0
@@ -116,15 +116,15 @@ def test_train_recipe_flags_reach_the_config(captured):
 
 def test_mixed_precision_flag_reaches_distill_and_the_warm_start(captured):
     """``train --mixed-precision``: every round's distill and the warm start's SFT (tied to it unless given)."""
-    result = invoke("train", "--warm-start-sft", "oracle1", "--mixed-precision")
+    result = invoke("train", "--warm-start-run", "oracle1", "--mixed-precision")
     assert isinstance(result.exception, Called), result.output
     config = captured["train"]
     assert config.distill.mixed_precision and config.warm_start.mixed_precision
-    result = invoke("train", "--warm-start-sft", "oracle1", "--mixed-precision", "--no-warm-start.mixed-precision")
+    result = invoke("train", "--warm-start-run", "oracle1", "--mixed-precision", "--no-warm-start-mixed-precision")
     assert isinstance(result.exception, Called), result.output
     assert captured["train"].distill.mixed_precision and not captured["train"].warm_start.mixed_precision
     assert isinstance(invoke("sft", "--run", "r", "--mixed-precision").exception, Called)
     assert captured["sft"].mixed_precision
-    result = invoke("distill", "--run", "r", "--dtype", "bfloat16", "--mixed-precision")
+    result = invoke("distill", "--run", "r", "--train-dtype", "bfloat16", "--mixed-precision")
     assert not isinstance(result.exception, Called) and "distill" not in captured
     assert "needs --train-dtype float32, got --train-dtype bfloat16" in result.output + str(result.exception)

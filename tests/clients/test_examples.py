@@ -17,9 +17,10 @@ import pytest
 from serve_helpers import running
 
 from agentmem.backends.scripted import ScriptedBackend
+from agentmem.config import ServeConfig
 from agentmem.records import EpisodeStatus, RunKind
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 from store.engine import open_store

@@ -118,7 +118,7 @@ CASES = [
     ("vocabulary-mismatch", "score --run {run} --teacher {model_b} --db {db}", "whose vocabulary differs"),
     ("episodes-zero", "rollout --episodes 0 --db {db}", "--episodes: Input should be greater than or equal to 1"),
     ("episodes-negative", "rollout --episodes -2 --db {db}", "--episodes: Input should be greater than or equal to 1"),
-    ("negative-temperature", "rollout --temperature -0.5 --db {db}", "--temperature: Input should be greater than or equal to 0"),
+    ("negative-temperature", "rollout --sample-temperature -0.5 --db {db}", "--sample-temperature: Input should be greater than or equal to 0"),
     ("group-size-zero", "rollout --group-size 0 --db {db}", "--group-size: Input should be greater than or equal to 1"),
     ("unknown-id", "score --run 0123456789abcdef --teacher {model_a} --db {db}", "no run with id"),
     ("ambiguous-id", "score --run {run6} --teacher {model_a} --db {db}", "is ambiguous"),

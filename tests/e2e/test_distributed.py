@@ -51,7 +51,7 @@ def seeded(sqlite_store, tmp_path):
 
 
 def distill(launcher: list[str], db: Path, run_id: str, student: str, teacher: str, out: Path) -> str:
-    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--context", "privileged",
+    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--teacher-context", "privileged",
             "--steps", "2", "--invocations-per-step", "4", "--lr", "1e-3", "--device", "cpu", "--threads", "1",
             "--out", str(out), "--db", f"sqlite:///{db}"]
     proc = subprocess.run([*launcher, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -181,7 +181,7 @@ def test_a_killed_torchrun_distill_resumes_to_the_one_process_weights(seeded, tm
 
     db, run_id, student, teacher = seeded
     one, two = _copy(db, tmp_path / "one.db"), _copy(db, tmp_path / "two.db")
-    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--context", "privileged",
+    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--teacher-context", "privileged",
             "--steps", "3", "--save-every", "1", "--invocations-per-step", "4", "--lr", "1e-3", "--device", "cpu",
             "--threads", "1"]
     proc = subprocess.run([sys.executable, "-m", "agentmem", *args, "--out", str(tmp_path / "ck1"), "--db",
@@ -217,7 +217,7 @@ def test_fsdp_on_gloo_matches_one_process_and_resumes(seeded, tmp_path):
     under FSDP to step 3 equals the one-process step 3."""
     db, run_id, student, teacher = seeded
     one, two = _copy(db, tmp_path / "one.db"), _copy(db, tmp_path / "two.db")
-    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--context", "privileged",
+    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--teacher-context", "privileged",
             "--save-every", "1", "--invocations-per-step", "4", "--lr", "1e-3", "--device", "cpu", "--threads", "1"]
     torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "agentmem", "--"]
 

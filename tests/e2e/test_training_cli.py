@@ -27,14 +27,14 @@ def test_rollout_score_distill_cli(tmp_path):
                 "--memory-tokens", "6", "--answer-tokens", "3", "--knob", "context_tokens=100", "--db", db)
     assert rolled.returncode == 0, rolled.stderr
     run_id = rolled.stdout.split("run_id=")[1].split()[0]
-    scored = am("score", "--run", run_id[:8], "--teacher", model, "--student", model, "--context", "persistent",
+    scored = am("score", "--run", run_id[:8], "--teacher", model, "--student", model, "--teacher-context", "persistent",
                 "--db", db)
     assert scored.returncode == 0, scored.stderr
     rows = json.loads(am("sql", "select context, n_tokens, mean_reverse_kl from teacher_scores", "--format", "json",
                          "--db", db).stdout)
     n_calls = json.loads(am("sql", "select count(*) as n from invocations", "--format", "json", "--db", db).stdout)
     assert len(rows) == n_calls[0]["n"] and {r["context"] for r in rows} == {"persistent"}
-    distilled = am("distill", "--run", run_id, "--student", model, "--teacher", model, "--context", "privileged",
+    distilled = am("distill", "--run", run_id, "--student", model, "--teacher", model, "--teacher-context", "privileged",
                    "--steps", "1", "--invocations-per-step", "4", "--out", str(tmp_path / "ck"), "--db", db)
     assert distilled.returncode == 0, distilled.stderr
     ckpt = distilled.stdout.split("checkpoint=")[1].split()[0]

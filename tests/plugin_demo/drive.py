@@ -56,10 +56,8 @@ def policy_seam(store, model, out):
                                               env_knobs=SYNTH, agent=agent.model_copy(update={
                                                   "memory_tokens": 32, "answer_max_new_tokens": 32}))).run_id
     scored = run_score(store, ScoreConfig(run_ids=[sampled], teacher=model, kinds="jot"))
-    distilled = run_distill(store, DistillConfig(run_ids=[sampled], student=model, teacher=model, kinds="jot",
-                                                 steps=1, invocations_per_step=4, out=str(out / "d")))
-    tuned = run_sft(store, SftConfig(run_ids=[oracle], student=model, kinds="jot", steps=1, invocations_per_step=4,
-                                     out=str(out / "s")))
+    distilled = run_distill(store, DistillConfig(run_ids=[sampled], student=model, kinds="jot", out=str(out / "d"), teacher=dict(model=model), optim=dict(steps=1), batch=dict(invocations_per_step=4)))
+    tuned = run_sft(store, SftConfig(run_ids=[oracle], student=model, kinds="jot", out=str(out / "s"), optim=dict(steps=1), batch=dict(invocations_per_step=4)))
     with store.session() as s:
         n_scores = s.execute(sa.text("select count(*) from teacher_scores")).scalar()
     eps, invs = calls(store, sampled)
@@ -105,9 +103,7 @@ def env_seam(store, model, out):
 def loss_seam(store, model, out):
     oracle = run_rollout(store, RolloutConfig(model=model, policy=PolicySource.oracle, episodes=2, chunk_tokens=48,
                                               env_knobs=SYNTH, agent=AgentConfig(memory_tokens=8))).run_id
-    config = DistillConfig(run_ids=[oracle], student=model, teacher=None, kd_weight=0, rl="none",
-                           loss_terms={"entropy_bonus": 1.0}, steps=2, invocations_per_step=4, lr=1e-3,
-                           out=str(out / "d"))
+    config = DistillConfig(run_ids=[oracle], student=model, out=str(out / "d"), teacher=dict(model=None), loss=dict(kd_weight=0, terms={"entropy_bonus": 1.0}), rl=dict(kind="none"), optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4))
     progress = LineProgress("distill", stream=io.StringIO())  # the progress line, as on a pipe
     result = run_distill(store, config, on_start=progress.on_start, on_step=progress.on_step)
     with store.session() as s:

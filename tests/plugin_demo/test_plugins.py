@@ -63,7 +63,7 @@ def test_an_unknown_loss_term_or_kind_fails_before_the_train_loop_starts(sqlite_
 
     with pytest.raises(ConfigError, match=r"unknown loss term\(s\) \['entropy_bonus'\] in loss_terms; installed: none "
                                           r"\(entry-point group agentmem.loss_terms\)"):
-        run_train(sqlite_store, TrainConfig(distill=DistillConfig(loss_terms={"entropy_bonus": 1.0})))
+        run_train(sqlite_store, TrainConfig(distill=DistillConfig(loss=dict(terms={"entropy_bonus": 1.0}))))
     with pytest.raises(ConfigError, match=r"unknown call kind\(s\) \['jot'\]"):
         run_train(sqlite_store, TrainConfig(distill=DistillConfig(kinds="jot")))
     with sqlite_store.session() as s:
@@ -86,7 +86,7 @@ def test_an_installed_memory_policy_runs_through_every_job(tmp_path):
     assert out["oracle_f1"] == [1.0, 1.0]  # the oracle answers the gold answer
     assert set(out["oracle_jots"]) <= set(out["gold_facts"])  # its oracle_text: the facts of the chunk, or nothing
     assert "nothing" in out["oracle_jots"] and len(out["oracle_jots"]) > 1
-    assert out["scored"] == out["score_rows"] == out["jot_calls"] > 0  # score --kind jot: only the jots
+    assert out["scored"] == out["score_rows"] == out["jot_calls"] > 0  # score --kinds jot: only the jots
     assert out["distill_steps"] == 1 and out["sft_steps"] == 1
     assert out["bad_kind"].startswith("unknown call kind(s) ['jotting']: give comma-separated memory_update, ")
     assert "jot" in out["bad_kind"].split(": give comma-separated ")[1].split(", ")

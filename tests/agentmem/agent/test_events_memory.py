@@ -560,14 +560,12 @@ def test_sft_on_an_oracle_events_run_trains_the_view_calls(sqlite_store, tiny_fo
     result = run_rollout(sqlite_store, oracle_config(tiny_folder, 3, "rules", episodes=2))
     selection = select(sqlite_store, [result.run_id])
     assert [i.kind for i in selection.invocations] == ["event_view", "answer"] * 2
-    sft = run_sft(sqlite_store, SftConfig(run_ids=[result.run_id], student=tiny_folder, steps=2,
-                                          invocations_per_step=64, lr=1e-3, out=str(tmp_path / "ckpt")))
+    sft = run_sft(sqlite_store, SftConfig(run_ids=[result.run_id], student=tiny_folder, out=str(tmp_path / "ckpt"), optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=64)))
     losses = [h.loss for h in sft.history]
     assert all(math.isfinite(x) for x in losses) and losses[1] < losses[0]
     assert sft.history[0].metrics["actions"] == sum(i.output_tokens for i in selection.invocations)
     views = select(sqlite_store, [result.run_id], kinds=["event_view"]).invocations  # `agentmem sft --kinds event_view`
-    config = SftConfig(run_ids=[result.run_id], student=tiny_folder, steps=1, kinds="event_view",
-                       invocations_per_step=64, out=str(tmp_path / "ckpt"))
+    config = SftConfig(run_ids=[result.run_id], student=tiny_folder, kinds="event_view", out=str(tmp_path / "ckpt"), optim=dict(steps=1), batch=dict(invocations_per_step=64))
     assert config.kinds == ["event_view"] and [i.kind for i in views] == ["event_view"] * 2
     only_views = run_sft(sqlite_store, config)
     assert only_views.history[0].metrics["actions"] == sum(i.output_tokens for i in views)
@@ -579,9 +577,7 @@ def test_the_train_loop_accepts_an_events_rollout(sqlite_store, tiny_folder, tmp
         rollout=RolloutConfig(env_knobs=SYNTH, episodes=2, group_size=2, chunk_tokens=48,
                               agent=AgentConfig(memory_policy="events", memory_options={"recorder": "rules"},
                                                 memory_tokens=16, answer_max_new_tokens=4, max_batch=4)),
-        distill=DistillConfig(student=tiny_folder, teacher=tiny_folder, context=TeacherContext.privileged, steps=1,
-                              invocations_per_step=8, lr=1e-3, rl_weight=1.0, out=str(tmp_path / "ckpt"),
-                              oversize=Oversize.skip),
+        distill=DistillConfig(student=tiny_folder, out=str(tmp_path / "ckpt"), teacher=dict(model=tiny_folder, context=TeacherContext.privileged), loss=dict(rl_weight=1.0), optim=dict(steps=1, lr=1e-3), batch=dict(invocations_per_step=8, oversize=Oversize.skip)),
     )
     _, (round_one,) = run_train(sqlite_store, config)
     with sqlite_store.session() as s:

@@ -316,8 +316,7 @@ def test_an_oracle_log_run_trains_by_sft(sqlite_store, tmp_path):
     run_id = run_rollout(sqlite_store, config).run_id
     calls = select(sqlite_store, [run_id]).invocations
     assert {i.kind for i in calls} == {"log_note", "log_search", "answer"}
-    result = run_sft(sqlite_store, SftConfig(run_ids=[run_id], student=folder, steps=3, invocations_per_step=64,
-                                             lr=1e-3, out=str(tmp_path / "ckpt")))
+    result = run_sft(sqlite_store, SftConfig(run_ids=[run_id], student=folder, out=str(tmp_path / "ckpt"), optim=dict(steps=3, lr=1e-3), batch=dict(invocations_per_step=64)))
     losses = [h.loss for h in result.history]
     assert result.history[0].metrics["actions"] == sum(i.output_tokens for i in calls)  # notes, queries, answers
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]

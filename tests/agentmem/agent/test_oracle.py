@@ -267,8 +267,7 @@ def test_distill_with_rl_on_an_oracle_run_fails_before_loading_models(oracle_run
 
     monkeypatch.setattr(distill_job, "load_models", no_load)
     monkeypatch.setattr(distill_job, "resolve_models", no_load)
-    config = DistillConfig(run_ids=[run_id[:8]], student=folder, teacher=None, kd_weight=0, rl_weight=1.0,
-                           out=str(tmp_path))
+    config = DistillConfig(run_ids=[run_id[:8]], student=folder, out=str(tmp_path), teacher=dict(model=None), loss=dict(kd_weight=0, rl_weight=1.0))
     with pytest.raises(ConfigError, match=f"run {run_id} is an oracle rollout.*--rl none"):
         distill_job.run_distill(store, config)
     with store.session() as s:
@@ -281,8 +280,7 @@ def test_cross_entropy_trains_on_an_oracle_run(oracle_run, tmp_path):
     student = tiny_llama(seed=0).train()
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     models = Models(student, tok, register_policy(store, folder, "tiny"))
-    config = DistillConfig(run_ids=[run_id], student=folder, teacher=None, kd_weight=0, rl="none", ce_weight=1.0,
-                           steps=1, invocations_per_step=4, lr=1e-3, out=str(tmp_path))
+    config = DistillConfig(run_ids=[run_id], student=folder, out=str(tmp_path), teacher=dict(model=None), loss=dict(kd_weight=0, ce_weight=1.0), rl=dict(kind="none"), optim=dict(steps=1, lr=1e-3), batch=dict(invocations_per_step=4))
     result = distill_job.run_distill(store, config, models=models)
     (step,) = result.history
     assert math.isfinite(step.loss) and step.loss > 0 and step.tokens > 0 and step.rl_loss == 0

@@ -281,8 +281,7 @@ def test_duomem_lora_sft_on_successful_teacher_episodes_combines_with_memories(s
     teacher = teacher_rollout(sqlite_store, tok)
     built = build_memories(sqlite_store, MemoriesConfig(run=teacher.run_id))
     folder = save_tiny(tmp_path / "tiny")
-    sft = run_sft(sqlite_store, SftConfig(run_ids=[teacher.run_id], student=folder, min_f1=1.0, lora_rank=2, steps=1,
-                                          invocations_per_step=64, out=str(tmp_path / "ckpt")))
+    sft = run_sft(sqlite_store, SftConfig(run_ids=[teacher.run_id], student=folder, min_f1=1.0, lora_rank=2, out=str(tmp_path / "ckpt"), optim=dict(steps=1), batch=dict(invocations_per_step=64)))
     good = [e for e in teacher.episodes if e.f1 == 1.0]
     with sqlite_store.session() as s:
         n_good = sum(len(repo.episode_invocations(s, e.id)) for e in good)

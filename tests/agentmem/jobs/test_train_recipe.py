@@ -46,8 +46,7 @@ def test_rounds_share_one_schedule():
 
 def test_distill_steps_follow_the_schedule_and_record_the_lr(rolled, tmp_path):  # noqa: F811
     store, run_id, policy = rolled
-    cfg = config(run_id, tmp_path, steps=3, lr=1e-3, warmup_steps=1, schedule="cosine", schedule_offset=2,
-                 schedule_steps=6)
+    cfg = config(run_id, tmp_path, optim=dict(steps=3, lr=1e-3, warmup_steps=1, schedule="cosine", schedule_offset=2, schedule_steps=6))
     result = run_distill(store, cfg, models=models(policy))
     expected = [lr_at(2 + s, 1e-3, 6, 1, LrSchedule.cosine, 0.1) for s in range(3)]
     assert [s.lr for s in result.history] == pytest.approx(expected)
@@ -57,7 +56,7 @@ def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # 
     """A job started from a checkpoint with ``carry_optimizer`` loads the checkpoint's AdamW state: its step
     differs in every tensor from the same job with a fresh optimizer."""
     store, run_id, policy = rolled
-    one = run_distill(store, config(run_id, tmp_path / "a", steps=2, save_every=1, keep_optimizer=True),
+    one = run_distill(store, config(run_id, tmp_path / "a", save_every=1, keep_optimizer=True, optim=dict(steps=2)),
                       models=models(policy))
     with store.session() as s:
         ckpts = repo.list_checkpoints(s, one.run_id)
@@ -70,7 +69,7 @@ def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # 
         student = AutoModelForCausalLM.from_pretrained(ckpts[-1].path).train()  # the last keeps its AdamW state
         m = models(policy)
         m = Models(student, m.tokenizer, ckpts[-1], m.teacher, m.teacher_tokenizer)
-        cfg = config(run_id, tmp_path / f"b{carry}", steps=1, carry_optimizer=carry)
+        cfg = config(run_id, tmp_path / f"b{carry}", optim=dict(steps=1, carry_optimizer=carry))
         run_distill(store, cfg, models=m)
         results[carry] = {n: p.detach().clone() for n, p in student.named_parameters()}
     # both take one step from the same weights on the same calls; only the carried one uses AdamW's moments
@@ -126,9 +125,9 @@ def test_carry_without_first_moment_moves_by_the_new_gradients_alone(tmp_path):
 def test_first_moment_choice_reaches_the_trainer_and_concerns_round_one():
     from agentmem.config import SftConfig
 
-    sft = SftConfig(run_ids=["r"], student="s", carry_optimizer=True, carry_first_moment=False)
+    sft = SftConfig(run_ids=["r"], student="s", optim=dict(carry_optimizer=True, carry_first_moment=False))
     assert sft.distill_config().optim.carry_first_moment is False
-    # the loop's default: round 1 takes the warm start's (or --init's) scale without its first moment; later
+    # the loop's default: round 1 takes the warm start's (or --student's) scale without its first moment; later
     # rounds carry their own round's moments
     loop = TrainConfig(rounds=3)
     assert loop.distill.optim.carry_optimizer and not loop.distill.optim.carry_first_moment
@@ -159,7 +158,7 @@ def test_mixed_precision_distils_float32_weights_close_to_the_float32_step(rolle
     for mixed in (False, True):
         m = models(policy)
         before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
-        cfg = config(run_id, tmp_path / str(mixed), steps=1, lr=1e-4, mixed_precision=mixed)
+        cfg = config(run_id, tmp_path / str(mixed), mixed_precision=mixed, optim=dict(steps=1, lr=1e-4))
         steps[mixed] = run_distill(store, cfg, models=m).history[0]
         assert all(p.dtype == torch.float32 for p in m.student.parameters())
         moves[mixed] = torch.cat([(p.detach() - before[n]).flatten() for n, p in m.student.named_parameters()])
@@ -202,7 +201,7 @@ def test_each_step_logs_its_dynamics(rolled, tmp_path):  # noqa: F811
 
     m = Models(m.student, m.tokenizer, m.student_checkpoint, m.teacher, m.teacher_tokenizer,
                reference=models(policy).student.requires_grad_(False))
-    result = run_distill(store, config(run_id, tmp_path, steps=1, invocations_per_step=100, monitor_start_kl=True),
+    result = run_distill(store, config(run_id, tmp_path, monitor_start_kl=True, optim=dict(steps=1), batch=dict(invocations_per_step=100)),
                          models=m)
     (step,) = result.history
     with store.session() as s:
@@ -293,9 +292,8 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
     oracle = run_rollout(sqlite_store, RolloutConfig(model=folder, policy="oracle", env_knobs={"level": 1},
                                                      chunk_tokens=48, episodes=3,
                                                      agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=4)))
-    config = tiny_train(folder, tmp_path, carry_optimizer=True, keep_optimizer=True)  # the last keeps its state
-    config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], steps=2, invocations_per_step=4,
-                                                               lr=1e-3, out="ignored"),
+    config = tiny_train(folder, tmp_path, optim=dict(carry_optimizer=True), keep_optimizer=True)  # the last keeps its state
+    config = config.model_copy(update={"warm_start": SftConfig(run_ids=[oracle.run_id], out="ignored", optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4)),
                                        "teacher_check_episodes": 0})
 
     class Killed(Exception):
@@ -342,7 +340,7 @@ def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):  # no
         for ep in repo.list_episodes(s, run_id):
             repo.update_episode(s, ep.model_copy(update={"reward": 0.5, "f1": 0.5}))
         s.commit()
-    result = run_distill(store, config(run_id, tmp_path, steps=1, invocations_per_step=100), models=models(policy))
+    result = run_distill(store, config(run_id, tmp_path, optim=dict(steps=1), batch=dict(invocations_per_step=100)), models=models(policy))
     (step,) = result.history
     assert (step.metrics["rl_groups"], step.metrics["rl_groups_live"], step.metrics["rl_live_fraction"]) == (2, 0, 0)
     (warning,) = [w for w in round_warnings(result.history, rl_on=True) if "RL term" in w]

@@ -131,8 +131,7 @@ def test_distill_on_a_replay_run_runs_two_steps(store, tmp_path):
     stored prompt: `distill --run REPLAY --rl none` unchanged."""
     teacher_run = teacher_rollout(store)
     _, _, policy, result = replay(store, teacher_run)
-    config = DistillConfig(run_ids=[result.run_id], steps=2, invocations_per_step=4, lr=1e-3, rl="none",
-                           out=str(tmp_path))
+    config = DistillConfig(run_ids=[result.run_id], out=str(tmp_path), rl=dict(kind="none"), optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4))
     done = distill_job.run_distill(store, config, models=models(policy))
     with store.session() as s:
         steps = repo.list_train_steps(s, done.run_id)
@@ -204,7 +203,7 @@ def test_state_coverage_is_exact_on_a_constructed_example(sqlite_store):
 def test_rollout_replay_flags_reach_the_config(captured):
     runner = CliRunner()
     result = runner.invoke(app, ["rollout", "--replay-from", "abc123", "--kappa", "0.8", "--group-size", "4",
-                                 "--model", "m", "--seed", "2", "--temperature", "0.7", "--device", "cpu"])
+                                 "--model", "m", "--seed", "2", "--sample-temperature", "0.7", "--device", "cpu"])
     assert isinstance(result.exception, Called), result.output
     assert captured["replay"] == ReplayConfig(teacher_run="abc123", kappa=0.8, group_size=4, model="m", seed=2,
                                           temperature=0.7)

@@ -20,9 +20,10 @@ from agentmem.backends.shaping import Grammars
 from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.backends.types import SamplingParams
 from agentmem.backends.vllm_backend import guidance_backend, structured
+from agentmem.config import ServeConfig
 from agentmem.serve.constraints import json_grammar
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from store import repository as repo
 from store.repository import serve as serve_repo

@@ -18,11 +18,12 @@ import pytest
 from serve_helpers import running
 
 from agentmem.backends.types import Progress, SamplingParams
+from agentmem.config import ServeConfig
 from agentmem.records import FinishReason
 from agentmem.serve.engine_sampler import EngineSampler
 from agentmem.serve.recorder import episode_row_id
 from agentmem.serve.sampler import Job, Tokens
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 

@@ -24,8 +24,9 @@ from fastapi import FastAPI, Request
 from serve_helpers import free_port, running
 
 from agentmem.backends.transformers_backend import TransformersBackend
+from agentmem.config import ServeConfig
 from agentmem.errors import ConfigError
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 from store.engine import make_engine, open_store
@@ -160,11 +161,11 @@ def test_start_up_waits_for_an_upstream_and_health_reports_each(tmp_path, model_
     late, never = free_port(), free_port()
     urls = [f"http://127.0.0.1:{late}/v1", f"http://127.0.0.1:{never}/v1"]
     with pytest.raises(ConfigError, match=rf"no upstream answered within 0.2 s: {urls[0]}: .*; {urls[1]}: "):
-        build_server(_store(tmp_path / "none.db"), ServeConfig(model=model_dir, upstream=urls, upstream_wait_s=0.2))
+        build_server(_store(tmp_path / "none.db"), ServeConfig(model=model_dir, upstream=urls, upstream_wait=0.2))
     store = _store(tmp_path / "gw.db")
     built: list = []
     starting = threading.Thread(target=lambda: built.append(build_server(store, ServeConfig(
-        model=model_dir, upstream=urls, upstream_wait_s=60))))
+        model=model_dir, upstream=urls, upstream_wait=60))))
     starting.start()
     time.sleep(1.0)
     assert built == []  # still retrying: no upstream is up

@@ -16,7 +16,8 @@ from openai.types.chat import completion_create_params as chat_create_params
 from serve_helpers import running
 
 from agentmem.backends.types import SamplingParams
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.config import ServeConfig
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 from store.repository import serve as serve_repo

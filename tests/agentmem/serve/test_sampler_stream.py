@@ -14,10 +14,11 @@ from serve_helpers import running
 
 from agentmem.backends.transformers_backend import Step
 from agentmem.backends.types import Generation, SamplingParams
+from agentmem.config import ServeConfig
 from agentmem.records import FinishReason
 from agentmem.serve.formatting import LiveText
 from agentmem.serve.sampler import Tokens
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 

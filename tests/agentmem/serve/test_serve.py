@@ -20,11 +20,11 @@ import torch
 from fastapi.testclient import TestClient
 from serve_helpers import running
 
-from agentmem.config import ScoreConfig
+from agentmem.config import ScoreConfig, ServeConfig
 from agentmem.jobs.score import run_score
 from agentmem.records import EpisodeStatus, RunKind, TeacherContext
 from agentmem.serve.recorder import episode_row_id, serve_run_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer, tool_tokenizer
 from agentmem.view.app import create_app as create_view
 from store import repository as repo
@@ -578,9 +578,9 @@ def test_cli_refuses_bad_flags_with_one_line(tmp_path):
     zero = am("serve", "--max-n", "0", "--db", db)
     assert zero.returncode == 2 and "--max-n" in zero.stderr
     relay = am("serve", "--backend", "openai", "--db", db)
-    assert relay.returncode == 1 and relay.stderr.startswith("error: --backend") and "--upstream" in relay.stderr
+    assert relay.returncode == 2 and relay.stderr.startswith("error: --backend") and "--upstream" in relay.stderr
     template = am("serve", "--chat-template", str(tmp_path / "none.jinja"), "--db", db)
-    assert template.returncode == 1 and template.stderr.startswith("error: --chat-template")
+    assert template.returncode == 2 and template.stderr.startswith("error: --chat-template")
     assert "chatml_tools" in template.stderr and len(template.stderr.strip().splitlines()) == 1
 
 

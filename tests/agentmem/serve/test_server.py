@@ -19,11 +19,11 @@ import pytest
 import torch
 from serve_helpers import free_port, running
 
-from agentmem.config import ScoreConfig
+from agentmem.config import ScoreConfig, ServeConfig
 from agentmem.jobs.score import run_score
 from agentmem.records import EpisodeStatus, RunKind, TeacherContext
 from agentmem.serve.recorder import episode_row_id, serve_run_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 

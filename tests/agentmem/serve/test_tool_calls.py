@@ -12,9 +12,11 @@ from serve_helpers import running
 
 from agentmem.backends.model_files import DEFAULT_MODEL, default_cache_dir
 from agentmem.backends.scripted import ScriptedBackend
-from agentmem.serve.chat_template import TEMPLATES, load
+from agentmem.config import ServeConfig
+from agentmem.config.serve_config import TEMPLATES
+from agentmem.config.serve_config import load_template as load
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store import repository as repo
 from store.repository import serve as serve_repo

@@ -66,19 +66,18 @@ def test_objective_from_config_default_and_all_terms():
     default = objective_from_config(config())
     assert [(w, t.name) for w, t in default.terms] == [(1.0, "kd"), (1.0, "rl")]
     assert default.needs_teacher and not default.needs_reference
-    every = objective_from_config(config(kd_weight=0.5, rl_weight=2.0, ce_weight=0.1, anchor_weight=0.3,
-                                         temperature=2.0, weighting="call"))
+    every = objective_from_config(config(loss=dict(kd_weight=0.5, rl_weight=2.0, ce_weight=0.1, anchor_weight=0.3, temperature=2.0, weighting="call")))
     assert [(w, t.name) for w, t in every.terms] == [(0.5, "kd"), (2.0, "rl"), (0.1, "ce"), (0.3, "anchor")]
     assert every.needs_reference and every.weighting is Weighting.call
     assert every.terms[0][1].temperature == 2.0 and every.terms[3][1].temperature == 2.0
-    no_teacher = objective_from_config(config(teacher=None, rl="none", ce_weight=1.0))
+    no_teacher = objective_from_config(config(teacher=dict(model=None), loss=dict(ce_weight=1.0), rl=dict(kind="none")))
     assert [t.name for _, t in no_teacher.terms] == ["ce"] and not no_teacher.needs_teacher
 
 
 def test_stored_scores_support_reverse_kl_only():
     with pytest.raises(TrainingError, match="reverse_kl only"):
-        objective_from_config(config(teacher_source=TeacherSourceKind.scores, loss="forward_kl"))
-    assert objective_from_config(config(teacher_source=TeacherSourceKind.scores)).needs_teacher
+        objective_from_config(config(teacher=dict(source=TeacherSourceKind.scores), loss=dict(divergence="forward_kl")))
+    assert objective_from_config(config(teacher=dict(source=TeacherSourceKind.scores))).needs_teacher
 
 
 # -- terms by hand ---------------------------------------------------------------------------------
@@ -203,7 +202,7 @@ class ThreadReduce:
 @pytest.mark.parametrize("weighting", ["token", "call", "episode"])
 def test_a_step_split_over_two_processes_equals_one_process(weighting):
     seqs = sequences()
-    objective = objective_from_config(config(weighting=weighting, ce_weight=0.5, kd_weight=0.7))
+    objective = objective_from_config(config(loss=dict(weighting=weighting, ce_weight=0.5, kd_weight=0.7)))
     teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
     single, single_grads = one_step(seqs, objective, teacher_targets=teacher)
     assert single.global_actions == sum(o for _, o in SHAPES)
@@ -264,7 +263,7 @@ def test_every_term_reports_its_value_in_the_metrics_first():
 
 def test_weights_do_not_depend_on_packing():
     seqs = sequences()
-    objective = objective_from_config(config(weighting="episode", teacher=None, ce_weight=1.0))
+    objective = objective_from_config(config(teacher=dict(model=None), loss=dict(weighting="episode", ce_weight=1.0)))
     a, ga = one_step(seqs, objective, row_tokens=4096)
     b, gb = one_step(seqs, objective, row_tokens=30)
     assert a.loss == pytest.approx(b.loss, abs=1e-6)
@@ -273,7 +272,7 @@ def test_weights_do_not_depend_on_packing():
 
 
 def test_an_empty_process_still_joins_the_all_reduce():
-    objective = objective_from_config(config(teacher=None, ce_weight=1.0))
+    objective = objective_from_config(config(teacher=dict(model=None), loss=dict(ce_weight=1.0)))
     calls = []
     runtime = Runtime().with_reduce(lambda v: calls.append(v.clone()) or v)
     result, grads = one_step([], objective, runtime)
@@ -295,7 +294,7 @@ def float64_batch(n: int = 5, vocab: int = 7, seed: int = 5) -> MicroBatch:
 
 
 def barycenter_term(temperature: float = 1.0, **kw) -> DistillTerm:
-    cfg = config(target="barycenter", alpha_tau=0.2, alpha_topk=3, temperature=temperature, **kw)
+    cfg = config(**kw, loss=dict(target="barycenter", alpha_tau=0.2, alpha_topk=3, temperature=temperature))
     return objective_from_config(cfg).terms[0][1]
 
 
@@ -355,7 +354,7 @@ def test_barycenter_is_pluggable_clamped_and_smoothed():
     log_ps, log_pt = torch.log_softmax(mb.logits.detach(), -1), torch.log_softmax(mb.teacher, -1)
     torch.testing.assert_close(got.logprobs, torch.log_softmax(0.6 * log_pt + 0.4 * log_ps, -1))
 
-    objective = objective_from_config(config(target="barycenter", alpha_ema=0.9))
+    objective = objective_from_config(config(loss=dict(target="barycenter", alpha_ema=0.9)))
     term = objective.terms[0][1]
     assert objective.alpha_ema is term.barycenter.ema and objective.state_dict() == {}
     assert "alpha_raw_mean" in term(float64_batch()).metrics
@@ -365,7 +364,7 @@ def test_barycenter_is_pluggable_clamped_and_smoothed():
     assert objective.alpha_ema.value == pytest.approx(0.9 * 0.5 + 0.1 * 0.3)
     objective.end_step({})  # a step without action tokens leaves it
     state = objective.state_dict()
-    fresh = objective_from_config(config(target="barycenter", alpha_ema=0.9))
+    fresh = objective_from_config(config(loss=dict(target="barycenter", alpha_ema=0.9)))
     fresh.load_state_dict(state)
     assert fresh.alpha_ema.value == objective.alpha_ema.value == state["alpha_ema"]
 
@@ -373,8 +372,8 @@ def test_barycenter_is_pluggable_clamped_and_smoothed():
 @pytest.mark.parametrize("loss", ["reverse_kl", "forward_kl", "jsd"])
 @pytest.mark.parametrize("target", ["teacher", "barycenter"])
 def test_jsd_clip_caps_each_token_and_drops_its_gradient(loss, target):
-    cfg = {"loss": loss, "beta": 0.3, "target": target} | ({"alpha_tau": 0.05} if target == "barycenter" else {})
-    plain = objective_from_config(config(**cfg)).terms[0][1]
+    cfg = {"divergence": loss, "beta": 0.3, "target": target} | ({"alpha_tau": 0.05} if target == "barycenter" else {})
+    plain = objective_from_config(config(loss=cfg)).terms[0][1]
     mb = float64_batch(n=8)
     per_token = []
     for i in range(8):  # the unclipped per-token divergence, one token at a time
@@ -384,7 +383,7 @@ def test_jsd_clip_caps_each_token_and_drops_its_gradient(loss, target):
         per_token.append(plain(one).loss.item())
     clip = sorted(per_token)[4]  # about half the tokens above the cap
     over = torch.tensor(per_token) > clip
-    term = objective_from_config(config(jsd_clip=clip, **cfg)).terms[0][1]
+    term = objective_from_config(config(loss=dict(**cfg, jsd_clip=clip))).terms[0][1]
     value = term(mb)
     capped = torch.tensor([min(d, clip) for d in per_token], dtype=torch.float64)
     assert value.loss.item() == pytest.approx(float((mb.weights * capped).sum()), abs=1e-12)
@@ -434,8 +433,8 @@ def test_teacher_temperature_needs_full_vocabulary_targets():
     with pytest.raises(TrainingError, match="full distribution"):
         DistillTerm(teacher_temperature=0.5)(micro_batch(teacher=torch.full((4,), -1.0)))
     with pytest.raises(ValueError, match=r"teacher\.source=scores stores only"):
-        config(teacher_source=TeacherSourceKind.scores, teacher_temperature=0.5)
-    assert objective_from_config(config(teacher_temperature=0.5)).terms[0][1].teacher_temperature == 0.5
+        config(teacher=dict(source=TeacherSourceKind.scores, temperature=0.5))
+    assert objective_from_config(config(teacher=dict(temperature=0.5))).terms[0][1].teacher_temperature == 0.5
 
 
 # -- distilling only where the teacher is decided ---------------------------------------------------
@@ -466,10 +465,10 @@ def test_min_confidence_needs_full_vocabulary_targets_and_comes_from_the_config(
     with pytest.raises(TrainingError, match="full distribution"):
         DistillTerm(min_confidence=0.5)(micro_batch(teacher=torch.full((4,), -1.0)))
     with pytest.raises(ValueError, match=r"teacher\.min_confidence=0.5 reads the teacher's full distribution"):
-        config(teacher_source=TeacherSourceKind.scores, teacher_min_confidence=0.5)
+        config(teacher=dict(source=TeacherSourceKind.scores, min_confidence=0.5))
     with pytest.raises(ValueError, match="less than 1"):
-        config(teacher_min_confidence=1.0)
-    assert objective_from_config(config(teacher_min_confidence=0.6)).terms[0][1].min_confidence == 0.6
+        config(teacher=dict(min_confidence=1.0))
+    assert objective_from_config(config(teacher=dict(min_confidence=0.6))).terms[0][1].min_confidence == 0.6
 
 
 # -- centring the teacher's push at first tokens (a group baseline) ---------------------------------------
@@ -540,7 +539,7 @@ def test_centering_removes_each_kinds_mean_push_at_first_tokens_only(loss):
 def test_centering_does_not_depend_on_packing_and_adds_up_over_processes():
     seqs = sequences()
     teacher = targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs)
-    objective = objective_from_config(config(loss="forward_kl", teacher_centering="first_token", rl_weight=0.0))
+    objective = objective_from_config(config(loss=dict(divergence="forward_kl", teacher_centering="first_token", rl_weight=0.0)))
     one_row, g_one = one_step(seqs, objective, row_tokens=4096, teacher_targets=teacher, center_group_of=GROUP_OF)
     many, g_many = one_step(seqs, objective, row_tokens=30, teacher_targets=teacher, center_group_of=GROUP_OF)
     assert many.metrics["kd_shared_fraction"] == pytest.approx(one_row.metrics["kd_shared_fraction"], abs=1e-6)
@@ -580,24 +579,24 @@ def test_a_group_of_one_call_is_all_shared_and_loses_its_first_token_push():
 
 
 def test_centering_comes_from_the_config_and_needs_a_full_teacher():
-    objective = objective_from_config(config(teacher_centering="first_token"))
+    objective = objective_from_config(config(loss=dict(teacher_centering="first_token")))
     term = objective.terms[0][1]
     assert isinstance(term, DistillTerm) and term.centered and objective.centered is term
     assert objective_from_config(config()).centered is None
     assert config().loss.teacher_centering is TeacherCentering.none
     with pytest.raises(ValueError, match="teacher_centering=first_token reads the teacher's full distribution"):
-        config(teacher_source=TeacherSourceKind.scores, teacher_centering="first_token")
+        config(teacher=dict(source=TeacherSourceKind.scores), loss=dict(teacher_centering="first_token"))
     with pytest.raises(ValueError, match="target=barycenter builds its target from the student"):
-        config(teacher_centering="first_token", target="barycenter")
+        config(loss=dict(teacher_centering="first_token", target="barycenter"))
     with pytest.raises(ValueError, match=r"needs a teacher and loss\.kd_weight > 0"):
-        config(teacher_centering="first_token", kd_weight=0.0)
+        config(loss=dict(teacher_centering="first_token", kd_weight=0.0))
     with pytest.raises(TrainingError, match="full distribution"):
         DistillTerm(centered=True)(micro_batch(teacher=torch.full((4,), -1.0)))
     with pytest.raises(TrainingError, match="no group means"):
         DistillTerm(centered=True)(micro_batch(teacher=torch.zeros(4, 6)))
     seqs = sequences()
     with pytest.raises(TrainingError, match="needs each call's group"):
-        one_step(seqs, objective_from_config(config(teacher_centering="first_token")),
+        one_step(seqs, objective_from_config(config(loss=dict(teacher_centering="first_token"))),
                  teacher_targets=targets(PackedModel(tiny_llama(seed=1), VOCAB, 0), seqs))
 
 

@@ -10,6 +10,7 @@ import torch
 from pydantic import ValidationError
 
 from agentmem.config import DistillConfig, KdForm, RLKind, TeacherCentering
+from agentmem.testing.configs import merged
 from agentmem.training.terms import MicroBatch, PolicyGradientTerm, objective_from_config
 
 
@@ -47,14 +48,15 @@ def test_without_teacher_log_probs_the_advantage_form_is_refused():
 
 
 def test_the_config_picks_the_form_and_the_objective_follows():
-    base = {"run_ids": ["r"], "teacher": "t", "rl": RLKind.grpo, "kd_weight": 0.3}
+    base = {"run_ids": ["r"], "teacher": {"model": "t"}, "rl": {"kind": RLKind.grpo}, "loss": {"kd_weight": 0.3}}
     additive = objective_from_config(DistillConfig(**base))
     assert [t.name for _, t in additive.terms] == ["kd", "rl"]
-    advantage = objective_from_config(DistillConfig(**base, kd_form=KdForm.advantage))
+    advantage = objective_from_config(DistillConfig(**merged(base, {"loss": dict(kd_form=KdForm.advantage)})))
     ((weight, term),) = advantage.terms
     assert (term.name, weight, term.teacher_coef, term.needs_teacher) == ("rl", 1.0, 0.3, True)
     assert advantage.needs_teacher
     with pytest.raises(ValidationError, match="needs a teacher, kd_weight > 0, rl.kind=grpo and rl_weight > 0"):
-        DistillConfig(**{**base, "rl": RLKind.none}, kd_form=KdForm.advantage)
+        DistillConfig(**merged(base, {"rl": {"kind": RLKind.none}, "loss": dict(kd_form=KdForm.advantage)}))
     with pytest.raises(ValidationError, match="no distillation term to centre"):
-        DistillConfig(**base, kd_form=KdForm.advantage, teacher_centering=TeacherCentering.first_token)
+        DistillConfig(**merged(base, {"loss": dict(kd_form=KdForm.advantage,
+                                                   teacher_centering=TeacherCentering.first_token)}))

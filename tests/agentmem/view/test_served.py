@@ -13,9 +13,10 @@ from fastapi.testclient import TestClient
 from serve_helpers import running
 
 from agentmem.backends.scripted import ScriptedBackend
+from agentmem.config import ServeConfig
 from agentmem.records import Episode, Invocation, InvocationKind, ServeCall
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import tiny_tokenizer
 from agentmem.view import served
 from agentmem.view.app import create_app

@@ -277,7 +277,7 @@ def test_rollout_with_two_workers_stores_the_calls_of_one(tmp_path):
     model = save_tiny(tmp_path / "tiny")
     env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
     args = ["rollout", "--model", model, "--episodes", "3", "--group-size", "2", "--chunk-tokens", "48",
-            "--memory-tokens", "12", "--answer-tokens", "6", "--batch", "1", "--temperature", "0",
+            "--memory-tokens", "12", "--answer-tokens", "6", "--batch", "1", "--sample-temperature", "0",
             "--knob", "context_tokens=120", "--knob", "distractors=1", "--threads", "1"]
     calls = {}
     for n in (1, 2):

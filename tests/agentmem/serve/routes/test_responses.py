@@ -16,9 +16,10 @@ from openai.types.responses import response_create_params
 from serve_helpers import running
 
 from agentmem.backends.scripted import ScriptedBackend
-from agentmem.serve.chat_template import load
+from agentmem.config import ServeConfig
+from agentmem.config.serve_config import load_template as load
 from agentmem.serve.recorder import episode_row_id
-from agentmem.serve.server import ServeConfig, build_server
+from agentmem.serve.server import build_server
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from store import repository as repo
 from store.repository import serve as serve_repo
