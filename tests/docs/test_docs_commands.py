@@ -36,7 +36,7 @@ from fixtures_envs import write_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 # the docs and, for a doc whose other sections are not a user's first commands, its quick-start section
-DOCS = {"README.md": None, "docs/serve.md": "From a fresh clone", "docs/workers.md": "Running",
+DOCS = {"README.md": None, "docs/cli.md": None, "docs/serve.md": "From a fresh clone", "docs/workers.md": "Running",
         "docs/learning.md": "Reproduce"}
 MARK = re.compile(r"<!--\s*docs-test:\s*(smoke|skip:\s*(.+?))\s*-->")
 SMOKE_CUTS = [

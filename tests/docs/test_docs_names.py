@@ -99,7 +99,13 @@ def test_named_flags_exist_somewhere():
     assert wrong == []
 
 
-def config_keys() -> set[str]:
+CONFIGS = ("RolloutConfig", "EvalConfig", "ReplayConfig", "ScoreConfig", "DistillConfig", "SftConfig", "TrainConfig",
+           "ServeConfig", "MemoriesConfig", "AgentConfig", "WarmStartConfig")
+
+
+def config_keys(prefix_class: bool = False) -> set[str]:
+    """The dotted keys of every job's config (``optim.lr``), or with ``prefix_class`` each config class's
+    (``DistillConfig.optim.lr``)."""
     from agentmem import config
 
     keys: set[str] = set()
@@ -112,10 +118,8 @@ def config_keys() -> set[str]:
                 if isinstance(sub, type) and issubclass(sub, pydantic.BaseModel):
                     walk(sub, f"{prefix}{name}.")
 
-    for cls in (config.RolloutConfig, config.EvalConfig, config.ReplayConfig, config.ScoreConfig,
-                config.DistillConfig, config.SftConfig, config.TrainConfig, config.ServeConfig,
-                config.MemoriesConfig):
-        walk(cls, "")
+    for name in CONFIGS:
+        walk(getattr(config, name), f"{name}." if prefix_class else "")
     return keys
 
 
@@ -160,8 +164,11 @@ def test_named_commands_and_flags_exist():
 
 
 def test_named_config_keys_exist():
-    keys = config_keys()
+    from agentmem import config
+
+    keys, class_keys = config_keys(), config_keys(prefix_class=True)
     sections = {k.split(".")[0] for k in keys if "." in k}
+    field = re.compile(rf"^((?:{'|'.join(CONFIGS)})\.[a-z_][\w.]*)$")
     wrong = []
     for doc in DOCS:
         spans, _ = texts(doc)
@@ -169,4 +176,8 @@ def test_named_config_keys_exist():
             for key in re.findall(r"^([a-z_]+(?:\.[a-z_]+)+)$", span.strip()):
                 if key.split(".")[0] in sections and key not in keys:
                     wrong.append(f"{doc}: no config key {key}")
+            for key in field.findall(span.strip()):
+                cls, _, attr = key.partition(".")
+                if key not in class_keys and not callable(getattr(getattr(config, cls), attr, None)):  # a method
+                    wrong.append(f"{doc}: no config field {key}")
     assert wrong == []
