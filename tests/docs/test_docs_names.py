@@ -181,3 +181,10 @@ def test_named_config_keys_exist():
                 if key not in class_keys and not callable(getattr(getattr(config, cls), attr, None)):  # a method
                     wrong.append(f"{doc}: no config field {key}")
     assert wrong == []
+
+
+def test_a_wrong_command_or_flag_is_found():
+    path, flags, first, _ = invocations("agentmem config show train [--bogus N] --lr 1e-5")[0]
+    assert path == ("config", "show", "train") and flags == ["--bogus", "--lr"]
+    assert "--lr" in commands()[path] and "--bogus" not in commands()[path]
+    assert invocations("agentmem rolout --episodes 2")[0][:3] == ((), ["--episodes"], "rolout")
