@@ -41,7 +41,7 @@ def with_ray(workers: int, address: str | None, gpus: float, cpus: float, config
     episodes and work them with ``workers`` Ray actors; nothing is written when a check fails."""
     from agentmem.errors import RunError
     from agentmem.jobs import ray_rollout
-    from agentmem.jobs.rollout import LeaseTerms, RolloutResult, create_rollout
+    from agentmem.jobs.rollout import LeaseTerms, create_rollout
     from cli.common import runtime, setup_logging
     from cli.job_session import print_run_id
     from cli.rollout import _summary
@@ -69,4 +69,4 @@ def with_ray(workers: int, address: str | None, gpus: float, cpus: float, config
     if left:
         raise RunError(f"run {run_id}: {left} episodes are still running: finish it with "
                        f"`agentmem worker --run {run_id}`")
-    _summary(RolloutResult(run_id=run_id, episodes=episodes, resumed_episodes=0, policy=None), db)
+    _summary(run_id, episodes, db)

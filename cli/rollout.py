@@ -67,9 +67,8 @@ def rollout(ctx: typer.Context, replay_from: ReplayFromOption = None,
     if workers > 1:
         return _with_workers(workers, config, resume, db=db, device=device, threads=threads)
     result = _run(config, resume, device, threads, db, plan)
-    _summary(result, db)
-    ran = config if config is not None else _stored_config(result.run_id, db)  # a resumed run's own config
-    if ran.model == "default" and ran.policy is PolicySource.model:
+    _summary(result.run_id, result.episodes, db)
+    if result.config.model == "default" and result.config.policy is PolicySource.model:  # a resumed run's own
         typer.echo(UNTRAINED_NOTE)
 
 
@@ -109,18 +108,18 @@ def summary_query(run_id: str) -> str:
             f"where run_id = '{run_id}'")
 
 
-def _summary(result, db: str | None = None) -> None:
+def _summary(run_id: str, eps, db: str | None = None) -> None:
+    """The run's table of episodes by status and their mean scores, then the query that inspects them."""
     from rich.table import Table
 
     from cli.console import console
 
-    eps = result.episodes
     done = [e for e in eps if e.f1 is not None]
 
     def mean(xs):
         return sum(xs) / len(xs) if xs else float("nan")
 
-    table = Table(title=f"run {result.run_id}")
+    table = Table(title=f"run {run_id}")
     for col in ("episodes", "answered", "truncated", "failed", "F1", "EM", "substring EM"):
         table.add_column(col, justify="right")
     by = {s: sum(1 for e in eps if e.status.value == s) for s in ("answered", "truncated", "failed")}
@@ -128,13 +127,13 @@ def _summary(result, db: str | None = None) -> None:
                   f"{mean([e.f1 for e in done]):.3f}", f"{mean([e.em for e in done]):.3f}",
                   f"{mean([e.sub_em for e in done]):.3f}")
     console().print(table)
-    typer.echo(f"inspect: {sql_command(summary_query(result.run_id), db)}")
+    typer.echo(f"inspect: {sql_command(summary_query(run_id), db)}")
 
 
 def _with_workers(n: int, config, resume: str | None, *, db: str | None, device: Device, threads: int | None) -> None:
     """``rollout --workers N``: the run and its episodes are written here, the calls by N local workers."""
     from agentmem.errors import RunError
-    from agentmem.jobs.rollout import LeaseTerms, RolloutResult, create_rollout
+    from agentmem.jobs.rollout import LeaseTerms, create_rollout
     from cli.common import runtime, setup_logging
     from cli.job_session import print_run_id
     from cli.worker import start_workers
@@ -156,7 +155,7 @@ def _with_workers(n: int, config, resume: str | None, *, db: str | None, device:
         failed = sum(1 for c in codes if c)
         raise RunError(f"run {run_id}: {failed} of {n} workers failed and {left} episodes are still running: "
                        f"finish it with `agentmem worker --run {run_id}`")
-    _summary(RolloutResult(run_id=run_id, episodes=episodes, resumed_episodes=0, policy=None), db)
+    _summary(run_id, episodes, db)
 
 
 # What a replay takes from the rollout flags (ReplayConfig field <- RolloutConfig path); any other does not apply.

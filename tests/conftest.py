@@ -117,6 +117,30 @@ def sqlite_store(tmp_path):
 
 
 @pytest.fixture
+def stored(sqlite_store, tmp_path):
+    """(store, run id, tiny student folder): a scripted rollout with F1 0, 0.8, 0, 0.8, for the SFT job's tests."""
+    from job_fixtures import sft_run
+
+    return sft_run(sqlite_store, tmp_path)
+
+
+@pytest.fixture
+def rolled(sqlite_store):
+    """(store, run id, policy): a sampled tiny-llama rollout with rewards 0 and 1, for the distill job's tests."""
+    from job_fixtures import distill_run
+
+    return distill_run(sqlite_store)
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    """(database URL, what was seeded, tokenizer folder): the viewer's store, written once, then only read."""
+    from view_helpers import seed_view
+
+    return seed_view(tmp_path_factory)
+
+
+@pytest.fixture
 def captured(monkeypatch) -> dict:
     """Every job the CLI starts patched to keep its config under the job's name here and raise
     ``helpers.Called``; no store is opened or checked."""

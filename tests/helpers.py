@@ -1,10 +1,41 @@
-"""Small helpers shared by tests that drive jobs with injected models."""
+"""Small helpers shared by tests that drive jobs with injected models: no torch at import time (the
+helpers that need a model are in ``model_helpers.py``, a job's small configs and stored runs in
+``job_fixtures.py``)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from agentmem.backends.scripted import ScriptedBackend
 from agentmem.model_refs import ModelRef, register
 from agentmem.records import Checkpoint
+from envs import load_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The synthetic task the job tests roll out: short, one distractor, one hop.
+SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
+
+# A rollout config exactly as runs stored it before ``prompt_layout`` existed and before SamplingContext.
+OLD_ROLLOUT = {
+    "env": "synthetic", "data": None, "env_knobs": {}, "model": "default", "policy": "model",
+    "backend": "transformers", "base_url": None, "dtype": "float32", "episodes": 2, "group_size": 1, "seed": 0,
+    "chunk_tokens": 512, "agent": {"memory_tokens": 256, "answer_max_new_tokens": 32, "max_chunks": None,
+                                   "temperature": 1.0, "top_p": 1.0, "memory_policy": "overwrite",
+                                   "memory_options": {}, "max_batch": 8, "seed": 0},
+    "context": "privileged",
+}
+
+
+def agentmem(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``agentmem ARGS`` run as a command (from the repository root unless ``cwd``), with no default
+    database, one torch thread and no debug tracebacks."""
+    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1", "AGENTMEM_DEBUG": ""}
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, env=env, timeout=120)
 
 
 def register_policy(store, path: str, base_model: str) -> Checkpoint:
@@ -65,3 +96,33 @@ def run_main(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
 
 class Called(Exception):
     """Raised by a job the ``captured`` fixture patched, with what it was given: the CLI got that far."""
+
+
+def user_content(inv) -> str:
+    """The user message of a stored prompt, cut out of its text by hand for ChatML."""
+    return inv.prompt_text.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>\n<|im_start|>assistant\n", 1)[0]
+
+
+def tiny_env(tok, **knobs):
+    """The synthetic environment of ``SYNTH`` (``knobs`` on top), counting tokens with ``tok``."""
+    return load_env("synthetic", seed=0, chunk_tokens=48,
+                    count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]), **(SYNTH | knobs))
+
+
+class LogprobBackend(ScriptedBackend):
+    """Scripted text; the route call's one token gets log-prob ``route_logprob(prompt text)``."""
+
+    def __init__(self, tokenizer, responses, route_logprob):
+        super().__init__(tokenizer, responses)
+        self.route_logprob = route_logprob
+
+    def generate(self, prompts, params):
+        gens = super().generate(prompts, params)
+        out = []
+        for prompt, gen in zip(prompts, gens, strict=True):
+            text = self.tokenizer.decode(prompt)
+            if "Reply yes or no." in text:
+                gen = type(gen)(gen.output_ids, [self.route_logprob(text)] * len(gen.output_ids),
+                                gen.finish_reason, gen.latency_s)
+            out.append(gen)
+        return out

@@ -148,6 +148,7 @@ class RolloutResult:
     episodes: list[Episode]
     resumed_episodes: int
     policy: Checkpoint | None  # the checkpoint that sampled; None for an oracle rollout
+    config: RolloutConfig  # what the run ran under: a resumed run's stored config
 
 
 def load_rollout_config(store: Store, run_id: str) -> tuple[str, RolloutConfig]:
@@ -380,7 +381,7 @@ def run_rollout(
                         on_start=on_start, on_round=on_round)
     with store.session() as s:
         final = repo.list_episodes(s, rid)
-    return RolloutResult(run_id=rid, episodes=final, resumed_episodes=work.resumed, policy=policy)
+    return RolloutResult(run_id=rid, episodes=final, resumed_episodes=work.resumed, policy=policy, config=config)
 
 
 def create_rollout(store: Store, config: RolloutConfig | None, *, resume: str | None = None,

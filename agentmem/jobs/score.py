@@ -17,7 +17,7 @@ from agentmem.agent.registry import check_kinds
 from agentmem.config import ScoreConfig
 from agentmem.errors import AgentmemError, ConfigError, TrainingError
 from agentmem.jobs.runs import check_runs, tracked_run
-from agentmem.records import RunKind, TeacherContext
+from agentmem.records import RunKind
 from agentmem.runtime import CPU, Runtime
 from store import repository as repo
 from store.engine import Store
@@ -78,7 +78,7 @@ def run_score(
         repo.check_stored_rows(s, config.run_ids)
     from agentmem.training.privileged_file import read_privileged, with_privileged
     from agentmem.training.scoring import ScoreProgress, Scorer, ScoreResult
-    from agentmem.training.selection import select, student_sequences, teacher_sequences
+    from agentmem.training.selection import select, student_sequences, teacher_selection, teacher_sequences
 
     privileged = read_privileged(config.privileged_file) if config.privileged_file else None
     if teacher is None:
@@ -96,14 +96,9 @@ def run_score(
         selection = select(store, config.run_ids, kinds=config.kinds)
         if privileged is not None:
             selection = with_privileged(selection, privileged)
-        not_chat = 0
-        if config.context is TeacherContext.persistent_chat:  # completions calls have no place in a chat
-            from agentmem.training.chat_history import chat_calls
-
-            selection, not_chat = chat_calls(selection, teacher.tokenizer)
-            if not_chat:
-                log.warning("persistent_chat: %d call(s) that are no chat turns (completions) are not scored",
-                            not_chat)
+        selection, not_chat = teacher_selection(selection, config.context, teacher.tokenizer)
+        if not_chat:  # persistent_chat: completions calls have no place in a chat
+            log.warning("persistent_chat: %d call(s) that are no chat turns (completions) are not scored", not_chat)
         with store.session() as s:
             done = repo.scored_invocation_ids(s, teacher.name, config.context)
         sequences = teacher_sequences(selection, config.context, teacher.tokenizer)

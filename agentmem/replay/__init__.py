@@ -9,6 +9,7 @@ from agentmem.replay.rebuild import (
     rebuild_persistent,
     rebuild_persistent_chat,
     rebuild_privileged,
+    teacher_calls,
 )
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "rebuild_persistent_chat",
     "rebuild_privileged",
     "shareable_prefix",
+    "teacher_calls",
     "truncate_left",
 ]

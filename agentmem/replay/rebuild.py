@@ -12,7 +12,7 @@ Invariants (see DESIGN.md, "state alignment"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
@@ -151,13 +151,34 @@ def rebuild_privileged(inv: Invocation, privileged_ids: Seq[int], *, at: int = 0
     return _sequence(inv, np.concatenate([prompt[:at], extra, prompt[at:]]))
 
 
+def teacher_calls(invocations: Iterable[Invocation], context: TeacherContext,
+                  is_chat_turn: Callable[[Invocation], bool]) -> tuple[list[Invocation], int]:
+    """(the calls a teacher under ``context`` reads, how many it leaves out). ``persistent_chat`` leaves out the
+    calls that are no chat turns (``is_chat_turn``: ``training.chat_history.chat_turns``), and the calls kept get
+    their step within what is kept (in memory only: scores are stored by invocation id), so each episode reads
+    as whole; every other context reads every call."""
+    invocations = list(invocations)
+    if TeacherContext(context) is not TeacherContext.persistent_chat:
+        return invocations, 0
+    kept: list[Invocation] = []
+    steps: dict[str, int] = {}
+    for inv in invocations:
+        if is_chat_turn(inv):
+            step = steps[inv.episode_id] = steps.get(inv.episode_id, -1) + 1
+            kept.append(inv if inv.step == step else type(inv).model_construct(
+                _fields_set=set(inv.model_fields_set), **{**inv.__dict__, "step": step}))
+    return kept, len(invocations) - len(kept)
+
+
 def rebuild(
     invocations: Iterable[Invocation],
     context: TeacherContext,
     *,
     privileged: Callable[[Invocation], Seq[int]] | None = None,
+    hint: Callable[[Invocation], Seq[int]] | None = None,
     privileged_at: int = 0,
     conversation: Conversation | None = None,
+    aligned_kinds: Collection[str] = (),
 ) -> Iterator[Sequence]:
     """Rebuild invocations, given in (episode, step) order, under one teacher context: the one place that
     branches on it (``training.selection`` passes every context's inputs; this picks what the context reads).
@@ -165,16 +186,21 @@ def rebuild(
     ``persistent`` and ``persistent_chat`` take each call's history from the calls seen before it in the
     same episode, so the iterable must hold every earlier call of an episode (a whole-episode selection;
     a missing step is a ``ReplayError``).
-    ``privileged`` and ``hint`` need ``privileged(inv)``: the ids to splice in at ``privileged_at`` (see
-    ``rebuild_privileged``; for ``hint``, the call's hint line, ``replay.privileged.hint_ids``); ``persistent_chat`` needs ``conversation(history, inv)`` (see
-    ``rebuild_persistent_chat``)."""
+    ``privileged`` needs ``privileged(inv)`` (the episode's privileged message) and ``hint`` needs ``hint(inv)``
+    (the call's hint line, ``replay.privileged.hint_ids``): the ids to splice in at ``privileged_at`` (see
+    ``rebuild_privileged``), except for a call sampled under that very splice, which reads its stored
+    ``privileged_ids`` (what the sampler read). ``persistent_chat`` needs ``conversation(history, inv)`` (see
+    ``rebuild_persistent_chat``). Calls whose ``str(kind)`` is in ``aligned_kinds`` are rebuilt ``aligned``
+    whatever the context (they stay in the history of the calls after them)."""
     context = TeacherContext(context)
-    if context in (TeacherContext.privileged, TeacherContext.hint) and privileged is None:
-        raise ReplayError(f"teacher context {context.value!r} needs the teacher's tokenizer (a privileged(inv) -> "
+    splice = {TeacherContext.privileged: privileged, TeacherContext.hint: hint}.get(context)
+    if context in (TeacherContext.privileged, TeacherContext.hint) and splice is None:
+        raise ReplayError(f"teacher context {context.value!r} needs the teacher's tokenizer (a {context.value}(inv) -> "
                           "token ids function)")
     if context is TeacherContext.persistent_chat and conversation is None:
         raise ReplayError("teacher context 'persistent_chat' needs the teacher's tokenizer (a "
                           "conversation(history, inv) -> token ids function)")
+    aligned = {str(k) for k in aligned_kinds}
     history: dict[str, list[Invocation]] = {}
     last_step: dict[str, int] = {}
     for inv in invocations:
@@ -188,8 +214,10 @@ def rebuild(
             raise ReplayError(f"teacher context {context.value!r} needs whole episodes: episode {inv.episode_id} has "
                               f"step {inv.step} without step {expected} in the selection (select all kinds)")
         last_step[inv.episode_id] = inv.step
-        if context is TeacherContext.aligned:
+        if context is TeacherContext.aligned or str(inv.kind) in aligned:
             yield rebuild_aligned(inv)
+            if context in (TeacherContext.persistent, TeacherContext.persistent_chat):
+                history.setdefault(inv.episode_id, []).append(inv)
         elif context is TeacherContext.persistent:
             earlier = history.setdefault(inv.episode_id, [])
             yield rebuild_persistent(earlier, inv)
@@ -199,6 +227,8 @@ def rebuild(
             earlier = history.setdefault(inv.episode_id, [])
             yield rebuild_persistent_chat(earlier, inv, conversation)
             earlier.append(inv)
+        elif inv.privileged_ids is not None and inv.sampled_context.value == context.value:
+            yield rebuild_privileged(inv, inv.privileged_ids.tolist(), at=privileged_at)  # what the sampler read
         else:
-            assert privileged is not None  # checked before the loop
-            yield rebuild_privileged(inv, privileged(inv), at=privileged_at)
+            assert splice is not None  # checked before the loop
+            yield rebuild_privileged(inv, splice(inv), at=privileged_at)

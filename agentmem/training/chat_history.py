@@ -26,15 +26,14 @@ rendered with call t's ``tools``. A one-turn call gives the same chat either way
 history in every call has that history twice here: ``aligned`` is its own full-history context.
 
 A served call that is no chat turn (a ``/v1/completions`` call whose prompt is not one ``[system?, user]``
-turn of the teacher's template) has no place in such a chat: ``chat_calls`` leaves it out of the selection,
+turn of the teacher's template) has no place in such a chat: ``replay.teacher_calls`` leaves it out of the selection (``chat_turns``),
 counted, and the later calls of its episode read the chat without it. agentmem's own calls always are chat
 turns: one that does not split is refused, as above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
@@ -137,16 +136,9 @@ class ChatHistory:
                             "teacher's chat template, so the persistent_chat context cannot rebuild its messages")
 
 
-def chat_calls(selection: Selection, tokenizer: PreTrainedTokenizerBase) -> tuple[Selection, int]:
-    """(``selection`` without the served calls that are no chat turns, how many were left out). The calls
-    kept get their step within what is kept (in memory only: scores are stored by invocation id), so each
-    episode reads as whole."""
+def chat_turns(selection: Selection, tokenizer: PreTrainedTokenizerBase) -> Callable[[Invocation], bool]:
+    """Whether a call of ``selection`` is a chat turn under ``tokenizer``'s template: every call outside the
+    served episodes, and a served call whose prompt splits into one (``replay.teacher_calls`` leaves the others
+    out of a ``persistent_chat`` teacher's selection)."""
     history = ChatHistory(tokenizer, selection.chats)
-    kept: list[Invocation] = []
-    steps: dict[str, int] = {}
-    for inv in selection.invocations:
-        if selection.episodes[inv.episode_id].env != SERVED or history.is_chat(inv):
-            step = steps[inv.episode_id] = steps.get(inv.episode_id, -1) + 1
-            kept.append(inv if inv.step == step else type(inv).model_construct(
-                _fields_set=set(inv.model_fields_set), **{**inv.__dict__, "step": step}))
-    return replace(selection, invocations=kept), len(selection.invocations) - len(kept)
+    return lambda inv: selection.episodes[inv.episode_id].env != SERVED or history.is_chat(inv)

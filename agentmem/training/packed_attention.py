@@ -28,7 +28,7 @@ gradients through it, which is the exact gradient of the per-call computation.
 
 Why not position ids alone: transformers infers packing from restarting ``position_ids`` only when no 2-D
 mask and no cache are given; ``use_cache`` defaults to True, and then segments silently attend to each
-other (``tests/test_packed_attention.py`` shows it).
+other (``tests/agentmem/training/test_packed_attention.py`` shows it).
 
 Logits are taken from the base model's hidden states through the output head at the rows needed only
 (``action_logits``): the full-vocabulary projection is never materialised at prompt positions. Models

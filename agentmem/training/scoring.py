@@ -63,7 +63,7 @@ class ScoreResult:
     fill: float
     teacher_truncated_calls: int = 0
     teacher_truncated_tokens: int = 0
-    not_chat: int = 0  # persistent_chat: calls left out, being no chat turns (training.chat_history.chat_calls)
+    not_chat: int = 0  # persistent_chat: calls left out, being no chat turns (replay.teacher_calls)
 
 
 @dataclass(frozen=True)

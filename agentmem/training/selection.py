@@ -15,22 +15,22 @@ rendered from their episode (``replay.privileged.privileged_ids``, the same func
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
 from agentmem.errors import TrainingError
-from agentmem.records import Episode, Invocation, InvocationKind, SamplingContext, ServeCall, TeacherContext
-from agentmem.replay import Sequence, rebuild
+from agentmem.records import Episode, Invocation, InvocationKind, ServeCall, TeacherContext
+from agentmem.replay import Sequence, rebuild, teacher_calls
 from agentmem.replay.privileged import hint_ids, privileged_ids
-from agentmem.training.chat_history import ChatHistory
+from agentmem.training.chat_history import ChatHistory, chat_turns
 from store import repository as repo
 from store.engine import Store
 from store.repository import serve as serve_repo
 
-__all__ = ["Selection", "select", "student_sequences", "teacher_sequences"]
+__all__ = ["Selection", "select", "student_sequences", "teacher_selection", "teacher_sequences"]
 
 
 @dataclass(frozen=True)
@@ -98,30 +98,37 @@ def select(
     return Selection(invocations, episodes, chats)
 
 
+def teacher_selection(selection: Selection, context: TeacherContext,
+                      tokenizer: PreTrainedTokenizerBase) -> tuple[Selection, int]:
+    """(the part of ``selection`` a teacher under ``context`` reads, how many calls it leaves out):
+    ``replay.teacher_calls`` decides, given which calls are chat turns under the teacher's ``tokenizer``."""
+    kept, left_out = teacher_calls(selection.invocations, context, chat_turns(selection, tokenizer))
+    return replace(selection, invocations=kept), left_out
+
+
 def teacher_sequences(
-    selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None
+    selection: Selection, context: TeacherContext, tokenizer: PreTrainedTokenizerBase | None = None, *,
+    aligned_kinds: Collection[str] = (),
 ) -> list[Sequence]:
-    """Rebuild the selection under ``context``. ``replay.rebuild`` branches on the context; this gives it
-    what any context may read: the privileged ids of each call (``hint``: its hint line) and the chat rendering
-    of a history, all with the teacher's ``tokenizer`` (without one, ``privileged``, ``hint`` and
-    ``persistent_chat`` are refused)."""
+    """Rebuild the selection under ``context``. ``replay.rebuild`` decides what the context reads; this gives it
+    everything any context may read: the privileged message of each call's episode, its hint line and the chat
+    rendering of a history, all with the teacher's ``tokenizer`` (without one, ``privileged``, ``hint`` and
+    ``persistent_chat`` are refused). Calls of ``aligned_kinds`` are rebuilt ``aligned`` whatever ``context``."""
     if tokenizer is None:
-        return _grouped(selection, rebuild(selection.invocations, context))
+        return _grouped(selection, rebuild(selection.invocations, context, aligned_kinds=aligned_kinds))
     cache: dict[str, list[int]] = {}
-    context = TeacherContext(context)
-    spliced = SamplingContext(context.value) if context.value in SamplingContext.__members__ else None
 
     def privileged(inv: Invocation) -> list[int]:
-        if inv.privileged_ids is not None and inv.sampled_context is spliced:  # what the sampler read
-            return inv.privileged_ids.tolist()
-        if context is TeacherContext.hint:
-            return hint_ids(tokenizer, selection.episodes[inv.episode_id].evidence, inv.chunk_text)
         if inv.episode_id not in cache:
             cache[inv.episode_id] = privileged_ids(tokenizer, selection.episodes[inv.episode_id])
         return cache[inv.episode_id]
 
-    return _grouped(selection, rebuild(selection.invocations, context, privileged=privileged,
-                                       conversation=ChatHistory(tokenizer, selection.chats)))
+    def hint(inv: Invocation) -> list[int]:
+        return hint_ids(tokenizer, selection.episodes[inv.episode_id].evidence, inv.chunk_text)
+
+    return _grouped(selection, rebuild(selection.invocations, context, privileged=privileged, hint=hint,
+                                       conversation=ChatHistory(tokenizer, selection.chats),
+                                       aligned_kinds=aligned_kinds))
 
 
 def student_sequences(selection: Selection) -> list[Sequence]:

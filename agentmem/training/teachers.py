@@ -92,12 +92,7 @@ class OnlineTeacher:
         """``aligned_kinds``: call kinds the teacher scores in the ``aligned`` context whatever ``context``
         is (a context effect measured on the other kinds alone). ``mixed_precision``: its decoder under
         bfloat16 autocast (``DistillConfig.mixed_precision``)."""
-        seqs = teacher_sequences(selection, context, tokenizer)
-        if aligned_kinds and TeacherContext(context) is not TeacherContext.aligned:
-            kinds = {str(k) for k in aligned_kinds}
-            mine = {i.id for i in selection.invocations if str(i.kind) in kinds}
-            own = {s.invocation_id: s for s in teacher_sequences(selection, TeacherContext.aligned, tokenizer)}
-            seqs = [own[s.invocation_id] if s.invocation_id in mine else s for s in seqs]
+        seqs = teacher_sequences(selection, context, tokenizer, aligned_kinds=aligned_kinds or ())
         return cls(PackedModel.create(model, tokenizer, path, runtime, mixed_precision), name,
                    {s.invocation_id: s for s in seqs}, row_tokens, TeacherTruncation(truncation), Packing(packing))
 

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_sft import am, sft_config, stored  # noqa: F401 (stored is a fixture)
+from helpers import agentmem
+from job_fixtures import sft_config
 
 from agentmem.errors import ConfigError
 from agentmem.jobs.sft import run_sft
@@ -99,7 +100,7 @@ READERS = {TrackerKind.tensorboard: lambda folder, rid: read_tensorboard(folder 
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=installed(k)) for k in TrackerKind])
-def test_sft_steps_reach_the_tracker_with_the_stored_values(stored, tmp_path, monkeypatch, kind):  # noqa: F811
+def test_sft_steps_reach_the_tracker_with_the_stored_values(stored, tmp_path, monkeypatch, kind):
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by default
     monkeypatch.setenv("WANDB_SILENT", "true")
     store, run_id, folder = stored
@@ -136,7 +137,7 @@ def test_report_to_parsing_and_scalars():
                                   "metrics/kd_loss": 0.5, "metrics/rl_loss": -0.25}
 
 
-def test_a_missing_tracker_fails_before_any_model_loads(stored, tmp_path, monkeypatch):  # noqa: F811
+def test_a_missing_tracker_fails_before_any_model_loads(stored, tmp_path, monkeypatch):
     store, run_id, folder = stored
 
     def no_load(*args, **kwargs):
@@ -153,9 +154,9 @@ def test_a_missing_tracker_fails_before_any_model_loads(stored, tmp_path, monkey
 
 def test_cli_report_to_flag(tmp_path):
     for command in ("sft", "distill", "train"):
-        assert "--report-to" in am(command, "--help-all").stdout
+        assert "--report-to" in agentmem(command, "--help-all").stdout
     db = tmp_path / "x.db"
-    bad = am("sft", "--run", "r", "--report-to", "tensorboard,neptune", "--db", str(db))
+    bad = agentmem("sft", "--run", "r", "--report-to", "tensorboard,neptune", "--db", str(db))
     assert bad.returncode == 2  # a bad flag value is a usage error (cli.command)
     assert bad.stderr.strip() == "error: --report-to 'neptune': choose from tensorboard, mlflow, wandb or none"
     assert not db.exists()

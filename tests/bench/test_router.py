@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_routed_memory import LogprobBackend, tiny_env
+from helpers import LogprobBackend, tiny_env
 
 import bench.router as bench_router
 from agentmem.config import AgentConfig

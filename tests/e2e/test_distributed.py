@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import register_policy
+from helpers import SYNTH, register_policy
 from safetensors.torch import load_file
-from test_agent import SYNTH
 
 from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, RolloutConfig

@@ -150,7 +150,7 @@ def test_untrained_default_rollout_ends_with_the_expected_score_note(tmp_path, c
     episode = Episode(run_id="r" * 32, env="synthetic", task_id="t", question="q?", f1=0.0, em=0.0, sub_em=0.0,
                       status=EpisodeStatus.truncated)
     monkeypatch.setattr("agentmem.jobs.rollout.run_rollout",
-                        lambda *a, **k: RolloutResult("r" * 32, [episode], 0, None))
+                        lambda store, config, *a, **k: RolloutResult("r" * 32, [episode], 0, None, config))
     code, out = run_cli(capsys, monkeypatch, "rollout", "--db", str(tmp_path / "store.db"), "--device", "cpu")
     assert code == 0
     assert out.strip().splitlines()[-1] == UNTRAINED_NOTE
@@ -158,18 +158,19 @@ def test_untrained_default_rollout_ends_with_the_expected_score_note(tmp_path, c
 
 
 def test_resumed_untrained_default_rollout_ends_with_the_note_too(tmp_path, capsys, monkeypatch):
-    """``rollout --resume RUN`` has no config of its own: the note follows the resumed run's stored one."""
+    """``rollout --resume RUN`` has no config of its own: the note follows the resumed run's stored one, which the
+    job's result carries (the CLI reads it back only for the plan it prints before the job starts)."""
     from agentmem.config import PolicySource, RolloutConfig
 
     episode = Episode(run_id="r" * 32, env="synthetic", task_id="t", question="q?", f1=0.0, em=0.0, sub_em=0.0,
                       status=EpisodeStatus.truncated)
-    monkeypatch.setattr("agentmem.jobs.rollout.run_rollout",
-                        lambda *a, **k: RolloutResult("r" * 32, [episode], 0, None))
     monkeypatch.setattr("cli.common.preflight", lambda *a, **k: None)
     monkeypatch.setattr("cli.rollout._is_replay", lambda *a: False)
     open_store(str(tmp_path / "store.db"), create=True)
     for stored, noted in ((RolloutConfig(), True), (RolloutConfig(policy=PolicySource.oracle), False)):
         monkeypatch.setattr("agentmem.jobs.rollout.load_rollout_config", lambda store, run_id, c=stored: (run_id, c))
+        monkeypatch.setattr("agentmem.jobs.rollout.run_rollout",
+                            lambda *a, c=stored, **k: RolloutResult("r" * 32, [episode], 0, None, c))
         code, out = run_cli(capsys, monkeypatch, "rollout", "--resume", "r" * 32, "--db", str(tmp_path / "store.db"),
                         "--device", "cpu")
         assert code == 0

@@ -4,8 +4,7 @@ which it has been read whole (exact values on small inline fixtures; the real fi
 from __future__ import annotations
 
 import pytest
-from fixtures_envs import locomo_records, longmemeval_records, squad_records, words, write_json
-from test_envs import make
+from fixtures_envs import locomo_records, longmemeval_records, make, squad_records, words, write_json
 
 from agentmem.records import Fact
 from envs import ENV_NAMES, load_env

@@ -7,75 +7,34 @@ skipped where the server binaries are missing.
 
 from __future__ import annotations
 
-import glob
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import sqlalchemy as sa
-from test_worker_kills import ROOT, calls_by_episode, config, respond
+from fault_helpers import BINDIR, ROOT, calls_by_episode, fault_config, own_server, pg_ctl, pg_port  # noqa: F401 (own_server is a fixture)
 
 from agentmem.backends.scripted import ScriptedBackend
 from agentmem.jobs.rollout import create_rollout, run_rollout
 from agentmem.model_refs import ModelRef, register
+from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import tiny_tokenizer
 from store.engine import make_engine, open_store
 from store.migrations import upgrade
 
-BINDIR = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 pytestmark = [pytest.mark.postgres,
               pytest.mark.skipif(not BINDIR or sys.platform != "linux", reason="no PostgreSQL server binaries")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def own_server():
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    root = Path(tempfile.mkdtemp(prefix="agentmem-pg-restart-"))
-    root.chmod(0o755)  # the server runs as the postgres user
-    data = root / "data"
-    port = _free_port()
-    url = subprocess.run(["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "start", str(data), str(port)],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    yield url, data
-    subprocess.run(["bash", str(ROOT / "scripts" / "pg_throwaway.sh"), "stop", str(data)], capture_output=True)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _port(url: str) -> str:
-    return url.rsplit(":", 1)[1].split("/")[0]
-
-
-def _pg_ctl(data, *args: str) -> None:
-    cmd = f"'{BINDIR[-1]}/pg_ctl' -D '{data}' {' '.join(args)}"
-    subprocess.run(["su", "postgres", "-s", "/bin/sh", "-c", cmd] if _is_root() else ["sh", "-c", cmd],
-                   check=True, capture_output=True, timeout=60)
-
-
-def _is_root() -> bool:
-    import os
-
-    return os.geteuid() == 0
-
-
-def test_workers_finish_after_a_postgres_restart(own_server):
+def test_workers_finish_after_a_postgres_restart(own_server):  # noqa: F811 - the fixture
     url, data = own_server
     upgrade(make_engine(url))
     store = open_store(url)
     tok = tiny_tokenizer()
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
-    reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
-    run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
+    reference = run_rollout(store, fault_config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
+    run_id = create_rollout(store, fault_config(), backend=ScriptedBackend(tok, respond(tok)))
     workers = [subprocess.Popen([sys.executable, "-m", "agentmem.testing.scripted_worker", url, run_id, str(tag), "30",
                                  "0.1", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for tag in range(2)]
@@ -96,7 +55,7 @@ def test_workers_finish_after_a_postgres_restart(own_server):
         time.sleep(0.1)
     before = stored()
     engine.dispose()
-    _pg_ctl(data, "-m", "fast", "-w", "-l", f"'{data}/server.log'", "restart", "-o", f"'-h 127.0.0.1 -p {_port(url)} "
+    pg_ctl(data, "-m", "fast", "-w", "-l", f"'{data}/server.log'", "restart", "-o", f"'-h 127.0.0.1 -p {pg_port(url)} "
                   "-k /tmp -F'")
     outs = [w.communicate(timeout=300) for w in workers]
     for w, (_out, err) in zip(workers, outs, strict=True):
@@ -111,7 +70,7 @@ def test_workers_finish_after_a_postgres_restart(own_server):
     assert any("lost its connection" in err for _, err in outs)  # and the workers did retry
 
 
-def test_a_worker_waits_for_a_store_that_goes_away_before_its_first_claim(own_server):
+def test_a_worker_waits_for_a_store_that_goes_away_before_its_first_claim(own_server):  # noqa: F811 - the fixture
     """The store stops between a worker's start-up and its first read of the run (the worker is held at that
     point): reading the run's config, setting it up, releasing dead leases and claiming all wait for the
     server, and the run finishes with the same calls as an uninterrupted run."""
@@ -122,14 +81,14 @@ def test_a_worker_waits_for_a_store_that_goes_away_before_its_first_claim(own_se
     store = open_store(url)
     tok = tiny_tokenizer()
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
-    reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
-    run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
+    reference = run_rollout(store, fault_config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
+    run_id = create_rollout(store, fault_config(), backend=ScriptedBackend(tok, respond(tok)))
     w = subprocess.Popen([sys.executable, "-m", "agentmem.testing.scripted_worker", url, run_id, "0", "30", "0", "2"],
                          cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "AGENTMEM_WORKER_GO": "stdin"})
     assert w.stdout is not None and w.stdout.readline().strip() == "registered", w.stderr and w.stderr.read()[-3000:]
     store.engine.dispose()
-    _pg_ctl(data, "-m", "fast", "-w", "stop")
+    pg_ctl(data, "-m", "fast", "-w", "stop")
     assert w.stdin is not None and w.stderr is not None
     w.stdin.write("go\n")
     w.stdin.flush()
@@ -139,7 +98,7 @@ def test_a_worker_waits_for_a_store_that_goes_away_before_its_first_claim(own_se
         assert line, seen[-3000:]  # the worker ended without retrying
         seen += line
     assert "store: reading the run lost its connection" in seen, seen[-3000:]
-    _pg_ctl(data, "-w", "-l", f"'{data}/server.log'", "start", "-o", f"'-h 127.0.0.1 -p {_port(url)} -k /tmp -F'")
+    pg_ctl(data, "-w", "-l", f"'{data}/server.log'", "start", "-o", f"'-h 127.0.0.1 -p {pg_port(url)} -k /tmp -F'")
     out, err = w.communicate(timeout=300)
     assert w.returncode == 0, (seen + err)[-3000:]
     assert "calls=" in out and "finished=" + run_id in out, out

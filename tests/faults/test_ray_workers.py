@@ -17,8 +17,7 @@ import time
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from test_pg_restart import _pg_ctl, _port, own_server  # noqa: F401 - a fixture
-from test_worker_kills import ROOT, calls_by_episode, config, mixed
+from fault_helpers import ROOT, calls_by_episode, fault_config, mixed, own_server, pg_ctl, pg_port  # noqa: F401 (own_server is a fixture)
 
 from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, BackendKind, RolloutConfig
@@ -121,7 +120,7 @@ def test_the_cli_runs_ray_workers_and_refuses_an_unreachable_cluster_and_sqlite(
 
 def test_killed_actors_are_restarted_and_lose_duplicate_and_mix_nothing(store, ray_cluster):
     url = pg_store(store)
-    reference, run_id = reference_and_run(store, config())
+    reference, run_id = reference_and_run(store, fault_config())
     placement = ray_rollout.Placement(workers=2, max_restarts=-1)
     thread, box = in_thread(lambda: ray_rollout.work_with_ray(
         url, run_id, placement, LEASE, device="cpu", batch=2, sampler=functools.partial(tagged_sampler, sleep_s=0.1)))
@@ -195,7 +194,7 @@ def test_actors_finish_after_a_postgres_restart(own_server, ray_cluster):  # noq
     url, data = own_server
     upgrade(make_engine(url))
     store = open_store(url)
-    reference, run_id = reference_and_run(store, config())
+    reference, run_id = reference_and_run(store, fault_config())
     engine = store.engine
     thread, box = in_thread(lambda: ray_rollout.work_with_ray(
         url, run_id, ray_rollout.Placement(workers=2), LEASE, device="cpu", batch=2,
@@ -210,9 +209,9 @@ def test_actors_finish_after_a_postgres_restart(own_server, ray_cluster):  # noq
     while stored() < 20 and time.time() < deadline:  # both actors are in their rounds
         time.sleep(0.3)
     engine.dispose()
-    _pg_ctl(data, "-m", "fast", "-w", "stop")
+    pg_ctl(data, "-m", "fast", "-w", "stop")
     time.sleep(3)  # the actors' store calls fail and retry with backoff
-    _pg_ctl(data, "-w", "-l", f"'{data}/server.log'", "start", "-o", f"'-h 127.0.0.1 -p {_port(url)} -k /tmp -F'")
+    pg_ctl(data, "-w", "-l", f"'{data}/server.log'", "start", "-o", f"'-h 127.0.0.1 -p {pg_port(url)} -k /tmp -F'")
     thread.join(300)
     assert "error" not in box, box.get("error")
     lost, duplicates, differ, mixed_episodes, _ = tally(engine, reference, run_id)

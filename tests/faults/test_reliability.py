@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from test_cli_store import agentmem
+from helpers import agentmem
 
 from agentmem.errors import BackendError
 from agentmem.records import utcnow

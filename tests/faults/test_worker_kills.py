@@ -26,45 +26,20 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from fault_helpers import ROOT, calls_by_episode, fault_config, mixed
 
 from agentmem.backends.scripted import ScriptedBackend
-from agentmem.config import AgentConfig, RolloutConfig
 from agentmem.jobs.rollout import create_rollout, run_rollout
 from agentmem.model_refs import ModelRef, register
 from agentmem.testing.scripted_worker import respond
 from agentmem.testing.tiny_models import tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-SYNTH = {"context_tokens": 160, "distractors": 2, "hops": 2}
 KILLS = int(os.environ.get("AGENTMEM_FAULT_KILLS", "6"))
 
 pytestmark = pytest.mark.postgres
-
-
-def config() -> RolloutConfig:
-    return RolloutConfig(model="tiny", episodes=30, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
-                         agent=AgentConfig(memory_tokens=16, answer_max_new_tokens=8, max_batch=2, seed=1))
-
-
-def calls_by_episode(engine, run_id: str) -> dict:
-    with engine.connect() as c:
-        rows = c.execute(sa.text(
-            "select e.task_id, e.sample_index, i.step, i.kind, i.prompt_text, i.output_text, i.memory_before, "
-            "i.memory_after, i.latency_s from invocations i join episodes e on e.id = i.episode_id "
-            "where e.run_id = :r order by e.task_id, e.sample_index, i.step"), {"r": run_id}).all()
-    out: dict = {}
-    for r in rows:
-        out.setdefault((r[0], r[1]), []).append(tuple(r[2:]))
-    return out
-
-
-def mixed(tags: list[float]) -> bool:
-    blocks = [t for i, t in enumerate(tags) if i == 0 or tags[i - 1] != t]
-    return len(blocks) != len(set(blocks))
 
 
 def test_killed_workers_lose_duplicate_and_mix_nothing(store):
@@ -72,8 +47,8 @@ def test_killed_workers_lose_duplicate_and_mix_nothing(store):
         pytest.skip("workers on several machines share a Postgres store")
     tok = tiny_tokenizer()
     policy = register(store, ModelRef("tiny", "/models/tiny", "tiny"))
-    reference = run_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
-    run_id = create_rollout(store, config(), backend=ScriptedBackend(tok, respond(tok)))
+    reference = run_rollout(store, fault_config(), backend=ScriptedBackend(tok, respond(tok)), policy=policy).run_id
+    run_id = create_rollout(store, fault_config(), backend=ScriptedBackend(tok, respond(tok)))
     url = store.engine.url.render_as_string(hide_password=False)
     engine = store.engine
     rng = random.Random(13)

@@ -1,10 +1,12 @@
 """The tests mirror the code: every ``tests/**/test_*.py`` is named after the module or package it tests, in the
 folder that mirrors its place (``tests/agentmem/serve/test_gateway.py`` tests ``agentmem/serve/gateway.py``), or
 lives in a named folder of suites that cross units. A name may add an aspect after the unit's name
-(``test_privileged_hint.py`` tests ``replay/privileged.py``'s hint context)."""
+(``test_privileged_hint.py`` tests ``replay/privileged.py``'s hint context). No test file imports another: what
+tests share lives in the helper modules at the top of ``tests/`` (``helpers.py``, ``model_helpers.py``, ...)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -23,15 +25,6 @@ CROSS_UNIT = {
     "plugin_demo": "plug-ins installed beside agentmem, through every job",
 }
 
-# Still at the top of tests/: other test files import their helpers (move those into helpers.py, then the file).
-PENDING = {
-    "test_agent.py", "test_cli_store.py", "test_config.py", "test_distill.py", "test_envs.py", "test_eval.py",
-    "test_memory_policy.py", "test_packed_attention.py", "test_prefix_rollout.py", "test_psd.py",
-    "test_routed_memory.py", "test_scoring.py", "test_sft.py", "test_shared_prefix.py", "test_static_decode.py",
-    "test_teachers.py", "test_train_loop.py", "test_view.py",
-}
-
-
 def unit_names(folder: Path) -> set[str]:
     """The names a test file in the mirror of ``folder`` may take after: its modules, subpackages and itself."""
     names = {folder.name}
@@ -47,7 +40,7 @@ def misplaced(path: Path) -> str | None:
     rel = path.relative_to(TESTS)
     unit = path.stem.removeprefix("test_")
     if len(rel.parts) == 1:
-        return None if rel.name in PENDING else "at the top of tests/: put it in the folder that mirrors its unit"
+        return "at the top of tests/: put it in the folder that mirrors its unit"
     if rel.parts[0] in CROSS_UNIT:
         return None
     code = ROOT.joinpath(*rel.parts[:-1])
@@ -64,5 +57,7 @@ def test_every_test_file_maps_to_a_unit_or_a_cross_unit_suite():
     assert wrong == {}
 
 
-def test_the_pending_list_names_only_files_that_are_still_pending():
-    assert sorted(f for f in PENDING if not (TESTS / f).is_file()) == []
+def test_no_test_file_imports_another():
+    found = {str(p.relative_to(TESTS)): names for p in sorted(TESTS.rglob("test_*.py"))
+             if (names := re.findall(r"^\s*(?:from|import) (test_\w+)", p.read_text(), re.M))}
+    assert found == {}

@@ -8,8 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
-from test_memory_policy import KilledBackend
+from helpers import SYNTH, KilledBackend, register_policy
 
 from agentmem.agent.log_memory import LogOptions, LogPolicy
 from agentmem.agent.log_query import (
@@ -39,7 +38,6 @@ from envs import load_env
 from store import repository as repo
 from store.repository import memory_log
 
-SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 CHUNKS = ["An old market drew visitors at dusk.", "Vode works for Katidyne.",
           "An old festival drew visitors after the rain.", "Zufi works for Lizatek. The market grew every summer."]
 QUESTION = "Which company does Vode work for?"

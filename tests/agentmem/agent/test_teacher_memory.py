@@ -6,9 +6,7 @@ and LoRA SFT on the teacher's successful episodes combines with the memories."""
 from __future__ import annotations
 
 import pytest
-from helpers import canonical_calls, register_policy, stored_calls
-from test_memory_policy import KilledBackend
-from test_sft import am
+from helpers import SYNTH, KilledBackend, agentmem, canonical_calls, register_policy, stored_calls
 from transformers import AutoModelForCausalLM
 
 from agentmem.agent.prompts import ANSWER, SYSTEM, UPDATE, answer_prompt, render, update_prompt
@@ -35,8 +33,6 @@ from envs import load_env
 from store import repository as repo
 from store.errors import NotFound
 from store.repository import memories as memory_repo
-
-SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 
 
 def agent(policy="overwrite", **options) -> AgentConfig:
@@ -303,18 +299,18 @@ def test_duomem_lora_sft_on_successful_teacher_episodes_combines_with_memories(s
 
 def test_cli_build_and_list_fail_in_one_line_and_list_shows_provenance(sqlite_store, tmp_path):
     db = str(tmp_path / "agentmem.db")  # the sqlite_store fixture's file
-    bad = am("memories", "build", "--run", "nopenope", "--db", db)
+    bad = agentmem("memories", "build", "--run", "nopenope", "--db", db)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines() == ["error: no run with id 'nopenope' (see `agentmem runs`)"]
-    assert am("memories", "list", "--db", db).stdout.startswith("no memories yet")
+    assert agentmem("memories", "list", "--db", db).stdout.startswith("no memories yet")
     source = teacher_rollout(sqlite_store, tiny_tokenizer())
-    built = am("memories", "build", "--run", source.run_id, "--db", db)
+    built = agentmem("memories", "build", "--run", source.run_id, "--db", db)
     assert built.returncode == 0, built.stderr
     first, line = built.stdout.strip().splitlines()  # the run id as soon as the run is written, then the result
     assert line.startswith(f"memories_run_id={first.removeprefix('run_id=')} ")
     assert line.endswith(f"memories=3 source_run={source.run_id}")
-    listed = am("memories", "list", "--db", db, "--full")
+    listed = agentmem("memories", "list", "--db", db, "--full")
     assert listed.returncode == 0 and listed.stdout.count("== memory ") == 3 and "Task pattern:" in listed.stdout
-    missing = am("memories", "list", "--run", "zzzzzzzz", "--db", db)
+    missing = agentmem("memories", "list", "--run", "zzzzzzzz", "--db", db)
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
         "error: no run with id 'zzzzzzzz' (see `agentmem runs`)"]

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from test_static_decode import sample_prompts
+from model_helpers import sample_prompts
 
 from agentmem.backends import SamplingParams, TransformersBackend
 from agentmem.backends.decode_batch import DecodeBatch, joinable
@@ -77,7 +77,7 @@ def test_joined_rows_sample_what_they_would_alone(make, temperature, tok, prompt
             assert g.output_ids == want.output_ids
             assert g.logprobs == pytest.approx(want.logprobs, abs=1e-5, rel=0)
         else:
-            from test_prefix_rollout import fresh_logprobs
+            from model_helpers import fresh_logprobs
 
             ref = fresh_logprobs(model, prompt, g.output_ids, temperature)
             assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-5, rtol=0)

@@ -9,8 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_distill import config, models, rolled  # noqa: F401  (fixture)
-from test_train_loop import tiny_train
+from job_fixtures import distill_config, models, tiny_train
 
 from agentmem.config import LrSchedule, RewardKind, TrainConfig
 from agentmem.errors import ConfigError
@@ -44,19 +43,19 @@ def test_rounds_share_one_schedule():
     assert [(d.optim.schedule_offset, d.optim.schedule_steps) for d in offsets] == [(0, 4), (2, 4)]
 
 
-def test_distill_steps_follow_the_schedule_and_record_the_lr(rolled, tmp_path):  # noqa: F811
+def test_distill_steps_follow_the_schedule_and_record_the_lr(rolled, tmp_path):
     store, run_id, policy = rolled
-    cfg = config(run_id, tmp_path, optim=dict(steps=3, lr=1e-3, warmup_steps=1, schedule="cosine", schedule_offset=2, schedule_steps=6))
+    cfg = distill_config(run_id, tmp_path, optim=dict(steps=3, lr=1e-3, warmup_steps=1, schedule="cosine", schedule_offset=2, schedule_steps=6))
     result = run_distill(store, cfg, models=models(policy))
     expected = [lr_at(2 + s, 1e-3, 6, 1, LrSchedule.cosine, 0.1) for s in range(3)]
     assert [s.lr for s in result.history] == pytest.approx(expected)
 
 
-def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # noqa: F811
+def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):
     """A job started from a checkpoint with ``carry_optimizer`` loads the checkpoint's AdamW state: its step
     differs in every tensor from the same job with a fresh optimizer."""
     store, run_id, policy = rolled
-    one = run_distill(store, config(run_id, tmp_path / "a", save_every=1, keep_optimizer=True, optim=dict(steps=2)),
+    one = run_distill(store, distill_config(run_id, tmp_path / "a", save_every=1, keep_optimizer=True, optim=dict(steps=2)),
                       models=models(policy))
     with store.session() as s:
         ckpts = repo.list_checkpoints(s, one.run_id)
@@ -69,7 +68,7 @@ def test_carry_optimizer_starts_from_the_checkpoint_state(rolled, tmp_path):  # 
         student = AutoModelForCausalLM.from_pretrained(ckpts[-1].path).train()  # the last keeps its AdamW state
         m = models(policy)
         m = Models(student, m.tokenizer, ckpts[-1], m.teacher, m.teacher_tokenizer)
-        cfg = config(run_id, tmp_path / f"b{carry}", optim=dict(steps=1, carry_optimizer=carry))
+        cfg = distill_config(run_id, tmp_path / f"b{carry}", optim=dict(steps=1, carry_optimizer=carry))
         run_distill(store, cfg, models=m)
         results[carry] = {n: p.detach().clone() for n, p in student.named_parameters()}
     # both take one step from the same weights on the same calls; only the carried one uses AdamW's moments
@@ -149,7 +148,7 @@ def test_mixed_precision_needs_float32_weights_and_reaches_the_warm_start():
     assert SftConfig(run_ids=["r"], student="s", mixed_precision=True).distill_config().mixed_precision
 
 
-def test_mixed_precision_distils_float32_weights_close_to_the_float32_step(rolled, tmp_path):  # noqa: F811
+def test_mixed_precision_distils_float32_weights_close_to_the_float32_step(rolled, tmp_path):
     """One distill step with the student's and the teacher's decoders in bf16 autocast: the weights stay float32,
     the teacher term's value is float32's to bf16 rounding (not equal: the autocast acted), and the step moves
     the weights along the float32 step."""
@@ -158,7 +157,7 @@ def test_mixed_precision_distils_float32_weights_close_to_the_float32_step(rolle
     for mixed in (False, True):
         m = models(policy)
         before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
-        cfg = config(run_id, tmp_path / str(mixed), mixed_precision=mixed, optim=dict(steps=1, lr=1e-4))
+        cfg = distill_config(run_id, tmp_path / str(mixed), mixed_precision=mixed, optim=dict(steps=1, lr=1e-4))
         steps[mixed] = run_distill(store, cfg, models=m).history[0]
         assert all(p.dtype == torch.float32 for p in m.student.parameters())
         moves[mixed] = torch.cat([(p.detach() - before[n]).flatten() for n, p in m.student.named_parameters()])
@@ -192,7 +191,7 @@ def test_dynamics_pure_functions():
     assert note(dead[0]) == "live 0/3"
 
 
-def test_each_step_logs_its_dynamics(rolled, tmp_path):  # noqa: F811
+def test_each_step_logs_its_dynamics(rolled, tmp_path):
     """RL and KD on, with the reference loaded: every step stores live groups, lengths, first-token EOS per
     kind and both KLs; the lengths equal the drawn calls' stored lengths."""
     store, run_id, policy = rolled
@@ -201,7 +200,7 @@ def test_each_step_logs_its_dynamics(rolled, tmp_path):  # noqa: F811
 
     m = Models(m.student, m.tokenizer, m.student_checkpoint, m.teacher, m.teacher_tokenizer,
                reference=models(policy).student.requires_grad_(False))
-    result = run_distill(store, config(run_id, tmp_path, monitor_start_kl=True, optim=dict(steps=1), batch=dict(invocations_per_step=100)),
+    result = run_distill(store, distill_config(run_id, tmp_path, monitor_start_kl=True, optim=dict(steps=1), batch=dict(invocations_per_step=100)),
                          models=m)
     (step,) = result.history
     with store.session() as s:
@@ -254,7 +253,7 @@ def test_train_refuses_a_teacher_that_stops_at_once(sqlite_store, tmp_path):
     assert "rollout" not in kinds and "distill" not in kinds
 
 
-def test_aligned_kinds_score_those_calls_in_the_aligned_context(rolled):  # noqa: F811
+def test_aligned_kinds_score_those_calls_in_the_aligned_context(rolled):
     """persistent with aligned_kinds=[answer]: answer calls get exactly the aligned rebuild, update calls
     the persistent one (the persistent context's effect on update calls alone)."""
     from agentmem.records import TeacherContext
@@ -332,7 +331,7 @@ def test_train_warm_start_sft_starts_round_one_and_resumes(sqlite_store, tmp_pat
     assert adam_steps(rounds[1].checkpoint) == {4}
 
 
-def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):  # noqa: F811
+def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):
     """Every sample of a task scored the same: the step records 0 live groups of 2, and the job's warnings
     say the RL term had no signal."""
     store, run_id, policy = rolled
@@ -340,7 +339,7 @@ def test_equal_rewards_give_no_live_group_and_a_warning(rolled, tmp_path):  # no
         for ep in repo.list_episodes(s, run_id):
             repo.update_episode(s, ep.model_copy(update={"reward": 0.5, "f1": 0.5}))
         s.commit()
-    result = run_distill(store, config(run_id, tmp_path, optim=dict(steps=1), batch=dict(invocations_per_step=100)), models=models(policy))
+    result = run_distill(store, distill_config(run_id, tmp_path, optim=dict(steps=1), batch=dict(invocations_per_step=100)), models=models(policy))
     (step,) = result.history
     assert (step.metrics["rl_groups"], step.metrics["rl_groups_live"], step.metrics["rl_live_fraction"]) == (2, 0, 0)
     (warning,) = [w for w in round_warnings(result.history, rl_on=True) if "RL term" in w]
@@ -351,7 +350,7 @@ def test_teacher_check_refuses_a_teacher_that_writes_empty_after_evidence(sqlite
     """A teacher whose every update writes `(empty)` (whatever it read) is measured at 1.0 and refused at a
     limit of 0.5; one that writes a note passes at 0.0."""
     from helpers import register_policy
-    from test_eval import tiny_config
+    from job_fixtures import eval_config
 
     from agentmem.backends.scripted import ScriptedBackend
     from agentmem.jobs import teacher_check
@@ -365,11 +364,11 @@ def test_teacher_check_refuses_a_teacher_that_writes_empty_after_evidence(sqlite
 
     monkeypatch.setattr(teacher_check.model_refs, "backend", scripted("(empty)"))
     with pytest.raises(ConfigError, match="empty memory on 100% of its updates made after a fact was read"):
-        teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5)
-    report = teacher_check.check_teacher(sqlite_store, teacher, tiny_config())
+        teacher_check.check_teacher(sqlite_store, teacher, eval_config(), max_forgot=0.5)
+    report = teacher_check.check_teacher(sqlite_store, teacher, eval_config())
     assert report.empty_after_evidence == 1.0 and "(empty) after evidence 1.00" in report.line()
     monkeypatch.setattr(teacher_check.model_refs, "backend", scripted("Ann lives in Oslo."))
-    assert teacher_check.check_teacher(sqlite_store, teacher, tiny_config(), max_forgot=0.5).empty_after_evidence == 0.0
+    assert teacher_check.check_teacher(sqlite_store, teacher, eval_config(), max_forgot=0.5).empty_after_evidence == 0.0
 
 
 def test_teacher_check_under_the_privileged_prompt_measures_eos_on_what_the_teacher_read(sqlite_store, tmp_path,
@@ -377,7 +376,7 @@ def test_teacher_check_under_the_privileged_prompt_measures_eos_on_what_the_teac
     """A privileged teacher is validated under its own prompt (``context`` privileged): every call is sampled with
     the splice, and the first-token EOS mass is that of the splice + prompt, not of the prompt alone."""
     from helpers import register_policy
-    from test_eval import tiny_config
+    from job_fixtures import eval_config
     from transformers import AutoModelForCausalLM
 
     from agentmem.backends.scripted import ScriptedBackend
@@ -390,7 +389,7 @@ def test_teacher_check_under_the_privileged_prompt_measures_eos_on_what_the_teac
     monkeypatch.setattr(teacher_check.model_refs, "backend", lambda *a, **k: ScriptedBackend(
         tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else "Ann lives in Oslo."))
     report = teacher_check.check_teacher(sqlite_store, teacher,
-                                         tiny_config().model_copy(update={"context": SamplingContext.privileged}))
+                                         eval_config().model_copy(update={"context": SamplingContext.privileged}))
     with sqlite_store.session() as s:
         calls = list(repo.stream_invocations(s, run_ids=[report.eval_run_id]))
     assert calls and all(c.privileged_ids is not None and len(c.privileged_ids) > 0 for c in calls)

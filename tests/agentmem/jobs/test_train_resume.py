@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train_loop import tiny_train
+from job_fixtures import tiny_train
 from transformers import AutoModelForCausalLM
 
 from agentmem.errors import RunError

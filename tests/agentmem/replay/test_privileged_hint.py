@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from helpers import Called, register_policy
-from test_psd import RecordingBackend, rollout_config, stored
+from job_fixtures import episodes_and_calls, rollout_config
+from model_helpers import RecordingBackend
 from typer.testing import CliRunner
 
 from agentmem.jobs.rollout import run_rollout
@@ -58,7 +59,7 @@ def test_a_hint_rollout_samples_updates_under_their_hint_line(store):
     backend = RecordingBackend.from_model(tiny_llama(seed=3), tok)
     policy = register_policy(store, "/models/tiny", "tiny")
     run_id = run_rollout(store, rollout_config(context="hint"), backend=backend, policy=policy).run_id
-    episodes, invocations = stored(store, run_id)
+    episodes, invocations = episodes_and_calls(store, run_id)
     kinds = set()
     for inv in invocations:
         assert inv.sampled_context is SamplingContext.hint

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from helpers import Called, register_policy
-from test_agent import SYNTH
+from helpers import SYNTH, Called, register_policy
 from typer.testing import CliRunner
 
 from agentmem.backends.transformers_backend import TransformersBackend

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_packed_attention import make_sequences
-from test_shared_prefix import group_sequences
+from model_helpers import group_sequences, make_sequences
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import agentmem.training.packed_attention as pa

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_view import file_state, parse, seeded  # noqa: F401 (seeded is a fixture)
+from view_helpers import file_state, parse
 
 from agentmem.records import TeacherContext
 
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(seeded):  # noqa: F811
+def server(seeded):
     url = seeded[0]
     port = free_port()
     env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
@@ -66,7 +66,7 @@ def chromium(tmp_path: Path, *args: str) -> str:
     return done.stdout
 
 
-def test_browser_dom_has_the_heat_map_and_the_diff(server, seeded, tmp_path):  # noqa: F811
+def test_browser_dom_has_the_heat_map_and_the_diff(server, seeded, tmp_path):
     _, seed, _ = seeded
     ep = seed.episodes[0]
     dom = chromium(tmp_path, "--dump-dom", f"{server}/episodes/{ep.id}?context=persistent&metric=reverse_kl")
@@ -87,7 +87,7 @@ def test_browser_unknown_id_is_a_404_page(server, tmp_path):
     assert httpx.get(f"{server}/episodes/ffffffffffff").status_code == 404
 
 
-def test_browser_screenshots_of_every_page_and_no_writes(server, seeded, tmp_path):  # noqa: F811
+def test_browser_screenshots_of_every_page_and_no_writes(server, seeded, tmp_path):
     url, seed, _ = seeded
     before = file_state(url)
     ep = seed.episodes[0].id
@@ -101,7 +101,7 @@ def test_browser_screenshots_of_every_page_and_no_writes(server, seeded, tmp_pat
     assert file_state(url) == before
 
 
-def test_report_is_drawn_in_the_viewers_font(seeded, tmp_path):  # noqa: F811
+def test_report_is_drawn_in_the_viewers_font(seeded, tmp_path):
     """The report's inlined CSS applies: Chromium computes the body's font family from it (an HTML-escaped
     stylesheet leaves the default serif font)."""
     from agentmem.view.report import report_html

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from helpers import register_policy
+from job_fixtures import eval_config
 
 from agentmem.backends.scripted import ScriptedBackend
 from agentmem.backends.transformers_backend import TransformersBackend
@@ -23,17 +24,9 @@ from agentmem.records import EpisodeStatus, EvalResult, RunKind
 from agentmem.testing.tiny_models import save_tiny, tiny_llama, tiny_tokenizer
 from store import repository as repo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
-
-
-def tiny_config(answer_max_new_tokens: int = 32, **kw) -> EvalConfig:
-    agent = AgentConfig(memory_tokens=8, answer_max_new_tokens=answer_max_new_tokens, max_batch=4, temperature=0.0,
-                        seed=1000)
-    fields = {"model": "tiny", "episodes": 4, "chunk_tokens": 48, "env_knobs": SYNTH, "agent": agent}
-    return EvalConfig(**{**fields, **kw})
 
 
 def test_eval_config_is_a_greedy_single_sample_rollout():
@@ -50,7 +43,7 @@ def test_eval_config_is_a_greedy_single_sample_rollout():
 
 def test_run_eval_exact_means_failures_count_zero(sqlite_store):
     tok = tiny_tokenizer()
-    config = tiny_config()
+    config = eval_config()
     probe = ScriptedBackend(tok, lambda p: "")
     tasks = build_env(config, probe.tokenizer).tasks(config.episodes)
     right, wrong, broken = tasks[:2], tasks[2], tasks[3]
@@ -97,7 +90,7 @@ def test_run_eval_exact_means_failures_count_zero(sqlite_store):
 def test_greedy_eval_is_reproducible(sqlite_store):
     tok = tiny_tokenizer()
     model = tiny_llama()
-    config = tiny_config(episodes=3, answer_max_new_tokens=6)
+    config = eval_config(episodes=3, answer_max_new_tokens=6)
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
     rows = [run_eval(sqlite_store, config, backend=TransformersBackend.from_model(model, tok), policy=policy, step=7)
             for _ in range(2)]
@@ -183,7 +176,7 @@ def test_cli_eval_bad_inputs_one_line(tmp_path):
 
 
 def test_eval_config_is_greedy_and_strict():
-    config = tiny_config()
+    config = eval_config()
     assert (config.agent.temperature, config.group_size, config.seed) == (0.0, 1, 1000)
     with pytest.raises(ValueError):
         EvalConfig(temperature=1.0)  # not a field: the agent's temperature is, and it must be 0
@@ -193,7 +186,7 @@ def test_eval_reports_the_empty_output_rate_and_length_per_kind(sqlite_store):
     """Updates that stop at once (end-of-sequence only) and answers of known length: the eval row's
     ``empty_rate``, ``empty_by_kind`` and ``out_len_by_kind`` are the exact shares and means."""
     tok = tiny_tokenizer()
-    config = tiny_config()
+    config = eval_config()
     answer = "blue river"
     backend = ScriptedBackend(tok, lambda p: answer if "Reply with the short answer" in tok.decode(p) else "")
     row = run_eval(sqlite_store, config, backend=backend, policy=register_policy(sqlite_store, "/m/tiny", "tiny"))
@@ -272,7 +265,7 @@ def test_first_read_skips_splits_evidence_reads_from_other_reads():
 def test_eval_row_holds_empty_after_evidence(sqlite_store, update, want):
     tok = tiny_tokenizer()
     backend = ScriptedBackend(tok, lambda p: "blue" if "Reply with the short answer" in tok.decode(p) else update)
-    row = run_eval(sqlite_store, tiny_config(), backend=backend,
+    row = run_eval(sqlite_store, eval_config(), backend=backend,
                    policy=register_policy(sqlite_store, "/m/tiny", "tiny"))
     assert row.metrics["empty_after_evidence"] == want
     # every update of the scripted policy writes the same: it skips evidence and other first reads alike, or neither

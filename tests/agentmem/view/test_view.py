@@ -8,18 +8,17 @@ says which teacher scores exist; an episode's status is not repeated as its stop
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from view_helpers import file_state, parse
 from view_seed import TEACHER, seed_view_store
 
 from agentmem.records import TeacherContext
@@ -31,25 +30,10 @@ from agentmem.view.render import model_label, stylesheet
 from agentmem.view.report import report_html, write_report
 from envs.metrics import mean_interval
 from store import repository as repo
-from store.engine import make_engine, open_read_only, open_store
+from store.engine import open_read_only
 from store.errors import ReadOnlyDatabase, StoreError
-from store.migrations import upgrade
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory):
-    """(database URL, what was seeded, tokenizer folder): the store is written once, then only read."""
-    folder = tmp_path_factory.mktemp("view")
-    url = f"sqlite:///{folder / 'view.db'}"
-    upgrade(make_engine(url))
-    writer = open_store(url)
-    tok = tiny_tokenizer()
-    tok.save_pretrained(folder / "tok")
-    seed = seed_view_store(writer, str(folder / "tok"), lambda text: tok(text)["input_ids"])
-    writer.dispose()
-    return url, seed, folder
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -57,54 +41,6 @@ def client(seeded):
     store = open_read_only(seeded[0])
     yield TestClient(create_app(store))
     store.dispose()
-
-
-class Collect(HTMLParser):
-    """Elements of interest, in document order: token spans per output, diff parts per call."""
-
-    def __init__(self):
-        super().__init__()
-        self.outputs: list[list[dict]] = []  # per heat-mapped output: its token spans' attributes and text
-        self.diffs: list[list[tuple[str, str]]] = []  # per call: (tag, text) of each part
-        self._in: list[str] = []
-        self._tok: dict | None = None
-        self._part: list | None = None
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        cls = a.get("class") or ""
-        if "tokens" in cls.split():
-            self.outputs.append([])
-        if tag == "span" and cls == "tok":
-            self._tok = {**a, "text": ""}
-        if cls == "diff":
-            self.diffs.append([])
-        if self.diffs and tag in ("ins", "del", "span") and self._tok is None and cls != "tok" and self._part is None \
-                and "diff" in self._in:
-            self._part = [tag, ""]
-        self._in.append(cls)
-
-    def handle_endtag(self, tag):
-        if self._in:
-            self._in.pop()
-        if tag == "span" and self._tok is not None:
-            self.outputs[-1].append(self._tok)
-            self._tok = None
-        elif self._part is not None and tag == self._part[0]:
-            self.diffs[-1].append(tuple(self._part))
-            self._part = None
-
-    def handle_data(self, data):
-        if self._tok is not None:
-            self._tok["text"] += data
-        if self._part is not None:
-            self._part[1] += data
-
-
-def parse(html: str) -> Collect:
-    c = Collect()
-    c.feed(html)
-    return c
 
 
 def pages(seed) -> list[str]:
@@ -243,17 +179,6 @@ def test_training_page_plots_steps_and_evals(client, seeded):
     assert "F1 on synthetic" in evals and evals.count("<tr>") == 3
 
 
-def file_state(url: str) -> tuple[dict, dict]:
-    path = Path(url.removeprefix("sqlite:///"))
-    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in path.parent.glob(path.name + "*")}
-    engine = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
-    with engine.connect() as conn:
-        tables = [r[0] for r in conn.exec_driver_sql("select name from sqlite_master where type = 'table'")]
-        counts = {t: conn.exec_driver_sql(f'select count(*) from "{t}"').scalar() for t in tables}
-    engine.dispose()
-    return digests, counts
-
-
 def test_no_page_writes_to_the_store(seeded):
     url, seed, _ = seeded
     before = file_state(url)
@@ -288,7 +213,7 @@ def test_report_is_one_self_contained_file(seeded, tmp_path):
     assert 'id="training"' in training and training.count("<svg") == 5  # 4 step charts, eval F1: no histogram
 
 
-def am(*args: str) -> subprocess.CompletedProcess:
+def agentmem(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1", "AGENTMEM_DEBUG": ""}
     return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -296,15 +221,15 @@ def am(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_report_and_errors(seeded, tmp_path):
     url, seed, _ = seeded
-    done = am("report", "--run", seed.rollout.id, "--out", str(tmp_path / "x.html"), "--full-episodes", "1", "--db", url)
+    done = agentmem("report", "--run", seed.rollout.id, "--out", str(tmp_path / "x.html"), "--full-episodes", "1", "--db", url)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "x.html").read_text().count('class="episode"') == 1
-    missing = am("report", "--run", "ffffffff", "--out", str(tmp_path / "y.html"), "--db", url)
+    missing = agentmem("report", "--run", "ffffffff", "--out", str(tmp_path / "y.html"), "--db", url)
     assert missing.returncode == 1 and missing.stderr.strip() == "error: no run with id 'ffffffff' (see `agentmem runs`)"
-    nodb = am("view", "--db", str(tmp_path / "none.db"))
+    nodb = agentmem("view", "--db", str(tmp_path / "none.db"))
     assert nodb.returncode == 1 and nodb.stderr.startswith("error: no database at ")
     assert not (tmp_path / "none.db").exists()
-    helptext = am("view", "--help").stdout
+    helptext = agentmem("view", "--help").stdout
     assert all(f in helptext for f in ("--host", "--port", "--db", "--tokenizer", "127.0.0.1", "8000"))
 
 

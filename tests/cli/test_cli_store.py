@@ -11,19 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import agentmem
 
 from agentmem.testing.store_records import make_episode, make_invocation, make_run
 from cli.app import main
 from store import repository as repo
 from store.engine import open_store
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def agentmem(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AGENTMEM_DB": ""}
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=120)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def agentmem_bytes(*args: str) -> subprocess.CompletedProcess:

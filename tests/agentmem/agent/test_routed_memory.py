@@ -7,16 +7,22 @@ import math
 
 import numpy as np
 import pytest
-from helpers import canonical_calls, register_policy, stored_calls
-from test_memory_policy import KilledBackend
-from test_scoring import direct_logprobs
+from helpers import (
+    SYNTH,
+    KilledBackend,
+    LogprobBackend,
+    canonical_calls,
+    register_policy,
+    stored_calls,
+    tiny_env,
+)
+from model_helpers import direct_logprobs
 
 from agentmem.agent.loop import AgentLoop, ListSink
 from agentmem.agent.prompts import answer_prompt, render, update_prompt
 from agentmem.agent.registry import memory_policy
 from agentmem.agent.retrieval import bm25_scores, top_k
 from agentmem.agent.routed_memory import ROUTE, RoutedPolicy, p_yes, router_label
-from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, PolicySource, RolloutConfig, ScoreConfig
 from agentmem.errors import AgentError
 from agentmem.jobs.rollout import run_rollout
@@ -25,41 +31,12 @@ from agentmem.records import Episode, EpisodeStatus, Task, TeacherContext
 from agentmem.replay import rebuild
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.scoring import LoadedModel
-from envs import load_env
 from store import repository as repo
-
-SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 
 
 def agent(**options) -> AgentConfig:
     return AgentConfig(memory_policy="routed", memory_options=options, memory_tokens=16, answer_max_new_tokens=16,
                        max_batch=4, seed=1, prompt_layout="memory-first")
-
-
-
-
-def tiny_env(tok, **knobs):
-    return load_env("synthetic", seed=0, chunk_tokens=48,
-                    count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]), **(SYNTH | knobs))
-
-
-class LogprobBackend(ScriptedBackend):
-    """Scripted text; the route call's one token gets log-prob ``route_logprob(prompt text)``."""
-
-    def __init__(self, tokenizer, responses, route_logprob):
-        super().__init__(tokenizer, responses)
-        self.route_logprob = route_logprob
-
-    def generate(self, prompts, params):
-        gens = super().generate(prompts, params)
-        out = []
-        for prompt, gen in zip(prompts, gens, strict=True):
-            text = self.tokenizer.decode(prompt)
-            if "Reply yes or no." in text:
-                gen = type(gen)(gen.output_ids, [self.route_logprob(text)] * len(gen.output_ids),
-                                gen.finish_reason, gen.latency_s)
-            out.append(gen)
-        return out
 
 
 def reply(route_word):

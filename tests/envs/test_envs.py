@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from fixtures_envs import (
     hotpotqa_records,
     locomo_records,
     longmemeval_records,
+    make,
     squad_records,
     words,
     write_fixture,
@@ -19,31 +19,6 @@ from fixtures_envs import (
 from agentmem.records import Task
 from envs import ENV_NAMES, EnvError, Scores, knobs_of, load_env
 from envs.chunking import Unit, pack
-
-# knobs that make the seed matter for every env (beyond task order) while keeping the fixtures small
-CHECK_KNOBS = {
-    "synthetic": {"context_tokens": 120, "num_tasks": 6},
-    "hotpotqa": {"docs": 5},
-    "squad": {"docs": 3},
-    "locomo": {},
-    "longmemeval": {"context_tokens": 1000},
-    "ruler_hotpotqa": {"docs": 5},
-    "needle": {"context_tokens": 200, "num_tasks": 6},
-    "musique": {"answerable_only": False},
-    "2wikimultihopqa": {},
-    "quality": {},
-}
-
-
-def make(name: str, folder: Path, seed: int = 0, chunk_tokens: int = 16, **knobs):
-    return load_env(
-        name,
-        data_path=write_fixture(name, folder),
-        count_tokens=words,
-        chunk_tokens=chunk_tokens,
-        seed=seed,
-        **{**CHECK_KNOBS[name], **knobs},
-    )
 
 
 @pytest.mark.parametrize("name", ENV_NAMES)

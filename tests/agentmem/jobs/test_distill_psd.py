@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import Called, register_policy
-from test_agent import SYNTH
+from job_fixtures import episodes_and_calls, rollout_config
+from model_helpers import RecordingBackend
 from typer.testing import CliRunner
 
 from agentmem.agent.overwrite import OverwritePolicy
@@ -36,14 +37,6 @@ from cli.app import app, error_message
 from store import repository as repo
 
 
-class RecordingBackend(TransformersBackend):
-    """The real backend, remembering exactly the prompts it consumed."""
-
-    def generate(self, prompts, params):
-        self.seen = getattr(self, "seen", []) + [list(p) for p in prompts]
-        return super().generate(prompts, params)
-
-
 class KeepingSink(StoreSink):
     """Stores as the rollout does, and keeps the calls as the loop made them."""
 
@@ -56,19 +49,9 @@ class KeepingSink(StoreSink):
         super().invocations(invocations)
 
 
-def rollout_config(**kw) -> RolloutConfig:
-    return RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
-                         agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, temperature=1.0, seed=7), **kw)
-
-
 def rollout(store, policy, **kw) -> str:
     backend = TransformersBackend.from_model(tiny_llama(seed=3), tiny_tokenizer())
     return run_rollout(store, rollout_config(**kw), backend=backend, policy=policy).run_id
-
-
-def stored(store, run_id) -> tuple[dict[str, Episode], list[Invocation]]:
-    with store.session() as s:
-        return ({e.id: e for e in repo.list_episodes(s, run_id)}, list(repo.stream_invocations(s, run_ids=[run_id])))
 
 
 @pytest.fixture
@@ -133,7 +116,7 @@ def test_privileged_rollout_stores_exactly_the_ids_the_backend_saw(store):
     config = rollout_config(context="privileged")
     sink = KeepingSink(store)
     run_id = run_rollout(store, config, backend=backend, policy=policy, sink=sink).run_id
-    episodes, invocations = stored(store, run_id)
+    episodes, invocations = episodes_and_calls(store, run_id)
     with store.session() as s:
         assert repo.get_run(s, run_id).config["context"] == "privileged"
     kept = {i.id: i for i in sink.kept}  # as the loop made them (the store swaps NUL in text for U+FFFD)

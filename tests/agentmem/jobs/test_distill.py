@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
-from test_agent import SYNTH
-from test_config import OLD_ROLLOUT
+from helpers import OLD_ROLLOUT, SYNTH, register_policy
+from job_fixtures import distill_config, models
 from transformers import AutoModelForCausalLM
 
 from agentmem.backends.transformers_backend import TransformersBackend
@@ -18,7 +17,6 @@ from agentmem.jobs.distill import check_psd_runs, check_rl_runs, load_distill_ru
 from agentmem.jobs.rollout import run_rollout
 from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
 from agentmem.replay import ReplayError, pack
-from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from agentmem.training.forward import PackedModel
 from agentmem.training.objective import StepInputs, accumulate_step
@@ -29,43 +27,16 @@ from agentmem.training.trainer import Models, advantages, step_indices
 from store import repository as repo
 
 
-@pytest.fixture
-def rolled(sqlite_store):
-    tok = tiny_tokenizer()
-    config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
-                           agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, temperature=1.0, seed=7))
-    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    result = run_rollout(sqlite_store, config, backend=TransformersBackend.from_model(tiny_llama(seed=3), tok), policy=policy)
-    # give the group different rewards so the RL term has a signal
-    with sqlite_store.session() as s:
-        for i, ep in enumerate(repo.list_episodes(s, result.run_id)):
-            repo.update_episode(s, ep.model_copy(update={"reward": float(i % 2), "f1": float(i % 2)}))
-        s.commit()
-    return sqlite_store, result.run_id, policy
-
-
-def models(policy, student_seed=0) -> Models:
-    tok = tiny_tokenizer()
-    student = tiny_llama(seed=student_seed).train()
-    return Models(student, tok, policy, tiny_llama(seed=1).requires_grad_(False), tok)
-
-
 def shards_of(cfg: DistillConfig) -> DistillConfig:
     """``cfg`` with its teacher's targets read from top-K shards."""
     return cfg.model_copy(update={"teacher": cfg.teacher.model_copy(update={"source": TeacherSourceKind.shards})})
-
-
-def config(run_id, tmp_path, **kw) -> DistillConfig:
-    base = dict(run_ids=[run_id], out=str(tmp_path), teacher=dict(context=TeacherContext.privileged),
-                optim=dict(steps=2, lr=1e-3), batch=dict(invocations_per_step=4, row_tokens=4096))
-    return DistillConfig(**merged(base, kw))
 
 
 def test_trains_every_parameter_and_registers_checkpoint(rolled, tmp_path):
     store, run_id, policy = rolled
     m = models(policy)
     before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
-    result = run_distill(store, config(run_id, tmp_path), models=m)
+    result = run_distill(store, distill_config(run_id, tmp_path), models=m)
     assert len(result.history) == 2
     for step in result.history:
         assert np.isfinite(step.loss) and step.kd_loss > 0 and step.tokens > 0
@@ -93,9 +64,9 @@ def test_checkpoints_keep_the_optimizer_as_sft_does(rolled, tmp_path):
 
     store, run_id, policy = rolled
     assert (DistillConfig(run_ids=["r"]).keep_optimizer, DistillConfig(run_ids=["r"]).keep_last) == (False, None)
-    runs = {"dropped": config(run_id, tmp_path / "a", save_every=1, optim=dict(steps=3)),
-            "kept": config(run_id, tmp_path / "b", save_every=1, keep_optimizer=True, keep_last=2, optim=dict(steps=3)),
-            "round": config(run_id, tmp_path / "c", save_every=1, optim=dict(steps=3, schedule_steps=6))}
+    runs = {"dropped": distill_config(run_id, tmp_path / "a", save_every=1, optim=dict(steps=3)),
+            "kept": distill_config(run_id, tmp_path / "b", save_every=1, keep_optimizer=True, keep_last=2, optim=dict(steps=3)),
+            "round": distill_config(run_id, tmp_path / "c", save_every=1, optim=dict(steps=3, schedule_steps=6))}
     done = {name: run_distill(store, cfg, models=models(policy)) for name, cfg in runs.items()}
     with store.session() as s:
         paths = {name: [Path(c.path) for c in repo.list_checkpoints(s, r.run_id)] for name, r in done.items()}
@@ -155,7 +126,7 @@ class Interrupt(Exception):
 
 def test_resume_gives_the_same_next_steps(rolled, tmp_path):
     store, run_id, policy = rolled
-    cfg = config(run_id, tmp_path, save_every=2, optim=dict(steps=4), batch=dict(invocations_per_step=3))
+    cfg = distill_config(run_id, tmp_path, save_every=2, optim=dict(steps=4), batch=dict(invocations_per_step=3))
     straight = run_distill(store, cfg, models=(m_straight := models(policy)))
 
     def die_after_3(step):
@@ -185,7 +156,7 @@ def test_resume_gives_the_same_next_steps(rolled, tmp_path):
 def test_bad_inputs(rolled, tmp_path, sqlite_store):
     store, run_id, policy = rolled
     with pytest.raises(Exception, match="no run with id 'nopenope'"):
-        run_distill(store, config("nopenope", tmp_path), models=models(policy))
+        run_distill(store, distill_config("nopenope", tmp_path), models=models(policy))
     from agentmem.records import Run, RunKind
 
     empty = Run(kind=RunKind.rollout)
@@ -193,7 +164,7 @@ def test_bad_inputs(rolled, tmp_path, sqlite_store):
         repo.start_run(s, empty)
         s.commit()
     with pytest.raises(ValueError, match="no stored invocations"):
-        run_distill(store, config(empty.id, tmp_path), models=models(policy))
+        run_distill(store, distill_config(empty.id, tmp_path), models=models(policy))
     from transformers import PreTrainedTokenizerFast
 
     tok = tiny_tokenizer()
@@ -201,7 +172,7 @@ def test_bad_inputs(rolled, tmp_path, sqlite_store):
     other.add_tokens(["<new>"])
     m = models(policy)
     with pytest.raises(ValueError, match="vocabularies differ"):
-        run_distill(store, config(run_id, tmp_path), models=Models(m.student, tok, policy, m.teacher, other))
+        run_distill(store, distill_config(run_id, tmp_path), models=Models(m.student, tok, policy, m.teacher, other))
     assert all(e.status is not EpisodeStatus.running for e in select(store, [run_id]).episodes.values())
 
 
@@ -212,7 +183,7 @@ def test_distill_from_a_stored_run_on_each_database(store, tmp_path):
                         agent=AgentConfig(memory_tokens=6, answer_max_new_tokens=3, seed=1))
     policy = register_policy(store, "/models/tiny", "tiny")
     rolled = run_rollout(store, cfg, backend=TransformersBackend.from_model(tiny_llama(seed=3), tok), policy=policy)
-    result = run_distill(store, config(rolled.run_id, tmp_path, optim=dict(steps=1)), models=models(policy))
+    result = run_distill(store, distill_config(rolled.run_id, tmp_path, optim=dict(steps=1)), models=models(policy))
     with store.session() as s:
         (step,) = repo.list_train_steps(s, result.run_id)
         assert repo.get_checkpoint(s, result.last_checkpoint.id).step == 1
@@ -229,7 +200,7 @@ def test_distill_from_topk_shards(rolled, tmp_path):
     store, run_id, policy = rolled
     tok = tiny_tokenizer()
     teacher = tiny_llama(seed=1)
-    cfg = config(run_id, tmp_path, teacher=dict(context=TeacherContext.aligned), rl=dict(kind="none"), optim=dict(steps=2))
+    cfg = distill_config(run_id, tmp_path, teacher=dict(context=TeacherContext.aligned), rl=dict(kind="none"), optim=dict(steps=2))
     with pytest.raises(ValueError, match="run `agentmem score --topk K` first"):
         run_distill(store, shards_of(cfg),
                     models=Models(tiny_llama(seed=0).train(), tok, policy, None, None, "t-full"))
@@ -276,7 +247,7 @@ def test_oversize_call_is_skipped_counted_and_absent_from_the_teacher(rolled, tm
     seqs = student_sequences(select(store, [run_id]))
     budget = max(len(s) for s in seqs) - 1
     long = {s.invocation_id: len(s) for s in seqs if len(s) > budget}
-    cfg = config(run_id, tmp_path, teacher=dict(truncation="left"), batch=dict(invocations_per_step=len(seqs), row_tokens=budget, oversize="skip"))
+    cfg = distill_config(run_id, tmp_path, teacher=dict(truncation="left"), batch=dict(invocations_per_step=len(seqs), row_tokens=budget, oversize="skip"))
     skipping = Trainer(store, cfg, models(policy), "a")
     skipping.teacher = recorder = RecordingTeacher(skipping.teacher)
     step = skipping.step(0)
@@ -309,7 +280,7 @@ def test_a_step_counts_the_tokens_the_teacher_read(rolled, tmp_path, context):
     store, run_id, policy = rolled
     selection = select(store, [run_id])
     every = len(student_sequences(selection))
-    step = Trainer(store, config(run_id, tmp_path, teacher=dict(context=context), batch=dict(invocations_per_step=every)), models(policy),
+    step = Trainer(store, distill_config(run_id, tmp_path, teacher=dict(context=context), batch=dict(invocations_per_step=every)), models(policy),
                    context.value).step(0)
     read = sum(len(s) for s in teacher_sequences(selection, context, tiny_tokenizer()))
     assert step.metrics["teacher_tokens"] == read
@@ -322,7 +293,7 @@ def test_teacher_contexts_over_the_budget_are_refused_unless_cut(rolled, tmp_pat
     store, run_id, policy = rolled
     seqs = student_sequences(select(store, [run_id]))
     budget = max(len(s) for s in seqs)  # every student call fits; the privileged teacher contexts do not
-    cfg = config(run_id, tmp_path, batch=dict(invocations_per_step=len(seqs), row_tokens=budget))
+    cfg = distill_config(run_id, tmp_path, batch=dict(invocations_per_step=len(seqs), row_tokens=budget))
     with pytest.raises(ReplayError, match="exceed the row budget"):
         Trainer(store, cfg, models(policy), "a").step(0)
 
@@ -358,7 +329,7 @@ def test_two_barycenter_steps_with_clipping_on_each_database(store, tmp_path):
     m = models(policy)
     before = {n: p.detach().clone() for n, p in m.student.named_parameters()}
     # per-token divergences towards q are 0.0053 to 0.0068 here: the clip splits them
-    distill_cfg = config(rolled.run_id, tmp_path, loss=dict(target="barycenter", alpha_tau=0.02, alpha_ema=0.5, jsd_clip=0.0057), rl=dict(kind="none"))
+    distill_cfg = distill_config(rolled.run_id, tmp_path, loss=dict(target="barycenter", alpha_tau=0.02, alpha_ema=0.5, jsd_clip=0.0057), rl=dict(kind="none"))
     result = run_distill(store, distill_cfg, models=m)
     with store.session() as s:
         stored = repo.list_train_steps(s, result.run_id)
@@ -377,7 +348,7 @@ def test_resume_restores_the_alpha_ema(rolled, tmp_path):
     """The barycenter's alpha EMA is saved in each checkpoint's trainer state: a run killed after step 3
     and resumed from its step-2 checkpoint gives the uninterrupted run's steps 3 and 4."""
     store, run_id, policy = rolled
-    cfg = config(run_id, tmp_path, save_every=2, loss=dict(target="barycenter", alpha_tau=0.05, alpha_ema=0.5), rl=dict(kind="none"), optim=dict(steps=4), batch=dict(invocations_per_step=3))
+    cfg = distill_config(run_id, tmp_path, save_every=2, loss=dict(target="barycenter", alpha_tau=0.05, alpha_ema=0.5), rl=dict(kind="none"), optim=dict(steps=4), batch=dict(invocations_per_step=3))
     straight = run_distill(store, cfg, models=models(policy))
 
     def die_after_3(step):
@@ -407,7 +378,7 @@ def test_anchor_is_zero_at_the_start_and_grows_after_a_step(rolled, tmp_path):
     m = models(policy)
     reference = tiny_llama(seed=0).requires_grad_(False)
     anchored = Models(m.student, m.tokenizer, policy, m.teacher, m.teacher_tokenizer, reference=reference)
-    result = run_distill(store, config(run_id, tmp_path, loss=dict(anchor_weight=0.5), rl=dict(kind="none")), models=anchored)
+    result = run_distill(store, distill_config(run_id, tmp_path, loss=dict(anchor_weight=0.5), rl=dict(kind="none")), models=anchored)
     first, second = result.history
     assert first.metrics["anchor_loss"] == pytest.approx(0.0, abs=1e-7)
     assert second.metrics["anchor_loss"] > 1e-6

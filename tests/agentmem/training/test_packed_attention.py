@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from model_helpers import make_sequences
 
 from agentmem.replay import Row, Sequence, pack
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2
@@ -21,20 +22,6 @@ from agentmem.training.packed_attention import (
 torch.set_num_threads(1)
 MODELS = {"llama": tiny_llama, "qwen2": tiny_qwen2}
 PATHS = ["fast", "reference"]
-# (prompt, output) lengths; rows of 40 leave padding in the last row
-SHAPES = [(12, 5), (7, 3), (20, 6), (4, 9), (9, 2), (15, 4), (3, 1), (10, 8)]
-
-
-def make_sequences(seed: int = 0, vocab: int = 300) -> list[Sequence]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, (p, o) in enumerate(SHAPES):
-        ids = rng.integers(3, vocab, p + o).astype(np.int32)
-        mask = np.zeros(p + o, bool)
-        mask[p - 1 : p + o - 1] = True
-        out.append(Sequence(f"inv{i}", ids, np.arange(p + o, dtype=np.int32), mask, ids[p:].copy(),
-                            np.zeros(o, np.float32)))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_prefix_rollout import chat, fresh_logprobs
+from model_helpers import fresh_logprobs, sample_prompts
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
 
 from agentmem.backends import SamplingParams, TransformersBackend
@@ -14,19 +14,10 @@ from agentmem.backends.static_decode import Linear, StaticDecoder, unsupported_r
 from agentmem.records import FinishReason
 from agentmem.testing.tiny_models import tiny_llama, tiny_llama_vllm, tiny_qwen2, tiny_tokenizer
 
-MEMORIES = ["none", "Bob lives in Oslo.", "Alice was born in Lyon", "Paris"]
-
 
 @pytest.fixture(scope="module")
 def tok():
     return tiny_tokenizer()
-
-
-def sample_prompts(tok) -> list[list[int]]:
-    """Four siblings sharing a long prefix (the shared-prefix prefill) and three unrelated prompts:
-    [Hi, siblings x 4, "The capital of France is Paris.", Update]."""
-    siblings = [chat(tok, "where does Bob live?", "Alice was born in Lyon and works in Berlin.", m) for m in MEMORIES]
-    return [tok.encode("Hi"), *siblings, tok.encode("The capital of France is Paris."), tok.encode("Update")]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import MEMORIES, chat, fresh_logprobs
 
 from agentmem.backends import SamplingParams, TransformersBackend
 from agentmem.backends.transformers_backend import (
@@ -14,18 +15,10 @@ from agentmem.backends.transformers_backend import (
 from agentmem.records import FinishReason
 from agentmem.testing.tiny_models import tiny_llama, tiny_qwen2, tiny_tokenizer
 
-SYSTEM = "Update the memory with facts from the chunk that help answer the question."
 TASKS = [
     ("where does Bob live?", "The capital of France is Paris. Alice was born in Lyon and works in Berlin."),
     ("where was Alice born?", "Bob lives in Oslo. Alice works in Berlin. The capital of France is Paris."),
 ]
-MEMORIES = ["none", "Bob lives in Oslo.", "Alice was born in Lyon", "Paris"]
-
-
-def chat(tok, question: str, chunk: str, memory: str) -> list[int]:
-    content = f"Question: {question}\nChunk: {chunk}\nMemory: {memory}"
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
-    return tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +42,6 @@ def mixed(tok, siblings):
 def backends(model, tok):
     return (TransformersBackend.from_model(model, tok, share_prefix=True),
             TransformersBackend.from_model(model, tok, share_prefix=False))
-
-
-def fresh_logprobs(model, prompt, output, temperature):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output]), use_cache=False).logits[0, len(prompt) - 1 : -1]
-    logits = logits.float()
-    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    return logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
 
 
 def assert_same(shared, plain):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
-from helpers import KilledBackend, canonical_calls, stored_calls
+from helpers import SYNTH, KilledBackend, canonical_calls, stored_calls
 
 from agentmem.agent.loop import AgentConfig, AgentLoop, ListSink, memory_policy, register_memory_policy
 from agentmem.agent.memory import Call, MemoryPolicyBase, replay
@@ -25,7 +25,6 @@ from agentmem.testing.tiny_models import tiny_tokenizer
 from envs import load_env
 from store import repository as repo
 
-SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 NOTES = AgentConfig(memory_policy="notes", memory_tokens=16, answer_max_new_tokens=8, max_batch=2, seed=1)
 
 

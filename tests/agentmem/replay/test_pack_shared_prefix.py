@@ -10,8 +10,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
-from test_agent import SYNTH
+from helpers import SYNTH, register_policy
+from model_helpers import group_sequences, seq
 
 from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, DistillConfig, Packing, RolloutConfig, ScoreConfig
@@ -34,32 +34,6 @@ from store import repository as repo
 torch.set_num_threads(1)
 MODELS = {"llama": tiny_llama, "qwen2": tiny_qwen2}
 PATHS = ["fast", "reference"]
-
-
-def seq(id_: str, ids, prompt: int, group=None) -> Sequence:
-    ids = np.asarray(ids, np.int32)
-    n = len(ids)
-    mask = np.zeros(n, bool)
-    mask[prompt - 1 : n - 1] = True
-    return Sequence(id_, ids, np.arange(n, dtype=np.int32), mask, ids[prompt:].copy(),
-                    -np.arange(1, n - prompt + 1, dtype=np.float32), group=group)
-
-
-def group_sequences(seed: int = 0, vocab: int = 300) -> list[Sequence]:
-    """Two groups of siblings (a long shared prompt head, own memory and actions), a call with no group,
-    and a group whose members share nothing."""
-    rng = np.random.default_rng(seed)
-
-    def rand(n):
-        return rng.integers(3, vocab, n)
-
-    head = rand(30)
-    out = [seq(f"g{i}", np.concatenate([head, rand(6 + i), rand(3 + i)]), 36 + i, group="g") for i in range(4)]
-    out.append(seq("solo", rand(15), 11))
-    head2 = rand(9)
-    out += [seq(f"h{i}", np.concatenate([head2, rand(5), rand(2 + i)]), 14, group="h") for i in range(3)]
-    out += [seq(f"x{i}", np.concatenate([[3 + i], rand(8)]), 6, group="x") for i in range(2)]  # first ids differ
-    return out
 
 
 def alone(model, s: Sequence) -> torch.Tensor:

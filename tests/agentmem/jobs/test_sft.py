@@ -6,8 +6,6 @@ before any model loads."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,51 +13,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
-from test_agent import SYNTH
+from helpers import agentmem
+from job_fixtures import sft_config
 from transformers import AutoModelForCausalLM
 
-from agentmem.backends.scripted import ScriptedBackend
-from agentmem.config import AgentConfig, RolloutConfig, SftConfig
+from agentmem.config import SftConfig
 from agentmem.errors import TrainingError
-from agentmem.jobs.rollout import run_rollout
 from agentmem.jobs.sft import load_student, run_sft
 from agentmem.jobs.training_shell import with_steps
 from agentmem.model_refs import resolve
 from agentmem.records import InvocationKind, Run, RunKind
 from agentmem.runtime import CPU
-from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import save_tiny, tiny_tokenizer
 from agentmem.training import lora
 from agentmem.training.selection import select
 from agentmem.training.trainer import Trainer
 from store import repository as repo
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def stored(sqlite_store, tmp_path):
-    """A scripted rollout (4 episodes, F1 0, 0.8, 0, 0.8) and a tiny student folder."""
-    tok = tiny_tokenizer()
-    config = RolloutConfig(model="tiny", episodes=2, group_size=2, chunk_tokens=48, env_knobs=SYNTH,
-                           agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4))
-    policy = register_policy(sqlite_store, "/models/tiny", "tiny")
-    result = run_rollout(sqlite_store, config, backend=ScriptedBackend(tok, lambda p: "Bob lives in Oslo."),
-                         policy=policy)
-    with sqlite_store.session() as s:
-        for i, ep in enumerate(repo.list_episodes(s, result.run_id)):
-            repo.update_episode(s, ep.model_copy(update={"f1": 0.8 * (i % 2), "reward": 0.8 * (i % 2)}))
-        s.commit()
-    return sqlite_store, result.run_id, save_tiny(tmp_path / "tiny")
-
-
-def sft_config(run_id, folder, tmp_path, **kw) -> SftConfig:
-    """A constant rate with no warmup, and the optimizer state kept at the end: resumed and carried runs
-    continue it (the defaults' warmup, cosine and dropped state are tested on their own)."""
-    base = dict(run_ids=[run_id], student=folder, optim=dict(steps=2, lr=1e-3, warmup_steps=0, schedule="constant"),
-                batch=dict(invocations_per_step=64), keep_optimizer=True, out=str(tmp_path / "ckpt"))
-    return SftConfig(**merged(base, kw))
 
 
 def mean_nll(model, invocations) -> float:
@@ -255,18 +224,12 @@ def test_bad_run_ids_fail_before_any_model_loads(stored, tmp_path, monkeypatch):
         assert [r.run.kind for r in repo.list_runs(s)] == [RunKind.rollout]
 
 
-def am(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AGENTMEM_DB": "", "OMP_NUM_THREADS": "1", "AGENTMEM_DEBUG": ""}
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_cli_help_and_a_bad_kinds_value(tmp_path):
-    help_text = am("sft", "--help")
+    help_text = agentmem("sft", "--help")
     assert help_text.returncode == 0
     assert all(f in help_text.stdout for f in ("--min-f1", "--kinds", "--lora-rank", "--resume", "--train-dtype"))
     db = tmp_path / "x.db"
-    bad = am("sft", "--run", "r", "--kinds", "updates", "--db", str(db))
+    bad = agentmem("sft", "--run", "r", "--kinds", "updates", "--db", str(db))
     assert bad.returncode == 1
     (line,) = bad.stderr.strip().splitlines()
     assert line.startswith("error: unknown call kind(s) ['updates']: give comma-separated memory_update, answer, ")

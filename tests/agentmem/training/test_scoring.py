@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
+from helpers import SYNTH, register_policy, user_content
+from model_helpers import direct_logprobs
 from safetensors.torch import load_file
-from test_agent import SYNTH
-from test_teachers import user_content
 from transformers import PreTrainedTokenizerFast
 
 from agentmem.agent.prompts import SYSTEM
@@ -37,14 +36,6 @@ def rolled(sqlite_store, model):
     policy = register_policy(sqlite_store, "/models/tiny", "tiny")
     result = run_rollout(sqlite_store, config, backend=TransformersBackend.from_model(model, tok), policy=policy)
     return sqlite_store, result.run_id
-
-
-def direct_logprobs(model, context_ids: np.ndarray, output_ids: np.ndarray) -> np.ndarray:
-    ids = torch.tensor(np.concatenate([context_ids, output_ids]), dtype=torch.long)[None]
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids, use_cache=False).logits[0].float(), -1)
-    c = len(context_ids)
-    return logp[c - 1 : -1].gather(-1, torch.tensor(output_ids, dtype=torch.long)[:, None])[:, 0].numpy()
 
 
 def scores_of(store, run_id, teacher, context):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import OLD_ROLLOUT
 
 from agentmem.config import (
     DistillConfig,
@@ -17,15 +18,6 @@ from agentmem.config import (
 )
 from agentmem.records import Invocation, SamplingContext, TeacherContext
 
-# A rollout config exactly as runs stored it before ``prompt_layout`` existed and before SamplingContext.
-OLD_ROLLOUT = {
-    "env": "synthetic", "data": None, "env_knobs": {}, "model": "default", "policy": "model",
-    "backend": "transformers", "base_url": None, "dtype": "float32", "episodes": 2, "group_size": 1, "seed": 0,
-    "chunk_tokens": 512, "agent": {"memory_tokens": 256, "answer_max_new_tokens": 32, "max_chunks": None,
-                                   "temperature": 1.0, "top_p": 1.0, "memory_policy": "overwrite",
-                                   "memory_options": {}, "max_batch": 8, "seed": 0},
-    "context": "privileged",
-}
 # A score config as stored when ``kinds`` was list[InvocationKind].
 OLD_SCORE = {
     "run_ids": ["r"], "teacher": "default", "student": None, "context": "persistent",

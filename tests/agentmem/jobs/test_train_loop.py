@@ -4,10 +4,9 @@ the checkpoint that sampled it, and a call over the row budget is left out and c
 from __future__ import annotations
 
 import pytest
-from test_agent import SYNTH
+from job_fixtures import tiny_train
 
 from agentmem.config import (
-    AgentConfig,
     DistillConfig,
     LossSection,
     Oversize,
@@ -21,24 +20,8 @@ from agentmem.config import (
 )
 from agentmem.jobs.train import run_train
 from agentmem.records import SamplingContext, TeacherContext
-from agentmem.testing.configs import merged
 from agentmem.testing.tiny_models import save_tiny
 from store import repository as repo
-
-
-def tiny_train(folder: str, tmp_path, **distill) -> TrainConfig:
-    return TrainConfig(
-        rounds=2,
-        rollout=RolloutConfig(env_knobs=SYNTH, episodes=2, group_size=2, chunk_tokens=48,
-                              agent=AgentConfig(memory_tokens=8, answer_max_new_tokens=4, max_batch=4)),
-        distill=DistillConfig(**merged(dict(student=folder, out=str(tmp_path / "ckpt"),
-                                            teacher=dict(model=folder, context=TeacherContext.privileged),
-                                            optim=dict(steps=1, lr=1e-3),
-                                            batch=dict(invocations_per_step=4, oversize=Oversize.skip)), distill)),
-        # the tiny random teacher writes noise into an 8-token memory; the forgetting check has its own test
-        # (test_recipe: a teacher that writes `(empty)` after evidence is refused)
-        max_teacher_forgot=1.0,
-    )
 
 
 def test_two_rounds_chain_checkpoints_and_tag_policy_versions(sqlite_store, tmp_path):

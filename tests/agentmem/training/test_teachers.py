@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import register_policy
-from test_agent import SYNTH
+from helpers import SYNTH, register_policy, user_content
 
 from agentmem.agent.prompts import SYSTEM
 from agentmem.backends.transformers_backend import TransformersBackend
@@ -171,11 +170,6 @@ def test_persistent_chat_renders_one_well_formed_conversation(rolled):
             assert text.count("<|im_start|>assistant") == t + 1  # t replies + the generation prompt
     first = selection.invocations[0]  # a first call reads exactly what the student read
     assert seqs[first.id].input_ids.tolist() == first.prompt_ids.tolist() + first.output_ids.tolist()
-
-
-def user_content(inv) -> str:
-    """The user message of a stored prompt, cut out of its text by hand for ChatML."""
-    return inv.prompt_text.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>\n<|im_start|>assistant\n", 1)[0]
 
 
 def test_persistent_chat_truncation_is_counted(rolled, teacher_model):

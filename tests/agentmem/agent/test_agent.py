@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import SYNTH
 
 import agentmem.config
 from agentmem.agent.loop import AgentConfig, AgentLoop, EpisodeState, ListSink
@@ -21,8 +22,6 @@ from agentmem.records import Episode, EpisodeStatus, InvocationKind, Task
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
 from envs import load_env
 from store import repository as repo
-
-SYNTH = {"context_tokens": 120, "distractors": 1, "hops": 1}
 
 
 def tiny_env(tok, chunk_tokens=48, seed=0):
