@@ -55,7 +55,7 @@ class CommandLineError(ConfigError):
 # rollout's and distill's configs), or by ``Config.field`` where one place names different things in two jobs'
 # configs (score's ``context`` is the teacher's, rollout's the sampler's). A flag has one meaning in every command:
 # two keys under one flag are one setting that two jobs keep in different places (score's ``teacher`` and distill's
-# ``teacher.model``), and ``tests/test_cli_config.py`` fails on any flag that sets two fields not listed here.
+# ``teacher.model``), and ``tests/cli/test_config_options.py`` fails on any flag that sets two fields not listed here.
 FLAG_NAMES: dict[str, str] = {
     "run_ids": "--run",
     "env_knobs": "--knob",
