@@ -49,6 +49,23 @@ def mixed(tags: list[float]) -> bool:
     return len(blocks) != len(set(blocks))
 
 
+def tally(engine, reference: str, run_id: str) -> tuple[int, int, int, int, int]:
+    """(lost, duplicates, differ, mixed, taken over) of ``run_id`` against ``reference``; the run must be finished
+    with every episode answered."""
+    with engine.connect() as c:
+        assert c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar() == "finished"
+        statuses = c.execute(sa.text("select status from episodes where run_id = :r"), {"r": run_id}).scalars().all()
+    assert set(statuses) == {"answered"}
+    want, got = calls_by_episode(engine, reference), calls_by_episode(engine, run_id)
+    assert set(got) == set(want)
+    lost = sum(max(0, len(want[k]) - len(got[k])) for k in want)
+    duplicates = sum(max(0, len(got[k]) - len(want[k])) for k in want)
+    differ = sum(1 for k in want if [r[:-1] for r in got[k]] != [r[:-1] for r in want[k]])
+    mixed_episodes = sum(1 for k in got if mixed([r[-1] for r in got[k]]))
+    taken_over = sum(1 for k in got if len({r[-1] for r in got[k]}) > 1)
+    return lost, duplicates, differ, mixed_episodes, taken_over
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from fault_helpers import ROOT, calls_by_episode, fault_config, mixed, own_server, pg_ctl, pg_port  # noqa: F401 (own_server is a fixture)
+from fault_helpers import ROOT, fault_config, own_server, pg_ctl, pg_port, tally  # noqa: F401 (own_server is a fixture)
 
 from agentmem.backends.scripted import ScriptedBackend
 from agentmem.config import AgentConfig, BackendKind, RolloutConfig
@@ -61,23 +61,6 @@ def in_thread(fn) -> tuple[threading.Thread, dict]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
-
-
-def tally(engine, reference: str, run_id: str) -> tuple[int, int, int, int, int]:
-    """(lost, duplicates, differ, mixed, taken over) of ``run_id`` against ``reference``; the run must be finished
-    with every episode answered."""
-    with engine.connect() as c:
-        assert c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar() == "finished"
-        statuses = c.execute(sa.text("select status from episodes where run_id = :r"), {"r": run_id}).scalars().all()
-    assert set(statuses) == {"answered"}
-    want, got = calls_by_episode(engine, reference), calls_by_episode(engine, run_id)
-    assert set(got) == set(want)
-    lost = sum(max(0, len(want[k]) - len(got[k])) for k in want)
-    duplicates = sum(max(0, len(got[k]) - len(want[k])) for k in want)
-    differ = sum(1 for k in want if [r[:-1] for r in got[k]] != [r[:-1] for r in want[k]])
-    mixed_episodes = sum(1 for k in got if mixed([r[-1] for r in got[k]]))
-    taken_over = sum(1 for k in got if len({r[-1] for r in got[k]}) > 1)
-    return lost, duplicates, differ, mixed_episodes, taken_over
 
 
 def test_refusals_are_one_line_before_anything_is_written(ray_cluster):

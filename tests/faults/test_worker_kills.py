@@ -29,7 +29,7 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from fault_helpers import ROOT, calls_by_episode, fault_config, mixed
+from fault_helpers import ROOT, fault_config, tally
 
 from agentmem.backends.scripted import ScriptedBackend
 from agentmem.jobs.rollout import create_rollout, run_rollout
@@ -96,17 +96,7 @@ def test_killed_workers_lose_duplicate_and_mix_nothing(store):
         assert p.returncode in (0, -signal.SIGKILL), (tag, err)
     assert kills == KILLS, f"only {kills} kills happened: the run finished too soon"
 
-    with engine.connect() as c:
-        assert c.execute(sa.text("select status from runs where id = :r"), {"r": run_id}).scalar() == "finished"
-        statuses = c.execute(sa.text("select status from episodes where run_id = :r"), {"r": run_id}).scalars().all()
-    assert set(statuses) == {"answered"}
-    want, got = calls_by_episode(engine, reference), calls_by_episode(engine, run_id)
-    assert set(got) == set(want)
-    lost = sum(max(0, len(want[k]) - len(got[k])) for k in want)
-    duplicates = sum(max(0, len(got[k]) - len(want[k])) for k in want)
-    differ = sum(1 for k in want if [r[:-1] for r in got[k]] != [r[:-1] for r in want[k]])
-    mixed_episodes = sum(1 for k in got if mixed([r[-1] for r in got[k]]))
-    taken_over = sum(1 for k in got if len({r[-1] for r in got[k]}) > 1)
+    lost, duplicates, differ, mixed_episodes, taken_over = tally(engine, reference, run_id)
     print(f"kills={kills} lost_calls={lost} duplicates={duplicates} differ={differ} mixed={mixed_episodes} "
           f"taken_over={taken_over}")
     assert (lost, duplicates, differ, mixed_episodes) == (0, 0, 0, 0)

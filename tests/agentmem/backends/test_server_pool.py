@@ -154,7 +154,7 @@ def test_each_episode_stays_on_one_server_and_a_failing_server_is_skipped(sqlite
                                   for i in repo.stream_invocations(session, run_ids=[server.run_id])))
     for inv in got.values():  # every call of an episode on the episode's first-ranked server, once
         expected[rank(inv.episode_id, urls)[0]][tuple(inv.prompt_ids.tolist())] += 1
-    assert served == expected and all(served)  # and both servers took episodes
+    assert served == expected  # (the episode ids are random: all of them may rank one server first)
 
     # one server fails at its third call (and every later one): its calls go to the other, each answered once
     stores.append(open_store(f"sqlite:///{tmp_path / 'server2.db'}", create=True))
