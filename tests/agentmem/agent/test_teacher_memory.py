@@ -5,6 +5,8 @@ and LoRA SFT on the teacher's successful episodes combines with the memories."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import SYNTH, KilledBackend, agentmem, canonical_calls, register_policy, stored_calls
 from transformers import AutoModelForCausalLM
@@ -65,7 +67,7 @@ def teacher_rollout(store, tok):
                 repo.update_episode(s, ep.model_copy(update={"f1": 0.0, "reward": 0.0}))
         s.commit()
         episodes = repo.list_episodes(s, result.run_id)
-    return result.__class__(result.run_id, episodes, result.resumed_episodes, result.policy)
+    return dataclasses.replace(result, episodes=episodes)
 
 
 # ---- writers ----------------------------------------------------------------------------------------
