@@ -7,6 +7,7 @@ import concurrent.futures.process
 import multiprocessing
 import os
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -24,6 +25,19 @@ except ImportError:  # pragma: no cover
     pass
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _memory_policies_restored():
+    """A memory policy a test registers stays registered for that test only: the registry is global, and a
+    policy left in it shows up in every later test's list of known policies (tests/cli/test_app_errors.py)."""
+    registry = sys.modules.get("agentmem.agent.registry")
+    before = dict(registry._ADDED) if registry is not None else {}
+    yield
+    registry = sys.modules.get("agentmem.agent.registry")
+    if registry is not None:
+        registry._ADDED.clear()
+        registry._ADDED.update(before)
 
 
 @pytest.fixture

@@ -86,12 +86,7 @@ class Counter(MemoryPolicyBase[Count]):
 
 
 @pytest.fixture(autouse=True)
-def counter_registered(monkeypatch):
-    """``counter`` is registered for each test of this file only: a policy left registered shows up in every
-    later test's list of known policies (tests/cli/test_app_errors.py checks that list)."""
-    from agentmem.agent import registry
-
-    monkeypatch.setattr(registry, "_ADDED", dict(registry._ADDED))
+def counter_registered():
     register_memory_policy(Counter)
 
 
