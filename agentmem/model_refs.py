@@ -131,7 +131,7 @@ def backend(kind: BackendKind | str, path: str, dtype: DType | str, runtime: Run
             static_decode: bool = True) -> Backend:
     """A generation backend for ``path`` on the runtime's device (vLLM is imported only when asked for);
     ``openai``: a client of the server at ``base_url`` serving the model under ``served_name``, with the
-    tokenizer of ``path`` (no weights load); several URLs: a ``ServerPool`` of them (``policy.server_pool``); ``static_decode=False``: the transformers backend's generic
+    tokenizer of ``path`` (no weights load); several URLs: a ``ServerPool`` of them (``backends.server_pool``); ``static_decode=False``: the transformers backend's generic
     decode step (for comparisons)."""
     from agentmem.backends.registry import make_backend
 

@@ -21,7 +21,7 @@ Invariants:
 - an episode's state is rebuilt from its stored calls (``AgentLoop.start``), so a resumed episode
   continues exactly where the store says it stopped (an answer stored without its outcome is scored,
   not asked again);
-- a ``KeyedBackend`` (several servers: ``policy.server_pool``) gets each call's episode id with its prompt, so
+- a ``KeyedBackend`` (several servers: ``backends.server_pool``) gets each call's episode id with its prompt, so
   an episode's calls go to one server;
 - a failing call is data, not a crash: its episode ends ``failed`` with the error, siblings go on;
 - an episode whose calls the sink refuses (``Sink.invocations`` returns its id: a rollout worker lost its

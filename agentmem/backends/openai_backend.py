@@ -22,7 +22,7 @@ from agentmem.records import FinishReason
 
 class ServerUnavailable(BackendError):
     """The server could not be reached, dropped the connection, or answered 5xx: another server may answer the
-    same call (``policy.server_pool``). A 4xx is the request's fault and is a plain ``BackendError``."""
+    same call (``backends.server_pool``). A 4xx is the request's fault and is a plain ``BackendError``."""
 
 
 class OpenAIBackend:

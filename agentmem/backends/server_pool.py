@@ -1,7 +1,7 @@
 """Several OpenAI-compatible servers (``agentmem serve``, ``vllm serve``) as one backend: each episode stays on
 one server, and a call whose server dies is answered by another.
 
-Routing: the agent loop passes each call's key, its episode id (``generate_keyed``; ``policy.types.KeyedBackend``).
+Routing: the agent loop passes each call's key, its episode id (``generate_keyed``; ``backends.types.KeyedBackend``).
 The servers are ranked per key by rendezvous hashing (``sha256(key, url)``, as ``agentmem serve --upstream`` ranks
 its upstreams), the same in every process: all calls of one episode go to its first server (whose prefix cache
 keeps the episode's prompt head), the episodes of a round spread over the servers, and a server going down moves
@@ -36,7 +36,7 @@ from agentmem.errors import BackendError
 
 
 def rank(key: str, urls: Sequence[str]) -> list[int]:
-    """The indexes of ``urls`` in the order ``key``'s calls try them (rendezvous hashing): stable across processes,
+    """The indexes of ``urls`` in the order ``key``'s calls try them (rendezvous hashing, as the serve gateway ranks its upstreams): stable across processes,
     and removing one URL leaves the others' order unchanged."""
     return sorted(range(len(urls)), key=lambda i: hashlib.sha256(f"{key}\x00{urls[i]}".encode()).digest(),
                   reverse=True)

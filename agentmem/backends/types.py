@@ -113,7 +113,7 @@ class Backend(Protocol):
 @runtime_checkable
 class KeyedBackend(Backend, Protocol):
     """A backend that places each prompt by a key: the agent loop passes each call's episode id, so that every
-    call of an episode goes to the same server (``policy.server_pool``)."""
+    call of an episode goes to the same server (``backends.server_pool``)."""
 
     def generate_keyed(self, keys: list[str], prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One ``Generation`` per prompt, same order; ``keys[i]`` places ``prompts[i]``."""

@@ -36,7 +36,6 @@ temperature-scaled ones every agentmem backend stores (``backends.types``).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import re
@@ -49,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from agentmem.backends.server_pool import rank
 from agentmem.errors import ConfigError
 from agentmem.records import FinishReason
 from agentmem.serve.behind_gateway import RECORD_HEADER
@@ -181,8 +181,7 @@ class UpstreamSampler:
                                type="upstream_error")
             if key is None:
                 return live[next(self._turn) % len(live)]
-            key = affinity(key)
-            return max(live, key=lambda u: hashlib.sha256(f"{key}\x00{u.url}".encode()).digest())
+            return live[rank(affinity(key), [u.url for u in live])[0]]
 
     # generation
 
