@@ -149,8 +149,9 @@ def paired(arms: dict[str, dict[int, dict]], a: str, b: str, n: int = 2000, real
 def summarize(records: list[dict], n: int = 2000) -> dict:
     """The last line's terms (each ``(mean, lo, hi)``, a number, or None where its records are missing): the hint
     teacher's gap over the warm start, the share of it OPD recovers, OPD against SFT continued and against SeqKD,
-    the RL term with the teacher in its advantage against the RL term alone, the seeds (of the warm start) and
-    the mean minutes of a seed's unit."""
+    the RL term with the teacher in its advantage against the RL term alone, the seeds whose unit finished (every
+    arm recorded; a seed with only some arms adds its records to the comparisons but is not counted) and the mean
+    minutes of a finished unit."""
     arms = _by_arm(records)
     gap = paired(arms, "teacher_hint", "warm", n)
     gain = paired(arms, "opd_hint", "warm", n)
@@ -159,7 +160,7 @@ def summarize(records: list[dict], n: int = 2000) -> dict:
             "opd_minus_sft_more": paired(arms, "opd_hint", "sft_more", n),
             "opd_minus_seqkd": paired(arms, "opd_hint", "seqkd_hint", n),
             "opd_rl_minus_rl": paired(arms, "opd_grpo_hint", "grpo", n),
-            "seeds": len(arms.get("warm", {})), "minutes_per_seed": float(np.mean(units)) if units else None}
+            "seeds": len({int(r["seed"]) for r in records if r["kind"] == "unit"}), "minutes_per_seed": float(np.mean(units)) if units else None}
 
 
 def last_line(summary: dict) -> str:

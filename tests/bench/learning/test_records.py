@@ -94,14 +94,21 @@ def test_missing_records_read_na():
     assert s["gap_hint"] is None and s["recovery_hint"] is None and s["opd_rl_minus_rl"] is None
     assert s["opd_minus_sft_more"] is not None and s["minutes_per_seed"] is None
     line = records.last_line(s)
-    assert "gap_hint=na" in line and "opd_rl_minus_rl=na" in line and line.endswith("seeds=2 minutes_per_seed=na")
+    assert "gap_hint=na" in line and "opd_rl_minus_rl=na" in line and line.endswith("seeds=0 minutes_per_seed=na")
 
 
 def test_a_model_evaluated_once_pairs_with_every_seed():
     warm = [_arm("warm", s, {"level1": [0.0, 1.0]}) for s in range(3)]
     teacher = [_arm("teacher_hint", 0, {"level1": [1.0, 1.0]}, once=True)]
     s = records.summarize(warm + teacher)
-    assert s["gap_hint"][0] == pytest.approx(0.5) and s["seeds"] == 3
+    assert s["gap_hint"][0] == pytest.approx(0.5) and s["seeds"] == 0  # no seed's unit finished
+
+
+def test_only_seeds_whose_unit_finished_are_counted():
+    recs, _ = _records(np.random.default_rng(2))
+    partial = [_arm("warm", 2, {"level1": [0.0] * 4, "level2": [0.0] * 4})]
+    s = records.summarize([r for r in recs if not (r["kind"] == "unit" and r["seed"] == 1)] + partial)
+    assert (s["seeds"], s["minutes_per_seed"]) == (1, 90.0)
 
 
 def test_records_are_written_by_config_hash_and_loaded_back(tmp_path):
