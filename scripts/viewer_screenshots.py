@@ -2,6 +2,8 @@
 
     python scripts/viewer_screenshots.py --db sqlite:///agentmem.db [--out docs/viewer]
 
+It imports agentmem as installed (`pip install -e .`), like every other script.
+
 Serves the store read-only on a free local port, picks the pages to show (the newest scored rollout, its
 episode with the most calls, the newest distill run) and has headless Chromium save a 1280-wide PNG of each.
 """
@@ -18,14 +20,12 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import uvicorn
 
-import uvicorn  # noqa: E402
-
-from agentmem.records import RunKind  # noqa: E402
-from agentmem.view.app import create_app  # noqa: E402
-from store import repository as repo  # noqa: E402
-from store.engine import open_read_only  # noqa: E402
+from agentmem.records import RunKind
+from agentmem.view.app import create_app
+from store import repository as repo
+from store.engine import open_read_only
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
