@@ -1,6 +1,6 @@
-"""Training losses at action positions: distillation divergences, the clipped policy-gradient surrogate,
-and the token weighting that turns per-position losses into one scalar; also the pieces of the barycenter
-target (``topk_union_jsd``, ``barycenter_logprobs``) and per-token divergence clipping (``clipped``).
+"""Training losses at action positions: distillation divergences and the clipped policy-gradient surrogate;
+also the pieces of the barycenter target (``topk_union_jsd``, ``barycenter_logprobs``) and per-token
+divergence clipping (``clipped``).
 
 Conventions (every function here):
 - inputs are already gathered at the N action positions (positions whose next token was sampled);
@@ -8,7 +8,7 @@ Conventions (every function here):
 - ``p_s = softmax(student_logits / T)``, ``p_t = softmax(teacher_logits / T)``; logits must be finite;
 - everything is computed in at least float32 (bf16 and fp16 inputs are upcast: a bf16 log-softmax over
   a large vocabulary loses too much; float64 stays float64), and so are the results;
-- a loss is ``sum_i w_i * loss_i`` with explicit weights from :func:`token_weights`. The weights are not
+- a loss is ``sum_i w_i * loss_i`` with explicit weights (``objective.step_weights``). The weights are not
   renormalised, so weights computed over a whole batch and sliced into micro-batches make the
   micro-batch losses add up to the full-batch loss (gradient accumulation gives the same step).
 """
@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 DivergenceKind = Literal["reverse_kl", "forward_kl", "jsd"]
-WeightMode = Literal["token", "call", "episode"]
 
 
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -114,22 +113,6 @@ def divergence(
     if kind == "jsd":
         return generalized_jsd(student_logits, teacher_logits, beta, temperature)
     raise ValueError(f"unknown divergence kind {kind!r}")
-
-
-def distill_loss(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    kind: DivergenceKind,
-    beta: float,
-    weights: torch.Tensor,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """Weighted distillation loss over action positions -> scalar.
-
-    ``loss = sum_i weights[i] * D_i`` with ``D`` the :func:`divergence` of ``kind``, ``weights`` ``[N]`` (see
-    :func:`token_weights`; not renormalised, so a micro-batch slice of batch weights gives its share).
-    """
-    return _weighted_sum(divergence(student_logits, teacher_logits, kind, beta, temperature), weights)
 
 
 def clipped(per_position: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,7 +233,7 @@ def policy_gradient_loss(
     All inputs are ``[N]``: ``new_logprobs`` from the policy being trained (with gradient; use
     :func:`sampled_logprobs` at the sampler's temperature), ``old_logprobs`` the stored sampler log-probs
     (``Invocation.output_logprobs``), ``advantages`` the token's advantage (its episode's group advantage
-    broadcast over its tokens), ``weights`` from :func:`token_weights`::
+    broadcast over its tokens), ``weights`` the step's token weights (``objective.step_weights``)::
 
         r_i    = exp(new_i - old_i)
         loss   = sum_i w_i * -min(r_i * A_i, clip(r_i, 1 - eps, 1 + eps) * A_i)
@@ -277,43 +260,6 @@ def policy_gradient_loss(
             ratio_mean=float((w * ratio).sum() / total),
         )
     return loss, metrics
-
-
-def token_weights(segment_ids: torch.Tensor, episode_ids: torch.Tensor, mode: WeightMode) -> torch.Tensor:
-    """Per-token weights that sum to 1 over the batch -> ``[N]`` float32.
-
-    ``segment_ids[i]`` names the call (invocation) token ``i`` belongs to and ``episode_ids[i]`` its
-    episode; both are ``[N]`` integer tensors, and a call id must be unique over the whole batch (not
-    restart per packed row) and belong to one episode. With ``C`` calls, ``E`` episodes, ``n_c`` tokens
-    in call ``c`` and ``n_e`` tokens in episode ``e``:
-
-    - ``"token"``:   ``w_i = 1 / N`` (long calls and long episodes count more);
-    - ``"call"``:    ``w_i = 1 / (C * n_c(i))`` (every call counts the same);
-    - ``"episode"``: ``w_i = 1 / (E * n_e(i))`` (every episode counts the same, its tokens equally,
-      whichever call they are in).
-
-    Compute weights over the whole optimiser batch, then slice them for micro-batches.
-    """
-    if segment_ids.shape != episode_ids.shape or segment_ids.dim() != 1:
-        raise ValueError(f"need two 1-D tensors of equal shape, got {segment_ids.shape}, {episode_ids.shape}")
-    n = segment_ids.shape[0]
-    if n == 0:
-        return torch.zeros(0, dtype=torch.float32, device=segment_ids.device)
-    _, call = torch.unique(segment_ids, return_inverse=True)
-    _, episode = torch.unique(episode_ids, return_inverse=True)
-    n_calls = int(call.max()) + 1
-    if torch.unique(torch.stack([call, episode]), dim=1).shape[1] != n_calls:
-        raise ValueError("a segment id appears in more than one episode; segment ids must name one call")
-    if mode == "token":
-        return torch.full((n,), 1.0 / n, dtype=torch.float32, device=segment_ids.device)
-    if mode == "call":
-        group, n_groups = call, n_calls
-    elif mode == "episode":
-        group, n_groups = episode, int(episode.max()) + 1
-    else:
-        raise ValueError(f"unknown weighting mode {mode!r}")
-    sizes = torch.bincount(group, minlength=n_groups).to(torch.float32)
-    return 1.0 / (n_groups * sizes[group])
 
 
 def sampled_logprobs(

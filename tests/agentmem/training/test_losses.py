@@ -1,5 +1,5 @@
 """Losses at action positions: exact values on hand-computable logits, TRL-pinned generalized JSD,
-token weighting, the clipped policy-gradient surrogate, and the barycenter target's pieces (JSD on the
+the clipped policy-gradient surrogate, and the barycenter target's pieces (JSD on the
 union of top-K sets, the barycenter, per-token clipping)."""
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import torch
 from agentmem.training.losses import (
     barycenter_logprobs,
     clipped,
-    distill_loss,
+    divergence,
     forward_kl,
     generalized_jsd,
     policy_gradient_loss,
     reverse_kl,
     sampled_logprobs,
-    token_weights,
     topk_union_jsd,
 )
 
@@ -134,7 +133,7 @@ def test_generalized_jsd_matches_trl_pinned_values(temperature: float, beta: flo
 @pytest.mark.parametrize("beta", sorted(TRL_BATCHMEAN))
 def test_generalized_jsd_mean_is_trl_batchmean(beta: float) -> None:
     weights = torch.full((3,), 1 / 3, dtype=torch.float64)  # token weights, exact in float64
-    loss = distill_loss(STUDENT, TEACHER, "jsd", beta, weights)
+    loss = (generalized_jsd(STUDENT, TEACHER, beta) * weights).sum()
     assert loss.item() == pytest.approx(TRL_BATCHMEAN[beta], abs=1e-9)
 
 
@@ -171,12 +170,11 @@ def test_generalized_jsd_rejects_beta_outside_unit_interval() -> None:
 
 
 @pytest.mark.parametrize("kind", ["reverse_kl", "forward_kl", "jsd"])
-def test_distill_loss_is_differentiable_with_finite_gradients(kind: str) -> None:
+def test_divergence_is_differentiable_with_finite_gradients(kind: str) -> None:
     gen = torch.Generator().manual_seed(1)
     student = (torch.randn(6, 13, generator=gen) * 4).requires_grad_()
     teacher = torch.randn(6, 13, generator=gen) * 4
-    weights = token_weights(torch.tensor([0, 0, 1, 1, 1, 2]), torch.tensor([0, 0, 0, 0, 0, 1]), "call")
-    loss = distill_loss(student, teacher, kind, 0.5, weights)
+    loss = divergence(student, teacher, kind, 0.5).sum()  # type: ignore[arg-type]
     loss.backward()
     assert torch.isfinite(loss) and loss.item() > 0
     assert torch.isfinite(student.grad).all() and student.grad.abs().sum() > 0
@@ -196,69 +194,20 @@ def test_bf16_logits_are_upcast() -> None:
     assert reverse_kl(s, t).tolist() == pytest.approx(reverse_kl(s.float(), t.float()).tolist(), abs=1e-7)
 
 
-# -- distill_loss weighting ------------------------------------------------------------------------
+# -- the divergence by kind -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["reverse_kl", "forward_kl", "jsd"])
-def test_distill_loss_is_the_weighted_sum(kind: str) -> None:
-    weights = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+def test_divergence_dispatches_by_kind(kind: str) -> None:
     per = {"reverse_kl": reverse_kl, "forward_kl": forward_kl}.get(
         kind, lambda s, t: generalized_jsd(s, t, 0.3)
     )
-    expected = (per(STUDENT, TEACHER) * weights).sum()
-    assert distill_loss(STUDENT, TEACHER, kind, 0.3, weights).item() == pytest.approx(
-        expected.item(), abs=1e-12
-    )
+    assert divergence(STUDENT, TEACHER, kind, 0.3).tolist() == per(STUDENT, TEACHER).tolist()  # type: ignore[arg-type]
 
 
-def test_distill_loss_micro_batches_add_up_to_the_batch() -> None:
-    segments, episodes = torch.tensor([0, 0, 1]), torch.tensor([0, 0, 1])
-    weights = token_weights(segments, episodes, "episode").double()
-    full = distill_loss(STUDENT, TEACHER, "reverse_kl", 0.0, weights)
-    parts = distill_loss(STUDENT[:2], TEACHER[:2], "reverse_kl", 0.0, weights[:2]) + distill_loss(
-        STUDENT[2:], TEACHER[2:], "reverse_kl", 0.0, weights[2:]
-    )
-    assert parts.item() == pytest.approx(full.item(), abs=1e-12)
-
-
-def test_distill_loss_rejects_unknown_kind_and_bad_weights() -> None:
-    with pytest.raises(ValueError):
-        distill_loss(STUDENT, TEACHER, "tvd", 0.5, torch.ones(3))  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        distill_loss(STUDENT, TEACHER, "reverse_kl", 0.5, torch.ones(2))
-
-
-# -- token weights ---------------------------------------------------------------------------------
-
-# Episode 7: call 10 (3 tokens) and call 11 (1 token); episode 8: call 12 (2 tokens); interleaved as packing
-# would leave them.
-SEGMENTS = torch.tensor([10, 12, 10, 11, 12, 10])
-EPISODES = torch.tensor([7, 8, 7, 7, 8, 7])
-
-
-def test_token_weights_by_hand() -> None:
-    expected = {
-        "token": [1 / 6] * 6,
-        "call": [1 / 9, 1 / 6, 1 / 9, 1 / 3, 1 / 6, 1 / 9],  # 3 calls, each 1/3 split over its tokens
-        "episode": [1 / 8, 1 / 4, 1 / 8, 1 / 8, 1 / 4, 1 / 8],  # 2 episodes, each 1/2 over its tokens
-    }
-    for mode, values in expected.items():
-        w = token_weights(SEGMENTS, EPISODES, mode)  # type: ignore[arg-type]
-        assert w.dtype == torch.float32
-        assert w.tolist() == pytest.approx(values, abs=1e-7), mode
-        assert w.sum().item() == pytest.approx(1.0, abs=1e-6)
-
-
-def test_token_weights_edge_cases() -> None:
-    assert token_weights(
-        torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), "call"
-    ).shape == (0,)
-    with pytest.raises(ValueError):  # call 10 claimed by two episodes
-        token_weights(torch.tensor([10, 10]), torch.tensor([7, 8]), "call")
-    with pytest.raises(ValueError):
-        token_weights(SEGMENTS, EPISODES, "sequence")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        token_weights(SEGMENTS, EPISODES[:3], "token")
+def test_divergence_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="unknown divergence kind"):
+        divergence(STUDENT, TEACHER, "tvd", 0.5)  # type: ignore[arg-type]
 
 
 # -- policy gradient -------------------------------------------------------------------------------

@@ -21,8 +21,14 @@ from agentmem.runtime import Runtime
 from agentmem.testing.tiny_models import tiny_llama
 from agentmem.training.barycenter import AlphaEma, BarycenterTarget
 from agentmem.training.forward import PackedModel, plan
-from agentmem.training.losses import reverse_kl, sampled_logprobs, sampled_reverse_kl_loss, topk_union_jsd
-from agentmem.training.objective import StepInputs, accumulate_step
+from agentmem.training.losses import (
+    divergence,
+    reverse_kl,
+    sampled_logprobs,
+    sampled_reverse_kl_loss,
+    topk_union_jsd,
+)
+from agentmem.training.objective import StepInputs, accumulate_step, step_totals, step_weights
 from agentmem.training.teachers import TeacherTargets
 from agentmem.training.terms import (
     AnchorTerm,
@@ -111,6 +117,15 @@ def test_anchor_term_is_zero_with_zero_gradient_at_the_reference():
         (other.weights * reverse_kl(other.logits, torch.zeros(4, 6))).sum().item(), abs=1e-7)
 
 
+@pytest.mark.parametrize("loss", ["reverse_kl", "forward_kl", "jsd"])
+def test_distill_term_is_the_weighted_divergence(loss):
+    mb = micro_batch(teacher=torch.randn(4, 6, generator=torch.Generator().manual_seed(1)))
+    term = objective_from_config(config(loss=dict(divergence=loss, beta=0.3, temperature=1.5))).terms[0][1]
+    expected = (mb.weights * divergence(mb.logits, mb.teacher, loss, 0.3, 1.5)).sum()
+    value = term(mb)
+    assert value.loss.item() == pytest.approx(expected.item(), abs=1e-7) and value.metrics == {}
+
+
 def test_distill_term_refuses_other_divergences_on_sampled_targets():
     mb = micro_batch(teacher=torch.full((4,), -1.0))
     with pytest.raises(TrainingError, match="reverse_kl"):
@@ -197,6 +212,32 @@ class ThreadReduce:
         total = torch.stack(self.parts).sum(0)
         self.done.wait()  # every process has read the sum
         return value.copy_(total)
+
+
+@dataclass(frozen=True)
+class Calls:
+    """The two fields of a ``PackedBatch`` that the step's token weights read."""
+
+    invocation_ids: tuple[str, ...]
+    action_counts: tuple[int, ...]
+
+
+def test_step_weights_by_hand():
+    """Episode e7: call c10 (3 action tokens) and c11 (1); episode e8: call c12 (2); c11 in another row."""
+    batches = [Calls(("c10", "c12"), (3, 2)), Calls(("c11",), (1,))]
+    episode_of = {"c10": "e7", "c11": "e7", "c12": "e8"}
+    expected = {
+        "token": [[1 / 6] * 5, [1 / 6]],
+        "call": [[1 / 9] * 3 + [1 / 6] * 2, [1 / 3]],  # 3 calls, each 1/3 split over its tokens
+        "episode": [[1 / 8] * 3 + [1 / 4] * 2, [1 / 8]],  # 2 episodes, each 1/2 over its tokens
+    }
+    totals = step_totals(batches, episode_of)  # type: ignore[arg-type]
+    assert (totals.actions, totals.calls, totals.episodes) == (6, 3, 2)
+    for mode, values in expected.items():
+        weights = step_weights(batches, episode_of, mode, totals)  # type: ignore[arg-type]
+        assert [w.dtype for w in weights] == [torch.float32] * 2
+        assert [w.tolist() for w in weights] == [pytest.approx(v, abs=1e-7) for v in values], mode
+        assert float(sum(w.sum() for w in weights)) == pytest.approx(1.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("weighting", ["token", "call", "episode"])
