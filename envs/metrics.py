@@ -27,9 +27,9 @@ from __future__ import annotations
 import functools
 import re
 import string
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import regex
@@ -46,9 +46,6 @@ class Scores:
     f1: float
     em: float
     sub_em: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def _strip_punctuation(text: str) -> str:
@@ -187,16 +184,6 @@ def locomo_f1(
         golds = [g.strip() for g in gold.split(",")]
         return float(np.mean([max(locomo_token_f1(p, g, stem) for p in parts) for g in golds]))
     raise ValueError(f"unknown LoCoMo category {category!r} (expected 1-5)")
-
-
-def locomo_f1_by_category(
-    records: Iterable[tuple[str | int, str, str]], stem: Callable[[str], str] | None = None
-) -> dict[str, float]:
-    """Mean LoCoMo F1 per category over ``(category, prediction, gold)`` records, keyed by str(category)."""
-    per_category: dict[str, list[float]] = defaultdict(list)
-    for category, prediction, gold in records:
-        per_category[str(category)].append(locomo_f1(prediction, gold, category, stem))
-    return {c: float(np.mean(v)) for c, v in sorted(per_category.items())}
 
 
 def bootstrap_ci(

@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 NOTE = "log_note"
 SEARCH = "log_search"
 ANSWER = InvocationKind.answer.value
-CONDITIONS = ("full-log", "windowed-log", "in-prompt")
 
 NOTE_PROMPT = (
     "Question: {question}\n\n"

@@ -25,7 +25,7 @@ from agentmem import model_refs
 from agentmem.agent.registry import check_kinds
 from agentmem.config import DistillConfig, EvalConfig, PolicySource, PsdMode, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.training_shell import DistillResult, load_train_run, prepare, register_start, train
+from agentmem.jobs.training_shell import DistillResult, prepare, register_start, train
 from agentmem.model_refs import ModelRef
 from agentmem.records import Checkpoint, Run, RunKind, SamplingContext, TrainStep
 from agentmem.runtime import CPU, Runtime
@@ -37,11 +37,6 @@ from store.repository import serve as serve_repo
 
 if TYPE_CHECKING:  # torch loads inside the job, after its ids and flags are checked (a fast error)
     from agentmem.training.trainer import Models
-
-
-def load_distill_run(store: Store, run_id: str) -> tuple[str, DistillConfig, Checkpoint | None]:
-    """(full run id, stored config, latest checkpoint or None) of a distill run."""
-    return load_train_run(store, run_id, RunKind.distill, DistillConfig)
 
 
 def resolve_models(store: Store, config: DistillConfig) -> tuple[ModelRef, ModelRef | None]:

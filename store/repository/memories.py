@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from agentmem.records import WorkflowMemory
 from store.orm import MemoryRow
-from store.repository.rows import get_row, insert_ignore, text_column
+from store.repository.rows import insert_ignore, text_column
 
 
 def insert_memories(session: Session, memories: Sequence[WorkflowMemory]) -> None:
@@ -38,7 +38,3 @@ def list_memories(session: Session, build_run_id: str | None = None) -> list[Wor
         stmt = stmt.where(MemoryRow.build_run_id == build_run_id)
     return [_memory(row) for row in session.scalars(stmt)]
 
-
-def get_memory(session: Session, memory_id: str) -> WorkflowMemory:
-    """The memory with id ``memory_id`` (abbreviations of 6 or more characters work); ``NotFound`` if none."""
-    return _memory(get_row(session, MemoryRow, memory_id, "memory", " (see `agentmem memories list`)"))

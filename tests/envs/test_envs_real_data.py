@@ -8,7 +8,7 @@ from datetime import datetime
 
 from fixtures_envs import words
 
-from envs import load_env
+from envs import Scores, load_env
 
 HOTPOT = "hotpotqa/hotpot_dev_distractor_v1_first103.json"
 SQUAD = "squad/dev-v1.1.json"
@@ -45,7 +45,7 @@ def test_hotpotqa_real(shared_data):
         assert task.evidence and task.evidence_chunks
         for sentence in task.evidence:
             assert any(sentence in task.chunks[i] for i in task.evidence_chunks)
-    assert env.score("Yes", first).as_dict() == {"f1": 1.0, "em": 1.0, "sub_em": 1.0}
+    assert env.score("Yes", first) == Scores(f1=1.0, em=1.0, sub_em=1.0)
 
 
 def test_hotpotqa_real_to_a_token_target(shared_data):

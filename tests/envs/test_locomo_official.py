@@ -15,7 +15,7 @@ from fixtures_envs import locomo_records, words, write_json
 from nltk.stem import PorterStemmer
 
 from envs import EnvError, Scores, load_env
-from envs.metrics import locomo_f1, locomo_f1_by_category, locomo_normalize, locomo_token_f1, porter_stem
+from envs.metrics import locomo_f1, locomo_normalize, locomo_token_f1, porter_stem
 
 
 def test_porter_stems_used_below():
@@ -35,7 +35,6 @@ def test_stemmed_and_unstemmed_scores_differ():
     assert locomo_f1("running dogs, cats", "ran dog, cat", 1) == 0.0
     # category 3: the gold is cut at ';' before stemming
     assert locomo_f1("studying", "studies; at night", 3, porter_stem) == 1.0
-    assert locomo_f1_by_category([(4, "studies", "studying"), (4, "dogs", "cat")], porter_stem) == {"4": 0.5}
 
 
 def official_f1(prediction: str, gold: str) -> float:

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM
 from agentmem.backends.transformers_backend import TransformersBackend
 from agentmem.config import AgentConfig, DistillConfig, Oversize, RolloutConfig, TeacherSourceKind
 from agentmem.errors import ConfigError
-from agentmem.jobs.distill import check_psd_runs, check_rl_runs, load_distill_run, run_distill
+from agentmem.jobs.distill import check_psd_runs, check_rl_runs, run_distill
 from agentmem.jobs.rollout import run_rollout
+from agentmem.jobs.training_shell import load_train_run
 from agentmem.records import EpisodeStatus, Run, RunKind, TeacherContext
 from agentmem.replay import ReplayError, pack
 from agentmem.testing.tiny_models import tiny_llama, tiny_tokenizer
@@ -137,7 +138,7 @@ def test_resume_gives_the_same_next_steps(rolled, tmp_path):
         run_distill(store, cfg, models=models(policy), on_step=die_after_3)
     with store.session() as s:
         killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "failed"][0]
-    full_id, stored_cfg, last = load_distill_run(store, killed_id[:8])
+    full_id, stored_cfg, last = load_train_run(store, killed_id[:8], RunKind.distill, DistillConfig)
     assert full_id == killed_id
     assert stored_cfg == cfg and last.step == 2
     resumed_models = models(policy)
@@ -359,7 +360,7 @@ def test_resume_restores_the_alpha_ema(rolled, tmp_path):
         run_distill(store, cfg, models=models(policy), on_step=die_after_3)
     with store.session() as s:
         killed_id = [r.run.id for r in repo.list_runs(s) if r.run.kind.value == "distill" and r.run.status == "failed"][0]
-    _, _, last = load_distill_run(store, killed_id)
+    _, _, last = load_train_run(store, killed_id, RunKind.distill, DistillConfig)
     resumed_models = models(policy)
     resumed_models.student.load_state_dict(AutoModelForCausalLM.from_pretrained(last.path).state_dict())
     resumed = run_distill(store, None, resume=killed_id, models=resumed_models)
