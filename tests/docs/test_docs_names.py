@@ -1,5 +1,5 @@
-"""Every name the docs give exists: each repository path in backticks (``agentmem/replay/pack.py``), each
-``python -m bench.NAME``, each ``agentmem`` command, each ``--flag`` written after an ``agentmem`` command (in that
+"""Every name the docs give exists: each repository path in backticks (``agentmem/replay/pack.py``), each test
+written ``path::name`` (a ``def name`` in that file), each ``python -m bench.NAME``, each ``agentmem`` command, each ``--flag`` written after an ``agentmem`` command (in that
 command's options: what ``--help-all`` lists) and each dotted config key (``optim.lr``) of a job's config.
 
 The docs are README.md, CONTRIBUTING.md, tests/README.md and docs/*.md (not CHANGELOG.md: history names what
@@ -140,6 +140,17 @@ def test_named_paths_exist():
                 rel = module.replace(".", "/")
                 if not ((ROOT / f"{rel}.py").exists() or (ROOT / rel / "__main__.py").exists()):
                     missing.append(f"{doc}: python -m {module}")
+    assert missing == []
+
+
+def test_named_tests_exist():
+    missing = []
+    for doc in DOCS:
+        spans, _ = texts(doc)
+        for path, name in re.findall(r"^((?:tests|bench)/[\w/.-]+\.py)::(\w+)$", "\n".join(spans), re.M):
+            if not (ROOT / path).exists() or not re.search(rf"^(?:async )?def {name}\(", (ROOT / path).read_text(
+                    encoding="utf-8"), re.M):
+                missing.append(f"{doc}: {path}::{name}")
     assert missing == []
 
 
