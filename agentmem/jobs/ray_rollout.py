@@ -24,7 +24,6 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentmem.backends.types import Backend
 from agentmem.errors import ConfigError, RunError
@@ -41,17 +40,18 @@ SamplerFactory = Callable[[Store], tuple[Checkpoint, Backend]]
 class Placement:
     """Where the workers run: ``address`` of the Ray cluster (None: ``ray.init()``'s own choice, which starts a
     local cluster when it finds none), how many actors, each one's CPUs and GPUs, and how often Ray restarts each
-    one (-1: without limit)."""
+    one (-1: without limit). ``flag`` names the count in messages (``--train-workers`` for a Ray Train group)."""
 
     address: str | None = None
     workers: int = 1
     cpus: float = 1.0
     gpus: float = 0.0
     max_restarts: int = -1
+    flag: str = "--workers"
 
     def __post_init__(self) -> None:
         if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"{self.flag} must be >= 1, got {self.workers}")
         if self.cpus < 0 or self.gpus < 0:
             raise ConfigError(f"--worker-cpus and --worker-gpus must be >= 0, got {self.cpus} and {self.gpus}")
 
@@ -91,7 +91,7 @@ def connect(placement: Placement) -> bool:
             raise RunError(f"cannot reach the Ray cluster at {where}: {_first_line(exc)}") from None
         started = True
     try:
-        _check_resources(ray, placement)
+        check_resources(placement)
     except BaseException:
         if started:
             ray.shutdown()
@@ -120,7 +120,10 @@ def disconnect() -> None:
     ray.shutdown()
 
 
-def _check_resources(ray: Any, placement: Placement) -> None:
+def check_resources(placement: Placement) -> None:
+    """A ``RunError`` unless the connected cluster's live nodes have ``placement``'s CPUs and GPUs."""
+    import ray
+
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     total = {k: sum(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")}
     most = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
@@ -128,7 +131,7 @@ def _check_resources(ray: Any, placement: Placement) -> None:
         need = each * placement.workers
         if each and (most[kind] < each or total[kind] < need):
             raise RunError(f"the Ray cluster has {total[kind]:g} {kind}s (at most {most[kind]:g} on one node): "
-                           f"--workers {placement.workers} x {flag} {each:g} needs {need:g}")
+                           f"{placement.flag} {placement.workers} x {flag} {each:g} needs {need:g}")
 
 
 def _first_line(exc: BaseException) -> str:
