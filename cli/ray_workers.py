@@ -3,6 +3,8 @@ processes as a Ray Train group (``agentmem.jobs.ray_train``), and in ``train`` b
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -25,6 +27,14 @@ RayTrainOption = Annotated[bool, typer.Option(
     "--ray", help="Run the job's --train-workers data-parallel processes as one Ray Train group (TorchTrainer; gloo "
     "on CPU, NCCL with --worker-gpus) placed over the Ray cluster, the same steps as under torchrun; rank 0 writes "
     "the store and --out, which every node must share (pip install 'agentmem[ray]').", rich_help_panel="Workers")]
+RayLoopOption = Annotated[bool, typer.Option(
+    "--ray", help="Work each round's rollout with --workers Ray actors against the same Postgres --db (as rollout "
+    "--ray does), and run each round's distill (and the warm start) as a Ray Train group of --train-workers "
+    "processes (as distill --ray does); the loop stays in this process (pip install 'agentmem[ray]').",
+    rich_help_panel="Workers")]
+RolloutWorkersOption = Annotated[int, typer.Option(
+    "--workers", help="With --ray: the Ray actors that work each round's rollout (each loads the round's model).",
+    min=1, rich_help_panel="Workers")]
 TrainWorkersOption = Annotated[int, typer.Option(
     help="With --ray: the data-parallel training processes (Ray Train workers), as torchrun --nproc-per-node N "
          "starts them; each trains on its share of every step.", min=1, rich_help_panel="Workers")]
@@ -59,6 +69,34 @@ def check_train_flags(ray: bool, address: str | None, train_workers: int, gpus: 
         raise CommandLineError("--ray starts its own group of --train-workers processes: run it without torchrun")
     if ray and fsdp and train_workers < 2:
         raise CommandLineError("--fsdp shards the student over several processes: give --train-workers N (N >= 2)")
+
+
+@contextlib.contextmanager
+def ray_loop(address: str | None, workers: int, train_workers: int, gpus: float, cpus: float, *,
+             db: str | None, device, threads: int | None) -> Iterator[dict]:
+    """``train --ray``: connected to the cluster (checked for the rollout actors and the training group alike),
+    ``run_train``'s ``rollout_with`` (``workers`` actors) and ``launch`` (a group of ``train_workers``)."""
+    from agentmem.jobs import ray_rollout, ray_train
+    from agentmem.jobs.rollout import LeaseTerms
+    from cli.config_options import usage_error
+    from store.engine import resolve_url
+
+    url = resolve_url(db)
+    with usage_error():
+        actors = ray_rollout.Placement(address=address, workers=workers, cpus=cpus, gpus=gpus)
+        group = ray_rollout.Placement(address=address, workers=train_workers, cpus=cpus, gpus=gpus,
+                                      flag="--train-workers")
+        ray_train.check_device(device.value, group)
+    ray_train.check_installed()
+    started = ray_rollout.connect(actors)
+    try:
+        ray_rollout.check_resources(group)
+        yield {"rollout_with": ray_rollout.round_rollout(url, actors, LeaseTerms(), device=device.value,
+                                                         threads=threads),
+               "launch": ray_train.launcher(url, group, device=device.value, threads=threads)}
+    finally:
+        if started:
+            ray_rollout.disconnect()
 
 
 def train_with_ray(run_job, db: str | None, *, address: str | None, workers: int, gpus: float, cpus: float,

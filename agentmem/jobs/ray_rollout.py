@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentmem.backends.types import Backend
+from agentmem.config import RolloutConfig
 from agentmem.errors import ConfigError, RunError
-from agentmem.jobs.rollout import LeaseTerms, WorkStats
+from agentmem.jobs.rollout import LeaseTerms, RolloutResult, WorkStats
 from agentmem.records import Checkpoint
 from store.engine import Store, open_store
 
@@ -207,3 +208,26 @@ def work_with_ray(db_url: str, run_id: str, placement: Placement, lease: LeaseTe
             with contextlib.suppress(Exception):
                 ray.kill(a, no_restart=True)
     return out
+
+
+def round_rollout(db_url: str, placement: Placement, lease: LeaseTerms | None = None, *, device: str = "auto",
+                  threads: int | None = None) -> Callable[[Store, RolloutConfig, Checkpoint | None], RolloutResult]:
+    """A train round's rollout by Ray actors (``jobs.train.RolloutWith``): write the round's run and episodes, work
+    them with ``placement.workers`` actors (the caller has ``connect``ed), and return the finished run as
+    ``run_rollout`` would; a ``RunError`` when an episode is left running."""
+
+    def rollout(store: Store, config: RolloutConfig, policy: Checkpoint | None) -> RolloutResult:
+        from agentmem.jobs.rollout import create_rollout
+        from store import repository as repo
+
+        run_id = create_rollout(store, config)
+        work_with_ray(db_url, run_id, placement, lease, device=device, threads=threads)
+        with store.session() as s:
+            episodes = repo.list_episodes(s, run_id)
+        left = sum(1 for e in episodes if e.status.value == "running")
+        if left:
+            raise RunError(f"rollout run {run_id}: {left} episodes are still running: finish it with "
+                           f"`agentmem worker --run {run_id}`, then resume the train run")
+        return RolloutResult(run_id, episodes, 0, policy, config)
+
+    return rollout

@@ -38,6 +38,14 @@ def check_device(device: str, placement: Placement) -> None:
         raise ConfigError(f"--device {device} under --ray needs GPUs on each worker: add --worker-gpus 1")
 
 
+def check_installed() -> None:
+    """A ``ConfigError`` unless Ray Train imports (the ``ray`` extra: ray[train], with its pandas and pyarrow)."""
+    try:
+        import ray.train.torch  # noqa: F401
+    except ImportError:
+        raise ConfigError(RAY_MISSING) from None
+
+
 def fit(job: Callable[..., Any], db_url: str, placement: Placement, *, config: Any, resume: str | None = None,
         steps: int | None = None, device: str = "auto", threads: int | None = None, fsdp: bool = False,
         report_to: Sequence[TrackerKind] = ()) -> Any:
@@ -46,10 +54,7 @@ def fit(job: Callable[..., Any], db_url: str, placement: Placement, *, config: A
     Raises ``ConfigError``/``RunError`` in one line: Ray missing, the cluster unreachable or short of resources
     (before anything is written), or the job failing on a worker (its own message when it is one of ours)."""
     check_device(device, placement)
-    try:
-        import ray.train.torch  # noqa: F401 - the extra's pandas and pyarrow too, before the cluster is touched
-    except ImportError:
-        raise ConfigError(RAY_MISSING) from None
+    check_installed()
     started = connect(placement)
     storage = tempfile.mkdtemp(prefix="agentmem-ray-train-")  # Ray Train's own bookkeeping: nothing of ours
     import ray
@@ -71,6 +76,22 @@ def fit(job: Callable[..., Any], db_url: str, placement: Placement, *, config: A
         if started:
             disconnect()
         shutil.rmtree(storage, ignore_errors=True)
+
+
+def launcher(db_url: str, placement: Placement, *, device: str = "auto", threads: int | None = None,
+             fsdp: bool = False) -> Callable[..., Any]:
+    """A train loop's ``Launch`` (``jobs.train``): each training job on a Ray Train group (``fit``); ``on_step`` gets
+    the job's steps once it has finished (the group's steps happen on the cluster)."""
+
+    def launch(job: Callable[..., Any], store: Any, config: Any, runtime: Any, *, resume: str | None = None,
+               on_step: Callable[[Any], None] | None = None, report_to: Sequence[TrackerKind] = ()) -> Any:
+        result = fit(job, db_url, placement, config=config, resume=resume, device=device, threads=threads,
+                     fsdp=fsdp, report_to=report_to)
+        for step in result.history if on_step else ():
+            on_step(step)
+        return result
+
+    return launch
 
 
 class _Mailbox:
