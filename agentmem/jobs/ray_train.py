@@ -49,7 +49,7 @@ def check_installed() -> None:
 def fit(job: Callable[..., Any], db_url: str, placement: Placement, *, config: Any, resume: str | None = None,
         steps: int | None = None, device: str = "auto", threads: int | None = None, fsdp: bool = False,
         report_to: Sequence[TrackerKind] = ()) -> Any:
-    """Run ``job`` (``run_distill`` or ``run_sft``: a module-level function, which Ray pickles by name) with
+    """Run ``job`` (``run_distill`` or ``run_sft``: a module-level function, which each worker imports) with
     ``config`` or ``resume`` on a Ray Train group of ``placement.workers`` processes, and return rank 0's result.
     Raises ``ConfigError``/``RunError`` in one line: Ray missing, the cluster unreachable or short of resources
     (before anything is written), or the job failing on a worker (its own message when it is one of ours)."""
@@ -143,8 +143,8 @@ def _worker(args: dict) -> None:
 
 
 def _job_error(exc: BaseException) -> AgentmemError:
-    """The worker's own error when it is one of ours (a ``ConfigError`` stays one), else a ``RunError`` naming
-    Ray's first line."""
+    """The worker's own error when it is one of ours (Ray hands it back unpickled; raised as it was, so a
+    ``NotFound`` or ``ConfigError`` keeps its class and line), else a ``RunError`` naming Ray's first line."""
     seen: set[int] = set()
     todo: list[Any] = [exc]
     while todo:
@@ -153,7 +153,7 @@ def _job_error(exc: BaseException) -> AgentmemError:
             continue
         seen.add(id(err))
         if isinstance(err, AgentmemError):
-            return type(err)(str(err))
+            return err.with_traceback(None)
         todo.extend([err.__cause__, err.__context__, getattr(err, "cause", None)])
         with contextlib.suppress(Exception):
             todo.extend(getattr(err, "worker_failures", {}).values())

@@ -317,3 +317,12 @@ def test_ray_train_refusals_are_one_line_before_anything_is_written(seeded, tmp_
     assert code == 2 and "--fsdp shards the student over several processes: give --train-workers N" in err, err
     assert rows(db, "select count(*) from runs where kind = 'distill'") == [(0,)]
     assert not (tmp_path / "ck").exists()
+
+    # an error the job raises on a worker comes back as itself, in one line
+    from agentmem.jobs import ray_rollout, ray_train
+    from agentmem.jobs.distill import run_distill
+    from store.errors import NotFound
+
+    with pytest.raises(NotFound, match="^no run with id '0123456789abcdef' \\(see `agentmem runs`\\)$"):
+        ray_train.fit(run_distill, f"sqlite:///{db}", ray_rollout.Placement(workers=1), config=None,
+                      resume="0123456789abcdef", device="cpu", threads=1)
