@@ -4,9 +4,10 @@ Every job takes a ``Runtime``; nothing else in the library decides the device or
 config says what to compute (and in which dtype, since that changes results); the runtime says where.
 
 Rank and world size come from the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``/``MASTER_PORT``, as ``torchrun`` sets them); with one process they are 0 and 1 and the
-collectives (``all_reduce_sum``, ``broadcast``, ``barrier``) are the identity. With several, ``create``
-starts the process group (gloo on CPU, NCCL on CUDA) and ``close`` ends it. ``fsdp``: shard the trained
+``MASTER_ADDR``/``MASTER_PORT``, as ``torchrun`` sets them, and Ray Train's workers too); with one process they
+are 0 and 1 and the collectives (``all_reduce_sum``, ``broadcast``, ``barrier``) are the identity. With several,
+``create`` starts the process group (gloo on CPU, NCCL on CUDA), or adopts the one Ray Train started, and
+``close`` ends it. ``fsdp``: shard the trained
 student with FSDP2 instead of replicating it with DDP (gloo on CPU, NCCL on CUDA).
 """
 
@@ -61,11 +62,11 @@ class Runtime:
             resolved = f"cuda:{local}" if name == "cuda" and world > 1 else name
         if fsdp and world < 2:
             raise ConfigError("--fsdp shards the student over several processes: run the command under "
-                              "torchrun --nproc-per-node N (N >= 2)")
+                              "torchrun --nproc-per-node N, or with --ray --train-workers N (N >= 2)")
         runtime = cls(device=resolved, threads=threads, dtype=DType(dtype) if dtype else None, rank=rank,
                       world_size=world, local_rank=local, fsdp=fsdp)
         if world > 1:
-            _start_process_group(resolved)
+            _start_process_group(resolved, world)
         return runtime
 
     @property
@@ -147,15 +148,21 @@ class Runtime:
         return replace(self, _reduce=reduce)
 
 
-def _start_process_group(device: str) -> None:
-    """Join the group torchrun describes in the environment (``env://``): NCCL on CUDA, gloo on CPU."""
+def _start_process_group(device: str, world: int) -> None:
+    """Join the group torchrun describes in the environment (``env://``): NCCL on CUDA, gloo on CPU. A group this
+    process already has (Ray Train's ``TorchTrainer`` starts it, and sets torchrun's variables, before the job
+    runs) is adopted as it is, once its size is checked against ``WORLD_SIZE``."""
     import torch
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        return
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+    if dist.is_initialized():
+        if dist.get_world_size() != world:
+            raise ConfigError(f"WORLD_SIZE={world} but this process's torch.distributed group has "
+                              f"{dist.get_world_size()} processes")
+        return
+    if device.startswith("cuda"):
         dist.init_process_group("nccl", device_id=torch.device(device))
     else:
         dist.init_process_group("gloo")

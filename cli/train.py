@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
 
 from agentmem.config import Device
 from agentmem.records import RunKind
-from cli.config_options import invocation, job_command, job_config, usage_error
+from cli.config_options import CommandLineError, invocation, job_command, job_config, usage_error
 from cli.job_specs import TRAIN
 from cli.options import DbOption, DeviceOption, ReportToOption, ThreadsOption
+from cli.ray_workers import (
+    RayAddressOption,
+    RayLoopOption,
+    RolloutWorkersOption,
+    TrainWorkersOption,
+    WorkerCpusOption,
+    WorkerGpusOption,
+)
 
 
 @job_command(TRAIN)
@@ -23,23 +32,37 @@ def train(
     device: DeviceOption = Device.auto,
     threads: ThreadsOption = None,
     db: DbOption = None,
+    ray: RayLoopOption = False,
+    ray_address: RayAddressOption = None,
+    workers: RolloutWorkersOption = 1,
+    train_workers: TrainWorkersOption = 1,
+    worker_gpus: WorkerGpusOption = 0.0,
+    worker_cpus: WorkerCpusOption = 1.0,
 ) -> None:
     """Run the whole on-policy loop on the embedded default: a few minutes per round on a laptop CPU.
     A killed loop continues with --resume RUN_ID."""
     from agentmem.tracking import check_installed, parse_report_to
     from cli.common import preflight, runtime, setup_logging
+    from cli.ray_workers import check_flags, check_train_flags, ray_loop
     from store.engine import open_store
 
+    check_train_flags(ray, ray_address, train_workers, worker_gpus, worker_cpus, fsdp=False)
+    if workers != 1 and not ray:
+        raise CommandLineError("--workers places Ray rollout actors in train: add --ray")
+    check_flags(ray, ray_address, worker_gpus, worker_cpus, db)  # --ray: a Postgres --db
     invocation(ctx).refuse_on_resume(resume)
     with usage_error():
         trackers = parse_report_to(report_to)
     check_installed(trackers)
     config = None if resume else job_config(ctx)
     preflight(db, resume=resume, kind=RunKind.train, rollout=config.rollout if config else None)
-    rt = runtime(device, threads)
+    rt = runtime(device if not ray else Device.cpu, threads)  # under --ray the models load on the cluster
     setup_logging()
-    store = open_store(db, create=not resume)
-    run_id, results = _loop(store, config, rt, resume, db, trackers)
+    phases = ray_loop(ray_address, workers, train_workers, worker_gpus, worker_cpus, db=db, device=device,
+                      threads=threads) if ray else contextlib.nullcontext({})
+    with phases as where:  # where the rounds' rollouts and training jobs run (run_train's rollout_with, launch)
+        store = open_store(db, create=not resume)
+        run_id, results = _loop(store, config, rt, resume, db, trackers, where)
     _summary(run_id, results)
 
 
@@ -56,7 +79,7 @@ def _steps(store, config, resume: str | None) -> tuple[int, int]:
     return warm + rounds * per_round, len(state.finished) * per_round + (warm if state.finished else 0)
 
 
-def _loop(store, config, rt, resume: str | None, db: str | None, trackers):
+def _loop(store, config, rt, resume: str | None, db: str | None, trackers, phases: dict):
     from agentmem.jobs.train import run_train
     from cli.console import console
     from cli.job_session import job_session
@@ -76,7 +99,7 @@ def _loop(store, config, rt, resume: str | None, db: str | None, trackers):
                     f"{stats.finished} episodes finished")
 
         return run_train(store, config, rt, resume=resume, on_phase=lambda msg: err.log(msg),
-                         on_step=step, on_round=rollout_round, report_to=trackers)
+                         on_step=step, on_round=rollout_round, report_to=trackers, **phases)
 
 
 def _summary(run_id: str, results) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
 
@@ -14,6 +14,14 @@ from agentmem.config import Device
 from agentmem.records import RunKind
 from cli.config_options import CommandLineError, JobSpec, invocation, job_command, usage_error
 from cli.options import DbOption, DeviceOption, FsdpOption, ReportToOption, ThreadsOption
+from cli.ray_workers import (
+    RayAddressOption,
+    RayTrainOption,
+    TrainWorkersOption,
+    WorkerCpusOption,
+    WorkerGpusOption,
+    check_train_flags,
+)
 
 ResumeOption = Annotated[str | None, typer.Option(
     help="Continue run RUN_ID (of this command's kind) from its last checkpoint, with its stored config; "
@@ -29,11 +37,15 @@ def training_command(spec: JobSpec, kind: RunKind, job: str, *,
     @job_command(spec)
     def command(ctx: typer.Context, resume: ResumeOption = None, report_to: ReportToOption = [],  # noqa: B006
                 device: DeviceOption = Device.auto, threads: ThreadsOption = None, fsdp: FsdpOption = False,
-                db: DbOption = None) -> None:
+                db: DbOption = None, ray: RayTrainOption = False, ray_address: RayAddressOption = None,
+                train_workers: TrainWorkersOption = 1, worker_gpus: WorkerGpusOption = 0.0,
+                worker_cpus: WorkerCpusOption = 1.0) -> None:
+        check_train_flags(ray, ray_address, train_workers, worker_gpus, worker_cpus, fsdp)
         module, name = job.rsplit(".", 1)
         run_job = getattr(importlib.import_module(module), name)
+        group = RayGroup(ray_address, train_workers, worker_gpus, worker_cpus) if ray else None
         result = train_job(ctx, kind, run_job, resume=resume, report_to=report_to, device=device,
-                           threads=threads, fsdp=fsdp, db=db, models=models)
+                           threads=threads, fsdp=fsdp, db=db, models=models, ray=group)
         if result is not None:
             typer.echo(result_line(kind, result))
             after(result)
@@ -42,11 +54,22 @@ def training_command(spec: JobSpec, kind: RunKind, job: str, *,
     return command
 
 
+class RayGroup(NamedTuple):
+    """``--ray``'s placement of the training processes: the cluster's address, how many, each one's GPUs and CPUs."""
+
+    address: str | None
+    workers: int
+    gpus: float
+    cpus: float
+
+
 def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *, resume: str | None,
               report_to: list[str], device, threads: int | None, fsdp: bool, db: str | None,
-              models: Callable[[Any], tuple[str | None, ...]]) -> Any:
+              models: Callable[[Any], tuple[str | None, ...]], ray: RayGroup | None = None) -> Any:
     """Run ``run_job`` (``run_distill`` or ``run_sft``); its result on rank 0, None on the other ranks.
-    ``--steps`` on ``--resume`` extends the run (the stored value unless given)."""
+    ``--steps`` on ``--resume`` extends the run (the stored value unless given). With ``ray``, this process runs
+    no rank: the ranks are a Ray Train group's (``cli.ray_workers.train_with_ray``), and rank 0's result comes
+    back here."""
     from agentmem.tracking import check_installed, parse_report_to
     from cli.common import preflight, runtime, setup_logging
 
@@ -62,6 +85,12 @@ def train_job(ctx: typer.Context, kind: RunKind, run_job: Callable[..., Any], *,
     preflight(db, runs=config.run_ids if config else None, resume=resume, kind=kind,
               models=models(config) if config else (), kinds=config.kinds if config else None)
     steps = call.values[steps_option.param] if call.passed(steps_option.param) else None
+    if ray is not None:
+        from cli.ray_workers import train_with_ray
+
+        return train_with_ray(run_job, db, address=ray.address, workers=ray.workers, gpus=ray.gpus, cpus=ray.cpus,
+                              config=config, resume=resume, steps=steps, device=device, threads=threads, fsdp=fsdp,
+                              report_to=trackers)
     rt = runtime(device, threads, fsdp)
     setup_logging()
     with rt:

@@ -24,11 +24,11 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentmem.backends.types import Backend
+from agentmem.config import RolloutConfig
 from agentmem.errors import ConfigError, RunError
-from agentmem.jobs.rollout import LeaseTerms, WorkStats
+from agentmem.jobs.rollout import LeaseTerms, RolloutResult, WorkStats
 from agentmem.records import Checkpoint
 from store.engine import Store, open_store
 
@@ -41,17 +41,18 @@ SamplerFactory = Callable[[Store], tuple[Checkpoint, Backend]]
 class Placement:
     """Where the workers run: ``address`` of the Ray cluster (None: ``ray.init()``'s own choice, which starts a
     local cluster when it finds none), how many actors, each one's CPUs and GPUs, and how often Ray restarts each
-    one (-1: without limit)."""
+    one (-1: without limit). ``flag`` names the count in messages (``--train-workers`` for a Ray Train group)."""
 
     address: str | None = None
     workers: int = 1
     cpus: float = 1.0
     gpus: float = 0.0
     max_restarts: int = -1
+    flag: str = "--workers"
 
     def __post_init__(self) -> None:
         if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"{self.flag} must be >= 1, got {self.workers}")
         if self.cpus < 0 or self.gpus < 0:
             raise ConfigError(f"--worker-cpus and --worker-gpus must be >= 0, got {self.cpus} and {self.gpus}")
 
@@ -91,7 +92,7 @@ def connect(placement: Placement) -> bool:
             raise RunError(f"cannot reach the Ray cluster at {where}: {_first_line(exc)}") from None
         started = True
     try:
-        _check_resources(ray, placement)
+        check_resources(placement)
     except BaseException:
         if started:
             ray.shutdown()
@@ -120,7 +121,10 @@ def disconnect() -> None:
     ray.shutdown()
 
 
-def _check_resources(ray: Any, placement: Placement) -> None:
+def check_resources(placement: Placement) -> None:
+    """A ``RunError`` unless the connected cluster's live nodes have ``placement``'s CPUs and GPUs."""
+    import ray
+
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     total = {k: sum(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")}
     most = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
@@ -128,7 +132,7 @@ def _check_resources(ray: Any, placement: Placement) -> None:
         need = each * placement.workers
         if each and (most[kind] < each or total[kind] < need):
             raise RunError(f"the Ray cluster has {total[kind]:g} {kind}s (at most {most[kind]:g} on one node): "
-                           f"--workers {placement.workers} x {flag} {each:g} needs {need:g}")
+                           f"{placement.flag} {placement.workers} x {flag} {each:g} needs {need:g}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -204,3 +208,26 @@ def work_with_ray(db_url: str, run_id: str, placement: Placement, lease: LeaseTe
             with contextlib.suppress(Exception):
                 ray.kill(a, no_restart=True)
     return out
+
+
+def round_rollout(db_url: str, placement: Placement, lease: LeaseTerms | None = None, *, device: str = "auto",
+                  threads: int | None = None) -> Callable[[Store, RolloutConfig, Checkpoint | None], RolloutResult]:
+    """A train round's rollout by Ray actors (``jobs.train.RolloutWith``): write the round's run and episodes, work
+    them with ``placement.workers`` actors (the caller has ``connect``ed), and return the finished run as
+    ``run_rollout`` would; a ``RunError`` when an episode is left running."""
+
+    def rollout(store: Store, config: RolloutConfig, policy: Checkpoint | None) -> RolloutResult:
+        from agentmem.jobs.rollout import create_rollout
+        from store import repository as repo
+
+        run_id = create_rollout(store, config)
+        work_with_ray(db_url, run_id, placement, lease, device=device, threads=threads)
+        with store.session() as s:
+            episodes = repo.list_episodes(s, run_id)
+        left = sum(1 for e in episodes if e.status.value == "running")
+        if left:
+            raise RunError(f"rollout run {run_id}: {left} episodes are still running: finish it with "
+                           f"`agentmem worker --run {run_id}`, then resume the train run")
+        return RolloutResult(run_id, episodes, 0, policy, config)
+
+    return rollout

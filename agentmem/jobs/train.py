@@ -22,6 +22,11 @@ unfinished round from the last finished round's checkpoint:
 - a round whose distill run never started is redone from its rollout: a rollout it had begun or finished
   stays in the store, unlinked (no distill run names it), and a new one is made with the same config and
   seed, which samples the same calls.
+
+Where the work runs: by default all in this process. ``rollout_with`` does a round's calls elsewhere (``agentmem
+train --ray``: Ray actors working the written run, ``ray_rollout.round_rollout``), and ``launch`` runs each training
+job (the rounds' distills, the warm start's SFT) elsewhere (a Ray Train group, ``ray_train.launcher``); the store
+and the loop's decisions stay here, so rounds, resume and the stored records are the same.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from agentmem import model_refs
 from agentmem.agent.loop import RoundStats
@@ -56,6 +62,26 @@ from agentmem.training.dynamics import round_warnings
 from agentmem.training.term_registry import check_loss_terms
 from store import repository as repo
 from store.engine import Store
+
+
+class Launch(Protocol):
+    """Runs a training job (``run_distill``, ``run_sft``) as ``job(store, config, runtime, ...)`` would, maybe in
+    other processes; returns its result."""
+
+    def __call__(self, job: Callable[..., Any], store: Store, config: Any, runtime: Runtime, *,
+                 resume: str | None = None, on_step: Callable[[TrainStep], None] | None = None,
+                 report_to: Sequence[TrackerKind] = ()) -> DistillResult: ...
+
+
+# a round's rollout done elsewhere: (store, the round's config, the checkpoint that samples, None for the oracle)
+RolloutWith = Callable[[Store, RolloutConfig, Checkpoint | None], RolloutResult]
+
+
+def in_process(job: Callable[..., Any], store: Store, config: Any, runtime: Runtime, *, resume: str | None = None,
+               on_step: Callable[[TrainStep], None] | None = None,
+               report_to: Sequence[TrackerKind] = ()) -> DistillResult:
+    """``Launch`` in this process (the default)."""
+    return job(store, config, runtime, resume=resume, on_step=on_step, report_to=report_to)
 
 
 @dataclass(frozen=True)
@@ -143,11 +169,14 @@ def run_train(
     on_step: Callable[[TrainStep], None] | None = None,
     on_round: Callable[[RoundStats], None] | None = None,
     report_to: Sequence[TrackerKind] = (),
+    rollout_with: RolloutWith | None = None,
+    launch: Launch = in_process,
 ) -> tuple[str, list[RoundResult]]:
     """Run ``config.rounds`` rounds, or with ``resume`` (a train run id; ``config`` may be None) continue
     a stored run at its first unfinished round (see the module docstring). Return the train run id and
     one result per round, the earlier finished ones included. ``report_to``: trackers that log each round's
-    distill steps (each distill run its own tracker run, under its round's folder)."""
+    distill steps (each distill run its own tracker run, under its round's folder). ``rollout_with`` and
+    ``launch``: where the rounds' calls and training jobs run (the module docstring)."""
     say = on_phase or (lambda _msg: None)
     state = None
     if resume is not None:
@@ -168,11 +197,12 @@ def run_train(
         fresh = not rounds and pending is None
         policy = rounds[-1].checkpoint if rounds else model_refs.register(store, start)
         if config.warm_start is not None and not rounds:
-            policy = warm_start(store, config, run, runtime, say, on_step)
+            policy = warm_start(store, config, run, runtime, say, on_step, launch)
         if fresh and config.teacher_check_episodes and config.distill.teacher.model and config.distill.effective_kd_weight:
             say(validate_teacher(store, config, runtime).line())
         for r in range(len(rounds), config.rounds):
-            result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending, report_to)
+            result = _round(store, config, r, policy, run, runtime, say, on_step, on_round, pending, report_to,
+                            rollout_with, launch)
             rounds.append(result)
             if (r > 0 or config.warm_start is not None) and runtime.is_main:
                 # the round's start was this run's own checkpoint: the round's last checkpoint now keeps the
@@ -203,7 +233,7 @@ def warm_start_checkpoint(store: Store, train_run_id: str, config: TrainConfig) 
 
 
 def warm_start(store: Store, config: TrainConfig, run: RunHandle, runtime: Runtime, say: Callable[[str], None],
-               on_step: Callable[[TrainStep], None] | None) -> Checkpoint:
+               on_step: Callable[[TrainStep], None] | None, launch: Launch = in_process) -> Checkpoint:
     """Run (or resume, or reuse) the warm-start SFT of ``config`` from ``distill.student``; its last
     checkpoint starts round 1."""
     assert config.warm_start is not None
@@ -217,10 +247,10 @@ def warm_start(store: Store, config: TrainConfig, run: RunHandle, runtime: Runti
                                                           "keep_optimizer": True})
     if partial is not None:
         say(f"warm start: resuming SFT run {partial.id}")
-        result = run_sft(store, None, runtime, resume=partial.id, on_step=on_step)
+        result = launch(run_sft, store, None, runtime, resume=partial.id, on_step=on_step)
     else:
         say(f"warm start: SFT on {', '.join(sft.run_ids)} for {sft.optim.steps} steps")
-        result = run_sft(store, sft, runtime, on_step=on_step)
+        result = launch(run_sft, store, sft, runtime, on_step=on_step)
     run.beat(force=True)
     assert result.last_checkpoint is not None
     return result.last_checkpoint
@@ -263,25 +293,28 @@ def _resumable(state: TrainState) -> TrainState:
 def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: RunHandle, runtime: Runtime,
            say: Callable[[str], None], on_step: Callable[[TrainStep], None] | None,
            on_round: Callable[[RoundStats], None] | None, pending_distill: str | None,
-           report_to: Sequence[TrackerKind] = ()) -> RoundResult:
+           report_to: Sequence[TrackerKind] = (), rollout_with: RolloutWith | None = None,
+           launch: Launch = in_process) -> RoundResult:
     """One round: rollout with ``policy``, then distill on it; with ``pending_distill``, only resume that
     distill run (its rollout is done)."""
     label = f"round {r + 1}/{config.rounds}"
     rollout_cfg, distill_cfg = config.round_configs(r, policy.id)
     if pending_distill is None:
-        rolled = _round_rollout(store, config, rollout_cfg, policy, runtime, say, label, on_round)
+        rolled = _round_rollout(store, config, rollout_cfg, policy, runtime, say, label, on_round, rollout_with)
         run.beat(force=True)
         rollout_id, mean_f1 = rolled.run_id, _mean_f1(rolled.episodes)
         say(f"{label}: rollout F1 {mean_f1:.3f}; distill {distill_cfg.optim.steps} steps")
         distill_cfg = distill_cfg.model_copy(update={"run_ids": [rollout_id],
                                                      "out": round_out(config.distill.out, run.id, r)})
-        distilled: DistillResult = run_distill(store, distill_cfg, runtime, on_step=on_step, report_to=report_to)
+        distilled: DistillResult = launch(run_distill, store, distill_cfg, runtime, on_step=on_step,
+                                          report_to=report_to)
     else:
         with store.session() as s:
             rollout_id = DistillConfig.model_validate(repo.get_run(s, pending_distill).config).run_ids[0]
             mean_f1 = _mean_f1(repo.list_episodes(s, rollout_id))
         say(f"{label}: rollout {rollout_id} done (F1 {mean_f1:.3f}); resuming distill run {pending_distill}")
-        distilled = run_distill(store, None, runtime, resume=pending_distill, on_step=on_step, report_to=report_to)
+        distilled = launch(run_distill, store, None, runtime, resume=pending_distill, on_step=on_step,
+                           report_to=report_to)
     assert distilled.last_checkpoint is not None
     with store.session() as s:  # every step of the round, those before a resume too
         steps = repo.list_train_steps(s, distilled.run_id)
@@ -294,11 +327,14 @@ def _round(store: Store, config: TrainConfig, r: int, policy: Checkpoint, run: R
 
 def _round_rollout(store: Store, config: TrainConfig, rollout_cfg: RolloutConfig, policy: Checkpoint,
                    runtime: Runtime, say: Callable[[str], None], label: str,
-                   on_round: Callable[[RoundStats], None] | None) -> RolloutResult:
+                   on_round: Callable[[RoundStats], None] | None,
+                   rollout_with: RolloutWith | None = None) -> RolloutResult:
     """The round's calls, written as ``config.round_data`` says: sampled by ``policy``, by the teacher under
-    its context, or scripted by the oracle (no model loads)."""
+    its context, or scripted by the oracle (no model loads); here, or by ``rollout_with``."""
     if config.round_data is RoundData.oracle:
         say(f"{label}: oracle calls on the round's tasks")
+        if rollout_with is not None:
+            return rollout_with(store, rollout_cfg, None)
         return run_rollout(store, rollout_cfg, runtime, on_round=on_round)
     writer = policy
     if config.round_data is RoundData.teacher:
@@ -308,6 +344,8 @@ def _round_rollout(store: Store, config: TrainConfig, rollout_cfg: RolloutConfig
         say(f"{label}: rollout with the teacher {writer.id} ({writer.path}), {rollout_cfg.context.value} context")
     else:
         say(f"{label}: rollout with {policy.id} ({policy.path})")
+    if rollout_with is not None:
+        return rollout_with(store, rollout_cfg, writer)
     backend = model_refs.backend(rollout_cfg.backend, writer.path, rollout_cfg.dtype, runtime)
     try:
         return run_rollout(store, rollout_cfg, runtime, backend=backend, policy=writer, on_round=on_round)

@@ -49,13 +49,20 @@ def seeded(sqlite_store, tmp_path):
     return tmp_path / "agentmem.db", result.run_id, student, teacher
 
 
-def distill(launcher: list[str], db: Path, run_id: str, student: str, teacher: str, out: Path) -> str:
-    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--teacher-context", "privileged",
+def distill(launcher: list[str], db: Path, run_id: str, student: str, teacher: str, out: Path, *extra: str) -> str:
+    args = ["distill", *extra, "--run", run_id, "--student", student, "--teacher", teacher, "--teacher-context", "privileged",
             "--steps", "2", "--invocations-per-step", "4", "--lr", "1e-3", "--device", "cpu", "--threads", "1",
             "--out", str(out), "--db", f"sqlite:///{db}"]
-    proc = subprocess.run([*launcher, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*launcher, *args], cwd=ROOT, env=ENV | ray_env(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
+
+
+def ray_env() -> dict[str, str]:
+    """The Ray settings of this process (the ``ray_cluster`` fixture's cluster sets ``RAY_AUTH_MODE=token`` when it
+    starts), which a command connecting to that cluster needs."""
+    return {k: v for k, v in os.environ.items() if k.startswith("RAY_")}
 
 
 def rows(db: Path, sql: str) -> list[tuple]:
@@ -239,3 +246,83 @@ def test_fsdp_on_gloo_matches_one_process_and_resumes(seeded, tmp_path):
     w1, w2 = _weights(one, 3), _weights(two, 3)
     for name in w2:
         assert (w1[name] - w2[name]).abs().max().item() <= TOLERANCE, name
+
+
+@pytest.mark.ray
+def test_a_ray_train_group_of_two_matches_one_process_and_only_rank_0_writes(seeded, tmp_path, ray_cluster):
+    """`agentmem distill --ray --train-workers 2` (Ray Train's TorchTrainer, gloo) on the session's local cluster:
+    the losses and step-2 weights of one process, to 1e-5; then `--resume` of that run under Ray extends it to
+    step 3, which equals the one-process run's step 3."""
+    import time
+
+    pytest.importorskip("ray.train.torch")
+    db, run_id, student, teacher = seeded
+    one, two = _copy(db, tmp_path / "one.db"), _copy(db, tmp_path / "two.db")
+    out1 = distill([sys.executable, "-m", "agentmem"], one, run_id, student, teacher, tmp_path / "ck1",
+                   "--keep-optimizer")
+    start = time.monotonic()
+    ray = ["--ray", "--ray-address", ray_cluster, "--train-workers", "2"]
+    out2 = distill([sys.executable, "-m", "agentmem"], two, run_id, student, teacher, tmp_path / "ck2", *ray,
+                   "--keep-optimizer")
+    seconds = time.monotonic() - start
+    assert out1.count("distill_run_id=") == 1 and out2.count("distill_run_id=") == 1
+
+    losses = [rows(d, "select step, loss, kd_loss, rl_loss, tokens from train_steps order by step") for d in (one, two)]
+    assert [r[0] for r in losses[1]] == [1, 2]
+    loss_diff = max(abs(x - y) for a, b in zip(*losses, strict=True) for x, y in zip(a[1:4], b[1:4], strict=True))
+    assert all(a[4] == b[4] for a, b in zip(*losses, strict=True))  # the same global batch
+    w1, w2 = _weights(one, 2), _weights(two, 2)
+    assert w1.keys() == w2.keys()
+    start_weights = load_file(str(Path(student) / "model.safetensors"))
+    weight_diff = max((w1[n] - w2[n]).abs().max().item() for n in w1)
+    print(f"ray_train_2 max|loss diff|={loss_diff:.2e} max|weight diff|={weight_diff:.2e} wall_s={seconds:.1f}")
+    assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE
+    assert all(not torch.equal(w1[n], start_weights[n]) for n in w1)  # both runs trained every weight
+    tables = [t for (t,) in rows(one, "select name from sqlite_master where type = 'table'")]
+    for table in tables:  # rank 1 wrote nothing
+        assert rows(one, f"select count(*) from {table}") == rows(two, f"select count(*) from {table}"), table
+
+    # --resume under Ray is the resume of one process: both runs extended to step 3 end with the same weights
+    runs = [rows(d, "select id from runs where kind = 'distill'")[0][0] for d in (one, two)]
+    for d, rid, extra in ((one, runs[0], []), (two, runs[1], ray)):
+        proc = subprocess.run([sys.executable, "-m", "agentmem", "distill", *extra, "--resume", rid, "--steps", "3",
+                               "--device", "cpu", "--threads", "1", "--db", f"sqlite:///{d}"], cwd=ROOT,
+                              env=ENV | ray_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    w1, w2 = _weights(one, 3), _weights(two, 3)
+    assert max((w1[n] - w2[n]).abs().max().item() for n in w1) <= TOLERANCE
+
+
+@pytest.mark.ray
+def test_ray_train_refusals_are_one_line_before_anything_is_written(seeded, tmp_path, ray_cluster, capsys,
+                                                                     monkeypatch):
+    from helpers import run_main
+
+    from agentmem.testing.serving import free_port
+
+    db, run_id, student, teacher = seeded
+    args = ["distill", "--run", run_id, "--student", student, "--teacher", teacher, "--steps", "1", "--device", "cpu",
+            "--out", str(tmp_path / "ck"), "--db", f"sqlite:///{db}"]
+    unreachable = subprocess.run([sys.executable, "-m", "agentmem", *args, "--ray", "--ray-address",
+                                  f"127.0.0.1:{free_port()}", "--train-workers", "2"], cwd=ROOT, env=ENV,
+                                 capture_output=True, text=True, timeout=120)
+    assert unreachable.returncode == 1 and unreachable.stderr.strip().count("\n") == 0, unreachable.stderr
+    assert "cannot reach the Ray cluster at 127.0.0.1:" in unreachable.stderr
+    code, _, err = run_main(capsys, monkeypatch, *args, "--ray", "--train-workers", "8")  # the cluster has 4 CPUs
+    assert code == 1 and err.strip().count("\n") == 0, err
+    assert "has 4 CPUs (at most 4 on one node): --train-workers 8 x --worker-cpus 1 needs 8" in err
+    code, _, err = run_main(capsys, monkeypatch, *args, "--train-workers", "2")
+    assert code == 2 and "--train-workers place(s) Ray workers: add --ray" in err, err
+    code, _, err = run_main(capsys, monkeypatch, *args, "--ray", "--fsdp")
+    assert code == 2 and "--fsdp shards the student over several processes: give --train-workers N" in err, err
+    assert rows(db, "select count(*) from runs where kind = 'distill'") == [(0,)]
+    assert not (tmp_path / "ck").exists()
+
+    # an error the job raises on a worker comes back as itself, in one line
+    from agentmem.jobs import ray_rollout, ray_train
+    from agentmem.jobs.distill import run_distill
+    from store.errors import NotFound
+
+    with pytest.raises(NotFound, match="^no run with id '0123456789abcdef' \\(see `agentmem runs`\\)$"):
+        ray_train.fit(run_distill, f"sqlite:///{db}", ray_rollout.Placement(workers=1), config=None,
+                      resume="0123456789abcdef", device="cpu", threads=1)

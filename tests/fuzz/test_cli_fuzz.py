@@ -31,7 +31,8 @@ from store.engine import open_store
 JOBS = {"rollout": ("rollout", "run_rollout"), "eval": ("eval", "run_eval"), "score": ("score", "run_score"),
         "distill": ("distill", "run_distill"), "sft": ("sft", "run_sft"), "train": ("train", "run_train")}
 PATCHED = [*(f"agentmem.jobs.{m}.{f}" for m, f in JOBS.values()), "agentmem.jobs.rollout.run_replay",
-           "agentmem.jobs.replay.run_replay", "agentmem.jobs.eval.run_sweep", "agentmem.jobs.export.run_export"]
+           "agentmem.jobs.replay.run_replay", "agentmem.jobs.eval.run_sweep", "agentmem.jobs.export.run_export",
+           "agentmem.jobs.ray_train.fit"]  # distill --ray: the group Ray Train would start
 UNKNOWN = "--no-such-flag"
 # examples per command: the CLI checks a job's inputs (its model's tokenizer, its tasks) in about a second, so the
 # fast tier fuzzes one job's flags and one job's config files a little, the slow tier every job more
