@@ -79,12 +79,18 @@ def unit_record(plan: dict, seed: int, arms: list[str], minutes: float) -> dict:
 
 
 def write(folder: Path, record: dict) -> Path:
-    """``folder/HASH/ARM-SEED.json``, or ``unit-SEED.json`` for a seed's unit (a rerun of the same arm-seed
-    replaces its record)."""
+    """``folder/HASH/ARM-SEED.json``, or ``unit-SEED.json`` for a seed's unit. A rerun of the same arm-seed
+    replaces its record, unless only the commit differs: a resumed unit rewrites its finished arms from its state,
+    and their commit stays the one whose code made them."""
     name = record["arm"] if record["kind"] == "arm" else "unit"
     path = folder / record["config_hash"] / f"{name}-{record['seed']}.json"
+    text = json.dumps(record, indent=1, sort_keys=True, default=float) + "\n"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if {**old, "commit": None} == json.loads(json.dumps({**record, "commit": None}, default=float)):
+            return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True, default=float) + "\n")
+    path.write_text(text)
     return path
 
 

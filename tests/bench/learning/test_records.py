@@ -154,3 +154,17 @@ def test_a_candidate_passes_only_with_its_paired_interval_above_zero():
     result = judge(tied, warm, GateLimits())
     assert not result["passed"] and result["fails"] == ["paired F1 gain +0.000 [+0.000, +0.000] does not exclude 0"]
     assert judge(tied, warm, GateLimits(None, None, 1.0, 1.0))["passed"]  # --smoke: no F1 check, no interval
+
+
+def test_a_rewritten_record_keeps_the_commit_that_made_it(tmp_path, monkeypatch):
+    plan = {"steps": 8, "eval_steps": [8], "host": "float32"}
+    make = lambda scores: records.arm_record(plan, "warm", 1, teacher=None, scores=scores, dynamics={},  # noqa: E731
+                                             ledger={"steps": 0})
+    monkeypatch.setattr(records, "commit", lambda: "a" * 40)
+    path = records.write(tmp_path, make({"level1": [0.5]}))
+    monkeypatch.setattr(records, "commit", lambda: "b" * 40)
+    records.write(tmp_path, make({"level1": [0.5]}))
+    assert json.loads(path.read_text())["commit"] == "a" * 40  # the same record from a later commit: unchanged
+    records.write(tmp_path, make({"level1": [0.25]}))
+    assert json.loads(path.read_text())["commit"] == "b" * 40 and records.load(tmp_path)[0]["scores"] == {
+        "level1": [0.25]}
