@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU (its records are kept apart: host cuda)")
     ap.add_argument("--records", type=Path, help="where the records go (default bench/results/learning/records)")
+    ap.add_argument("--keep-checkpoints", action="store_true", help="keep each trained arm's checkpoints once it "
+                    "is evaluated and recorded (about 2 GB an arm at S = 8; by default they are deleted)")
     ap.add_argument("--dry-run", action="store_true", help="print the unit's train commands, each config built and "
                     "checked; run nothing")
     args = ap.parse_args(argv)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             arms = [suite.arm(a).name for a in args.arms.split(",") if a]
         except KeyError as e:
             ap.error(f"--arms: {e.args[0]}")
-    campaign = Campaign(args.work, plan, args.threads, records_dir, args.device)
+    campaign = Campaign(args.work, plan, args.threads, records_dir, args.device, args.keep_checkpoints)
     if args.dry_run:
         for line in campaign.commands(seed, arms):
             print(line)

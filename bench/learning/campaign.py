@@ -11,6 +11,7 @@ was cut is resumed with ``run_train(resume=...)``). There is no training loop he
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,8 +76,9 @@ def host_kind(device: str = "cpu") -> str:
 
 class Campaign:
     def __init__(self, work: Path, plan: Plan, threads: int, records_dir: Path | None = records.RECORDS,
-                 device: str = "cpu"):
+                 device: str = "cpu", keep_checkpoints: bool = False):
         self.work, self.plan, self.records_dir = work, plan, records_dir
+        self.keep_checkpoints = keep_checkpoints
         work.mkdir(parents=True, exist_ok=True)
         # the pilot and the seeds share a folder: the warm starts and the evaluations of the models no arm trains
         # (base, warm, the teacher) are made once; an arm's training is named by its steps
@@ -248,7 +250,21 @@ class Campaign:
         record = self.record(arm, 0 if "once" in arm.tags else seed, trained, evaluation, along, pick)
         if self.records_dir is not None:
             records.write(self.records_dir, record)
+        if arm.trained and not self.keep_checkpoints:
+            self.drop_checkpoints(trained)
         return record
+
+    def drop_checkpoints(self, trained: dict) -> None:
+        """Delete an evaluated arm's ``--out`` folder: about 2 GB an arm at S = 8 (weights and AdamW each round),
+        so 5 seeds of the core suite would need some 95 GB. Its record and state.json keep all the report reads.
+        The warm starts stay: every arm of their seed starts from one."""
+        args = trained.get("command") or []
+        if "--out" not in args:
+            return
+        out = Path(args[args.index("--out") + 1]).resolve()
+        if out.parent != (self.work / "ckpt").resolve():
+            raise ValueError(f"{out} is not an arm's checkpoint folder under {self.work / 'ckpt'}: not deleted")
+        shutil.rmtree(out, ignore_errors=True)
 
     def record(self, arm: Arm, seed: int, trained: dict, evaluation: dict, along: dict, pick: dict | None) -> dict:
         distills = [r["distill_run"] for r in trained["rounds"]]

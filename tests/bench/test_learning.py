@@ -148,3 +148,20 @@ def test_a_unit_killed_in_an_arms_second_round_resumes_that_train_run(tmp_path):
     assert "opd_hint seed 0: resuming train run" in again.stdout and "round 1/2: rollout" not in again.stdout
     record = json.loads(next((tmp_path / "records").rglob("opd_hint-0.json")).read_text())
     assert record["ledger"]["steps"] == 4  # both rounds' steps, the ones before the kill included
+
+
+def test_an_evaluated_arms_checkpoints_are_dropped_and_only_under_ckpt(tmp_path):
+    campaign = Campaign(tmp_path, Plan(steps=8), threads=1, records_dir=None)
+    args = campaign.train_args(suite.arm("opd_hint"), 3, {"id": "warmckpt"})
+    out = Path(args[args.index("--out") + 1])
+    (out / "round-0").mkdir(parents=True)
+    (out / "round-0" / "model.safetensors").write_bytes(b"x")
+    warm = tmp_path / "ckpt" / "warm-3"
+    warm.mkdir()
+    campaign.drop_checkpoints({"command": ["agentmem", "train", *args]})
+    assert not out.exists() and warm.exists()  # the seed's warm start stays
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    with pytest.raises(ValueError, match="not an arm's checkpoint folder"):
+        campaign.drop_checkpoints({"command": ["agentmem", "train", "--out", str(elsewhere)]})
+    assert elsewhere.exists()
