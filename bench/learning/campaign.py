@@ -300,6 +300,7 @@ class Campaign:
         """One seed of ``arms`` (the models evaluated once, only where their record is missing); returns its
         minutes and writes them as the seed's unit record."""
         started = time.monotonic()
+        whole = self.state.get(f"warm/{seed}") is None  # else an earlier process did part of this unit
         for name in arms:
             a = suite.arm(name)
             if "once" in a.tags and self.state.get(f"eval/{a.name}/0") is not None and seed > 0:
@@ -309,7 +310,8 @@ class Campaign:
         key = f"unit/{seed}/S{self.plan.steps}/{','.join(map(str, self.plan.eval_steps))}"
         done = self.state.get(key) or {}
         total = done.get("minutes", 0.0) + minutes  # a resumed unit adds its parts
-        self.state.put(key, {"minutes": round(total, 1), "arms": arms})
+        whole = done.get("whole", False) if done else whole  # a rerun of a finished unit keeps its kind
+        self.state.put(key, {"minutes": round(total, 1), "arms": arms, "whole": whole})
         if self.records_dir is not None:
-            records.write(self.records_dir, records.unit_record(asdict(self.plan), seed, arms, total))
+            records.write(self.records_dir, records.unit_record(asdict(self.plan), seed, arms, total, whole))
         return total

@@ -71,11 +71,12 @@ def arm_record(plan: dict, arm: str, seed: int, *, teacher: str | None, scores: 
             "dynamics": dynamics, "ledger": ledger, **(extra or {})}
 
 
-def unit_record(plan: dict, seed: int, arms: list[str], minutes: float) -> dict:
-    """One seed's unit of work: its arms and its wall minutes on this machine."""
+def unit_record(plan: dict, seed: int, arms: list[str], minutes: float, whole: bool = True) -> dict:
+    """One seed's unit of work: its arms and its wall minutes on this machine. ``whole``: one process ran it from
+    its warm start to its last arm; a unit resumed after a kill counts only the minutes of its last process."""
     config = config_of(plan)
-    return {"kind": "unit", "seed": seed, "arms": arms, "minutes": round(minutes, 1), "config": config,
-            "config_hash": config_hash(config), "commit": commit(), "cpu": cpu()}
+    return {"kind": "unit", "seed": seed, "arms": arms, "minutes": round(minutes, 1), "whole": whole,
+            "config": config, "config_hash": config_hash(config), "commit": commit(), "cpu": cpu()}
 
 
 def write(folder: Path, record: dict) -> Path:
@@ -157,11 +158,11 @@ def summarize(records: list[dict], n: int = 2000) -> dict:
     teacher's gap over the warm start, the share of it OPD recovers, OPD against SFT continued and against SeqKD,
     the RL term with the teacher in its advantage against the RL term alone, the seeds whose unit finished (every
     arm recorded; a seed with only some arms adds its records to the comparisons but is not counted) and the mean
-    minutes of a finished unit."""
+    minutes of a finished unit run whole (a resumed unit's minutes miss its killed part)."""
     arms = _by_arm(records)
     gap = paired(arms, "teacher_hint", "warm", n)
     gain = paired(arms, "opd_hint", "warm", n)
-    units = [r["minutes"] for r in records if r["kind"] == "unit"]
+    units = [r["minutes"] for r in records if r["kind"] == "unit" and r.get("whole", True)]
     return {"gap_hint": gap, "recovery_hint": gain[0] / gap[0] if gap and gain and gap[0] > 0 else None,
             "opd_minus_sft_more": paired(arms, "opd_hint", "sft_more", n),
             "opd_minus_seqkd": paired(arms, "opd_hint", "seqkd_hint", n),

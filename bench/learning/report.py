@@ -146,7 +146,9 @@ def build(recs: list[dict], fit: dict | None, title: str) -> str:
     if len(along) > 1:
         text += ["## Gap recovery", "", recovery_table(records.pilot(recs, along)), ""]
     text += ["## The teacher", "", teacher_section(fit), "",
-             "## Units", "", "\n".join(f"- seed {u['seed']}: {u['minutes']} min ({', '.join(u['arms'])})"
+             "## Units", "", "\n".join(f"- seed {u['seed']}: {u['minutes']} min"
+                                       f"{'' if u.get('whole', True) else ' (resumed: its last process only)'}"
+                                       f" ({', '.join(u['arms'])})"
                                        for u in units) or "none yet", ""]
     return "\n".join(text)
 

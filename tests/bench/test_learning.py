@@ -102,6 +102,8 @@ def test_smoke_runs_the_core_suite_through_the_product_and_resumes(tmp_path):
     assert recs["seqkd_hint-0"]["ledger"]["teacher_forward_tokens"] == 0
     assert set(recs["opd_hint-0"]["along"]) == {"2", "4"} and recs["opd_grpo_hint-0"]["sweep"]["flag"] == "--kd-weight"
     assert recs["opd_hint-0"]["command"][:4] == ["agentmem", "train", "--config", str(suite.arm("opd_hint").path)]
+    assert recs["unit-0"]["whole"] is True
+    assert (work / "ckpt" / "warm-0").is_dir() and not list((work / "ckpt").glob("opd_hint-0-*"))  # arms' dropped
     # a second run of the same folder finds every phase done: nothing trains again
     again = subprocess.run(run, env=ENV, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "train " not in again.stdout and "evaluate " not in again.stdout
@@ -148,6 +150,8 @@ def test_a_unit_killed_in_an_arms_second_round_resumes_that_train_run(tmp_path):
     assert "opd_hint seed 0: resuming train run" in again.stdout and "round 1/2: rollout" not in again.stdout
     record = json.loads(next((tmp_path / "records").rglob("opd_hint-0.json")).read_text())
     assert record["ledger"]["steps"] == 4  # both rounds' steps, the ones before the kill included
+    unit = json.loads(next((tmp_path / "records").rglob("unit-0.json")).read_text())
+    assert unit["whole"] is False  # its minutes are the second process's only
 
 
 def test_an_evaluated_arms_checkpoints_are_dropped_and_only_under_ckpt(tmp_path):

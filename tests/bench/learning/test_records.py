@@ -111,6 +111,14 @@ def test_only_seeds_whose_unit_finished_are_counted():
     assert (s["seeds"], s["minutes_per_seed"]) == (1, 90.0)
 
 
+def test_a_resumed_units_minutes_are_left_out_of_minutes_per_seed():
+    recs, _ = _records(np.random.default_rng(3))
+    recs = [{**r, "whole": False} if r["kind"] == "unit" and r["seed"] == 1 else r for r in recs]
+    s = records.summarize(recs)
+    assert (s["seeds"], s["minutes_per_seed"]) == (2, 90.0)  # seed 1 finished, but its 80 min miss a killed part
+    assert records.unit_record({"steps": 8}, 1, ["warm"], 4.3, whole=False)["whole"] is False
+
+
 def test_records_are_written_by_config_hash_and_loaded_back(tmp_path):
     plan = {"steps": 8, "eval_steps": [8], "host": "float32"}
     rec = records.arm_record(plan, "warm", 1, teacher=None, scores={"level1": [0.5]}, dynamics={}, ledger={"steps": 0})
